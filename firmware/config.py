@@ -1,0 +1,81 @@
+"""NPU configuration parameters, shared by the golden model, the RTL and the host.
+
+The host never imports this to learn the hardware: it reads the same numbers back
+from the device's CAPS registers. This module is where they are defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from . import isa
+
+
+@dataclass(frozen=True)
+class NPUConfig:
+    """One NPU build.
+
+    Parameters
+    ----------
+    rows, cols : systolic array size (reduction rows x output columns).
+    sp_bytes : scratchpad size in bytes.
+    sp_banks : scratchpad SRAM banks (bandwidth; invisible to programs).
+    acc_rows : accumulator rows, each ``cols`` int32 wide.
+    partitions : partition-table entries per table.
+    pt_sets : partition tables per instruction bank (selected by ``ptsel``).
+    tag_slots : tile-tag slots (numbered 1..tag_slots in ``load``).
+    imem_depth : instructions per instruction bank (two banks).
+    bus_bytes : AXI4 data width in bytes.
+    loop_depth : hardware loop stack depth.
+    region_depth : region-mark nesting depth.
+    trace_depth : region-trace FIFO entries.
+    queue_depth : entries in each of the load / compute / store queues.
+    """
+
+    rows: int = 8
+    cols: int = 8
+    sp_bytes: int = 64 * 1024
+    sp_banks: int = 8
+    acc_rows: int = 1024
+    partitions: int = 8
+    pt_sets: int = 2
+    tag_slots: int = 16
+    imem_depth: int = 1024
+    bus_bytes: int = 8
+    loop_depth: int = 4
+    region_depth: int = 4
+    trace_depth: int = 64
+    queue_depth: int = 8
+
+    def __post_init__(self):
+        def need(cond, name, why):
+            if not cond:
+                raise ValueError(f"NPUConfig.{name}={getattr(self, name)!r}: {why}")
+
+        for f in fields(self):
+            v = getattr(self, f.name)
+            need(isinstance(v, int) and v > 0, f.name, "must be a positive integer")
+        need(self.rows <= 256 and self.cols <= 256, "rows", "array dimensions are at most 256")
+        need(self.bus_bytes in (4, 8, 16, 32, 64), "bus_bytes", "must be 4, 8, 16, 32 or 64")
+        need(self.sp_bytes % self.sp_banks == 0, "sp_bytes", "must divide into sp_banks")
+        need(self.partitions <= 8, "partitions", "at most 8 (3-bit partition fields)")
+        need(self.pt_sets <= 4, "pt_sets", "at most 4 (2-bit ptsel field)")
+        need(self.tag_slots <= 63, "tag_slots", "at most 63 (6-bit tag fields)")
+        need(self.imem_depth <= 1 << 16, "imem_depth", "at most 65536 (16-bit targets)")
+        need(self.sp_bytes <= 1 << 24, "sp_bytes", "at most 16 MiB")
+
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        return self.rows * self.cols
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+CONFIGS = {
+    "default": NPUConfig(),
+    "small": NPUConfig(rows=4, cols=4, sp_bytes=16 * 1024, sp_banks=4, acc_rows=256,
+                       partitions=4, tag_slots=8, imem_depth=512, trace_depth=32),
+}
+"""Named configurations; the FPGA board configs join them with their board tops."""
+

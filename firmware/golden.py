@@ -1,0 +1,720 @@
+"""The golden model: the executable, bit-exact semantics of the NPU ISA.
+
+:class:`Machine` holds what the NPU holds (two instruction banks with their
+partition tables, scratchpad, tile tags, accumulators, weight buffers, scalar and
+configuration registers, counters, the region trace) and runs programs on it in
+program order. Data results, scalar registers, error codes and the counters marked
+*exact* in :data:`EXACT_COUNTERS` are what the RTL must reproduce bit for bit. Cycle
+figures come from the documented cost model (:class:`CostModel`), an estimate of
+the decoupled queues, not a promise about the RTL's cycle count.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import isa
+from .config import NPUConfig
+from .isa import CfgField, Cond, ErrorCode, GemmMode, Queue, RegionOp, Token
+
+MASK32 = (1 << 32) - 1
+
+EXACT_COUNTERS = (
+    "instructions", "macs", "dram_read_bytes", "dram_write_bytes", "tag_hits", "tag_misses",
+    "regions", "misspeculations", "runs", "errors", "trace_overflows",
+)
+"""Counters the RTL must match exactly; the others are cost-model estimates."""
+
+
+def rshift_rne(x, shift: int):
+    """Arithmetic right shift rounding half to even (ONNX QuantizeLinear rounding).
+
+    ``x`` is an int64 array (or int) with ``|x| < 2**62``; ``0 <= shift <= 63``.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    if shift == 0:
+        return x
+    q = x >> shift
+    r = x - (q << shift)
+    half = np.int64(1) << (shift - 1)
+    up = (r > half) | ((r == half) & ((q & 1) == 1))
+    return q + up.astype(np.int64)
+
+
+def requantize(acc, mult: int, shift: int, zp: int, lo: int = -128, hi: int = 127):
+    """``clamp(zp + rshift_rne(acc * mult, shift), lo, hi)`` as int8 (the VREQ formula)."""
+    prod = np.asarray(acc, dtype=np.int64) * np.int64(mult)
+    y = rshift_rne(prod, shift) + zp
+    return np.clip(y, max(lo, -128), min(hi, 127)).astype(np.int8)
+
+
+def wrap32(x):
+    """Wrap an int64 array to int32 two's complement."""
+    return np.asarray(x, dtype=np.int64).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cycle estimates of the golden model (documented in docs/isa.md).
+
+    Each queue executes in order; the three queues overlap, ordered only by
+    dependency tokens. Inside the compute queue, a ``wload`` overlaps streaming
+    GEMMs (double buffering) and GEMMs pipeline back to back; vector ops wait for
+    the GEMMs before them.
+    """
+
+    dispatch: int = 1  # sequencer cycles per instruction
+    branch_taken: int = 2  # extra cycles for a taken branch
+    dram_latency: int = 16  # request to first beat
+    tag_hit: int = 1  # a load whose tag hits
+    vector_latency: int = 4  # vector pipeline depth
+    cfg: int = 1
+
+    def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
+        return (addr % bus + nbytes + bus - 1) // bus
+
+
+@dataclass
+class TraceRecord:
+    """One region-trace entry: what a region cost between its begin and end marks."""
+
+    region: int
+    start: int
+    end: int
+    instructions: int
+    macs: int
+    dram_read_bytes: int
+    dram_write_bytes: int
+    tag_hits: int
+    tag_misses: int
+    stall_cycles: int
+
+    @property
+    def cycles(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class RunResult:
+    """The outcome of one run: error status as the NPU reports it, plus cost figures."""
+
+    error: ErrorCode
+    pc: int
+    error_addr: int = 0
+    message: str = ""
+    cycles: int = 0
+    instructions: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error == ErrorCode.NONE
+
+    def check(self) -> RunResult:
+        """Raise ``RuntimeError`` if the run stopped with an error."""
+        if not self.ok:
+            raise RuntimeError(
+                f"NPU error {self.error.name} at pc {self.pc}: {self.message}"
+            )
+        return self
+
+
+class _Stop(Exception):
+    def __init__(self, code: ErrorCode, message: str, addr: int = 0):
+        super().__init__(message)
+        self.code, self.message, self.addr = code, message, addr
+
+
+def _counters(partitions: int) -> dict:
+    return {
+        "cycles": 0, "instructions": 0, "macs": 0,
+        "dram_read_bytes": 0, "dram_write_bytes": 0,
+        "tag_hits": [0] * partitions, "tag_misses": [0] * partitions,
+        "regions": 0, "misspeculations": 0, "runs": 0, "errors": 0, "swaps": 0,
+        "trace_overflows": 0,
+        "busy_load": 0, "busy_compute": 0, "busy_store": 0, "stall_cycles": 0,
+    }
+
+
+class Machine:
+    """The NPU as the golden model sees it.
+
+    Parameters
+    ----------
+    config : the hardware configuration (array size, scratchpad, ...).
+    dram_bytes : size of the modelled DRAM; accesses beyond it are bus errors.
+    cost : the cycle cost model.
+    """
+
+    def __init__(self, config: NPUConfig | None = None, dram_bytes: int = 1 << 20,
+                 cost: CostModel | None = None):
+        if dram_bytes <= 0:
+            raise ValueError(f"dram_bytes={dram_bytes!r}: must be positive")
+        self.config = cfg = config or NPUConfig()
+        self.cost = cost or CostModel()
+        self.dram = np.zeros(dram_bytes, dtype=np.uint8)
+        self.sp = np.zeros(cfg.sp_bytes, dtype=np.uint8)
+        self.imem = [[0] * cfg.imem_depth for _ in range(2)]
+        self.ptables = [
+            [[(0, 0)] * cfg.partitions for _ in range(cfg.pt_sets)] for _ in range(2)
+        ]
+        self.bank_version = [0, 0]
+        self.active_bank = 0
+        self.tags: list[tuple | None] = [None] * (cfg.tag_slots + 1)  # slot 0 unused
+        self.counters = _counters(cfg.partitions)
+        self.trace: deque[TraceRecord] = deque()
+        self.regs = [0] * isa.NUM_REGS
+        self.last: RunResult | None = None
+        self._reset_run_state()
+
+    # ---- host-side operations (what the CSR port offers) -----------------------
+    @property
+    def shadow_bank(self) -> int:
+        return 1 - self.active_bank
+
+    def write_program(self, words, bank: int | None = None, version: int | None = None):
+        """Write a program (words or ``asm.Program``) into a bank (default: the shadow).
+
+        The rest of the bank is cleared, so running past the program hits an
+        illegal (all-zero) word. Raises ``ValueError`` for the active bank, like
+        the hardware refuses such writes, or when the program does not fit.
+        """
+        words = list(getattr(words, "words", words))
+        bank = self.shadow_bank if bank is None else bank
+        if bank == self.active_bank:
+            raise ValueError(f"bank {bank} is active: programs go into the shadow bank")
+        if len(words) > self.config.imem_depth:
+            raise ValueError(
+                f"program of {len(words)} instructions exceeds imem_depth "
+                f"{self.config.imem_depth}"
+            )
+        self.imem[bank] = words + [0] * (self.config.imem_depth - len(words))
+        if version is not None:
+            self.bank_version[bank] = version
+
+    def set_partitions(self, table, bank: int | None = None, pt_set: int = 0):
+        """Set one partition table: a list of (base, size) byte pairs, at most ``partitions``.
+
+        Unlisted entries become disabled (size 0). Entries are not checked here;
+        an access through an entry that leaves the scratchpad is a PARTITION_BOUNDS
+        error, exactly as on the hardware.
+        """
+        bank = self.shadow_bank if bank is None else bank
+        table = [(int(b), int(s)) for b, s in table]
+        if len(table) > self.config.partitions:
+            raise ValueError(
+                f"{len(table)} partitions given, the NPU has {self.config.partitions}"
+            )
+        if not 0 <= pt_set < self.config.pt_sets:
+            raise ValueError(f"pt_set={pt_set}: the NPU has {self.config.pt_sets} sets")
+        self.ptables[bank][pt_set] = table + [(0, 0)] * (self.config.partitions - len(table))
+
+    def swap(self, invalidate_tags: bool = False):
+        """Make the shadow bank active (the RTL does this at the next run boundary)."""
+        self.active_bank = self.shadow_bank
+        self.counters["swaps"] += 1
+        if invalidate_tags:
+            self.tags = [None] * len(self.tags)
+
+    def reset_counters(self):
+        self.counters = _counters(self.config.partitions)
+
+    def invalidate_tags(self):
+        self.tags = [None] * len(self.tags)
+
+    def pop_trace(self) -> TraceRecord | None:
+        return self.trace.popleft() if self.trace else None
+
+    def load_and_run(self, program, partitions, args=(), max_cycles=None) -> RunResult:
+        """Convenience for tests and tools: program + table into the shadow bank, swap, run."""
+        self.write_program(program, bank=self.shadow_bank)
+        self.set_partitions(partitions, bank=self.shadow_bank)
+        self.swap()
+        return self.run(args=args, max_cycles=max_cycles)
+
+    # ---- execution --------------------------------------------------------------
+    def _reset_run_state(self):
+        cfg = self.config
+        self.regs = [0] * isa.NUM_REGS
+        self.cfg = dict(isa.CFG_RESET)
+        self.acc = np.zeros((cfg.acc_rows, cfg.cols), dtype=np.int32)
+        self.w = [np.zeros((cfg.rows, cfg.cols), dtype=np.int8) for _ in range(2)]
+        self.wdims = [(0, 0), (0, 0)]
+        self.w_active = 0
+        self.pt_set = 0
+        self.tokens = {c: deque() for c in isa.TOKEN_CHANNELS}
+        self.loops: list[list[int]] = []  # [start, end, remaining]
+        self.regions: list[tuple] = []
+
+    def run(self, args=(), max_cycles: int | None = None,
+            max_instructions: int = 50_000_000) -> RunResult:
+        """Run the active bank from pc 0 until ``end`` or an error.
+
+        ``args`` (at most 7 ints) start in r1..r7, like the ARG registers.
+        ``max_cycles`` is the host's cycle budget (TIMEOUT when exceeded).
+        """
+        if len(args) > isa.NUM_ARG_REGS:
+            raise ValueError(f"{len(args)} args given, at most {isa.NUM_ARG_REGS}")
+        self._reset_run_state()
+        for i, a in enumerate(args):
+            self.regs[1 + i] = int(a) & MASK32
+        self._time = _Timeline(self.config, self.cost)
+        self.counters["runs"] += 1
+        start_instr = self.counters["instructions"]
+        pc = 0
+        try:
+            while True:
+                if not 0 <= pc < self.config.imem_depth:
+                    raise _Stop(ErrorCode.PC_BOUNDS, f"pc {pc} outside the bank")
+                if self.counters["instructions"] - start_instr >= max_instructions or (
+                    max_cycles is not None and self._time.now > max_cycles
+                ):
+                    raise _Stop(ErrorCode.TIMEOUT, "cycle budget exhausted")
+                try:
+                    ins = isa.decode(self.imem[self.active_bank][pc])
+                except isa.DecodeError as e:
+                    raise _Stop(e.code, str(e)) from None
+                nxt = self._exec(ins, pc)
+                self.counters["instructions"] += 1
+                if nxt is None:
+                    break
+                pc = nxt
+            result = RunResult(ErrorCode.NONE, pc)
+        except _Stop as stop:
+            self.counters["errors"] += 1
+            result = RunResult(stop.code, pc, stop.addr, stop.message)
+        cycles = self._time.finish()
+        self.counters["cycles"] += cycles
+        for q in ("load", "compute", "store"):
+            self.counters["busy_" + q] += self._time.busy[q]
+        self.counters["stall_cycles"] += self._time.stall
+        result.cycles = cycles
+        result.instructions = self.counters["instructions"] - start_instr
+        self.last = result
+        return result
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _reg(self, r: int) -> int:
+        self._time.read_reg(r)
+        return self.regs[r]
+
+    def _set_reg(self, r: int, value: int):
+        if r:
+            self.regs[r] = value & MASK32
+
+    def _sp_range(self, p: int, offset: int, nbytes: int) -> int:
+        """Absolute scratchpad address of [offset, offset+nbytes) in partition p."""
+        if p >= self.config.partitions:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"partition p{p} does not exist")
+        base, size = self.ptables[self.active_bank][self.pt_set][p]
+        if size == 0:
+            raise _Stop(ErrorCode.PARTITION_BOUNDS, f"partition p{p} is disabled", offset)
+        if base + size > self.config.sp_bytes:
+            raise _Stop(ErrorCode.PARTITION_BOUNDS,
+                        f"partition p{p} ({base}+{size}) leaves the scratchpad", offset)
+        if offset + nbytes > size:
+            raise _Stop(ErrorCode.PARTITION_BOUNDS,
+                        f"p{p}[{offset}:{offset + nbytes}] outside partition size {size}", offset)
+        return base + offset
+
+    def _sp_rows(self, p, offset, m, n, stride):
+        """Absolute row addresses of an m x n tile with the given row stride."""
+        stride = stride or n
+        base = self._sp_range(p, offset, (m - 1) * stride + n)
+        return base + np.arange(m) * stride
+
+    def _sp_read(self, rows, n):
+        idx = rows[:, None] + np.arange(n)[None, :]
+        return self.sp[idx].view(np.int8)
+
+    def _sp_write(self, rows, data):
+        idx = rows[:, None] + np.arange(data.shape[1])[None, :]
+        self.sp[idx] = data.view(np.uint8)
+
+    def _acc_rows(self, first: int, m: int) -> slice:
+        if first + m > self.config.acc_rows:
+            raise _Stop(ErrorCode.ACC_BOUNDS,
+                        f"accumulator rows {first}..{first + m - 1} beyond {self.config.acc_rows}")
+        return slice(first, first + m)
+
+    def _cols(self, n: int, what="n"):
+        if n > self.config.cols:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"{what}={n} exceeds array cols {self.config.cols}")
+
+    def _dram_row(self, addr: int, nbytes: int):
+        if addr + nbytes > len(self.dram):
+            raise _Stop(ErrorCode.BUS_ERROR, f"DRAM [{addr:#x}, +{nbytes}) outside memory", addr)
+        return slice(addr, addr + nbytes)
+
+    # ---- the instructions --------------------------------------------------------------
+    def _exec(self, ins: isa.Instr, pc: int) -> int | None:
+        m, o, t = ins.mnemonic, ins.ops, self._time
+        spec = ins.spec
+        if spec.queue is not Queue.SEQ:
+            handler = getattr(self, "_op_" + m)
+            t.begin(spec.queue, ins.tokens, self.tokens)
+            cost = handler(o)
+            t.complete(spec.queue, ins, cost, self.tokens)
+            return self._advance(pc)
+        t.seq()
+        if m == "nop":
+            pass
+        elif m == "end":
+            t.drain()
+            if self.regions:
+                raise _Stop(ErrorCode.REGION, f"end with region {self.regions[-1][0]} open")
+            return None
+        elif m == "li":
+            self._set_reg(o["rd"], o["imm"])
+        elif m == "addi":
+            self._set_reg(o["rd"], self._reg(o["rs"]) + o["imm"])
+        elif m in ("add", "sub", "mul", "cmp"):
+            a, b = self._reg(o["rs1"]), self._reg(o["rs2"])
+            if m == "cmp":
+                v = int(_compare(o["cond"], a, b))
+            else:
+                v = a + b if m == "add" else a - b if m == "sub" else a * b
+            self._set_reg(o["rd"], v)
+        elif m == "br":
+            if _compare(o["cond"], self._reg(o["rs1"]), self._reg(o["rs2"])):
+                t.taken_branch()
+                return self._branch(o["target"])
+        elif m in ("loop", "loopr"):
+            count = o["count"] if m == "loop" else self._reg(o["rs"])
+            return self._loop(pc, count, o["end"])
+        elif m == "sync":
+            t.drain()
+        elif m == "region":
+            self._region(o["op"], o["id"])
+        elif m == "ptsel":
+            if o["set"] >= self.config.pt_sets:
+                raise _Stop(ErrorCode.BAD_OPERAND, f"partition-table set {o['set']} does not exist")
+            t.drain()
+            self.pt_set = o["set"]
+        elif m == "tinv":
+            slot = o["slot"]
+            if slot > self.config.tag_slots:
+                raise _Stop(ErrorCode.BAD_OPERAND, f"tag slot {slot} does not exist")
+            t.drain(("load",))
+            if slot == 0:
+                self.invalidate_tags()
+            else:
+                self.tags[slot] = None
+        elif m == "misspec":
+            self.counters["misspeculations"] += 1
+        else:  # pragma: no cover - every SEQ spec has a branch above
+            raise AssertionError(m)
+        return self._advance(pc)
+
+    def _advance(self, pc: int) -> int:
+        nxt = pc + 1
+        if self.loops and nxt == self.loops[-1][1]:
+            top = self.loops[-1]
+            if top[2] > 1:
+                top[2] -= 1
+                return top[0]
+            self.loops.pop()
+        return nxt
+
+    def _branch(self, target: int) -> int:
+        if target >= self.config.imem_depth:
+            raise _Stop(ErrorCode.PC_BOUNDS, f"branch target {target} outside the bank")
+        if self.loops and not self.loops[-1][0] <= target < self.loops[-1][1]:
+            self.loops.pop()
+            if self.loops and not self.loops[-1][0] <= target < self.loops[-1][1]:
+                raise _Stop(ErrorCode.LOOP, f"branch to {target} leaves two loops at once")
+        return target
+
+    def _loop(self, pc: int, count: int, end: int) -> int:
+        if end >= self.config.imem_depth + 1:
+            raise _Stop(ErrorCode.PC_BOUNDS, f"loop end {end} outside the bank")
+        if end <= pc + 1:
+            raise _Stop(ErrorCode.LOOP, f"loop at {pc} has an empty body (end {end})")
+        if self.loops and end >= self.loops[-1][1]:
+            raise _Stop(ErrorCode.LOOP, f"loop ending at {end} does not end before its "
+                        f"enclosing loop ({self.loops[-1][1]})")
+        if len(self.loops) >= self.config.loop_depth:
+            raise _Stop(ErrorCode.LOOP, f"loop stack depth {self.config.loop_depth} exceeded")
+        if count == 0:
+            return end
+        self.loops.append([pc + 1, end, count])
+        return pc + 1
+
+    def _region(self, op: RegionOp, rid: int):
+        c = self.counters
+        if op == RegionOp.BEGIN:
+            if len(self.regions) >= self.config.region_depth:
+                raise _Stop(ErrorCode.REGION, f"region nesting deeper than "
+                            f"{self.config.region_depth}")
+            self.regions.append((rid, self._time.now, self._snapshot()))
+            c["regions"] += 1
+            return
+        if not self.regions or self.regions[-1][0] != rid:
+            open_ = self.regions[-1][0] if self.regions else None
+            raise _Stop(ErrorCode.REGION, f"region.end {rid} but the open region is {open_}")
+        self._time.drain()
+        _, start, snap = self.regions.pop()
+        now = self._snapshot()
+        rec = TraceRecord(rid, start, self._time.now,
+                          *[now[i] - snap[i] for i in range(len(now))])
+        if len(self.trace) >= self.config.trace_depth:
+            c["trace_overflows"] += 1  # the record is lost, and the loss is counted
+        else:
+            self.trace.append(rec)
+
+    def _snapshot(self):
+        c = self.counters
+        return (c["instructions"], c["macs"], c["dram_read_bytes"], c["dram_write_bytes"],
+                sum(c["tag_hits"]), sum(c["tag_misses"]), self._time.stall)
+
+    # DMA ------------------------------------------------------------------------
+    def _op_load(self, o):
+        rows, nb = o["rows"], o["bytes"]
+        dram = self._reg(o["dram"])
+        stride = self._reg(o["stride"]) if o["stride"] else nb
+        slot = o["tag"]
+        if slot > self.config.tag_slots:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"tag slot {slot} does not exist")
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, rows * nb)
+        key = (dram, rows, nb, stride, base)
+        if slot and self.tags[slot] == key:
+            self.counters["tag_hits"][o["p"]] += 1
+            return self.cost.tag_hit
+        if slot:
+            self.tags[slot] = None  # a failed transfer leaves the slot invalid
+        cycles = self.cost.dram_latency
+        for i in range(rows):
+            addr = (dram + i * stride) & MASK32
+            src = self._dram_row(addr, nb)
+            self.sp[base + i * nb: base + (i + 1) * nb] = self.dram[src]
+            self.counters["dram_read_bytes"] += nb
+            cycles += self.cost.dma_beats(addr, nb, self.config.bus_bytes)
+        if slot:
+            self.tags[slot] = key
+            self.counters["tag_misses"][o["p"]] += 1
+        return cycles
+
+    def _op_store(self, o):
+        rows, nb = o["rows"], o["bytes"]
+        dram = self._reg(o["dram"])
+        stride = self._reg(o["stride"]) if o["stride"] else nb
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, rows * nb)
+        cycles = self.cost.dram_latency
+        for i in range(rows):
+            addr = (dram + i * stride) & MASK32
+            dst = self._dram_row(addr, nb)
+            self.dram[dst] = self.sp[base + i * nb: base + (i + 1) * nb]
+            self.counters["dram_write_bytes"] += nb
+            cycles += self.cost.dma_beats(addr, nb, self.config.bus_bytes)
+        return cycles
+
+    # compute ----------------------------------------------------------------------
+    def _op_cfg(self, o):
+        f = CfgField(o["field"])
+        _, lo, hi = isa.CFG_RANGE[f]
+        if not lo <= o["value"] <= hi:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"cfg.{f.name.lower()} = {o['value']} "
+                        f"outside [{lo}, {hi}]")
+        self.cfg[f] = o["value"]
+        return self.cost.cfg
+
+    def _op_wload(self, o):
+        k, n = o["k"], o["n"]
+        if k > self.config.rows or n > self.config.cols:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"weight tile {k}x{n} exceeds the "
+                        f"{self.config.rows}x{self.config.cols} array")
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, k * n)
+        shadow = 1 - self.w_active
+        w = np.zeros((self.config.rows, self.config.cols), dtype=np.int8)
+        w[:k, :n] = self.sp[base: base + k * n].view(np.int8).reshape(k, n)
+        self.w[shadow], self.wdims[shadow] = w, (k, n)
+        return k
+
+    def _op_gemm(self, o):
+        mrows = o["m"]
+        active = 1 - self.w_active if o["swap"] else self.w_active
+        k, n = self.wdims[active]
+        if k == 0:
+            raise _Stop(ErrorCode.BAD_OPERAND, "gemm without weights (no wload before it)")
+        acc = self._acc_rows(self._reg(o["acc"]), mrows)
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        rows = self._sp_rows(o["p"], offset, mrows, k, self.cfg[CfgField.GEMM_STRIDE])
+        x = self._sp_read(rows, k).astype(np.int64)
+        self.w_active = active
+        out = x @ self.w[active][:k, :n].astype(np.int64)
+        if o["mode"] == GemmMode.ACCUMULATE:
+            out = out + self.acc[acc, :n].astype(np.int64)
+        self.acc[acc, :n] = wrap32(out)
+        self.counters["macs"] += mrows * k * n
+        return mrows
+
+    def _op_vbias(self, o):
+        mrows, n = o["m"], o["n"]
+        self._cols(n)
+        acc = self._acc_rows(self._reg(o["acc"]), mrows)
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, 4 * n)
+        bias = self.sp[base: base + 4 * n].view("<i4").astype(np.int64)
+        self.acc[acc, :n] = wrap32(self.acc[acc, :n].astype(np.int64) + bias[None, :])
+        return self._vec_cycles(mrows, n)
+
+    def _op_vreq(self, o):
+        mrows, n = o["m"], o["n"]
+        self._cols(n)
+        acc = self._acc_rows(self._reg(o["acc"]), mrows)
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        rows = self._sp_rows(o["p"], offset, mrows, n, self.cfg[CfgField.OUT_STRIDE])
+        c = self.cfg
+        y = requantize(self.acc[acc, :n], c[CfgField.QMUL], c[CfgField.QSHIFT], c[CfgField.QZP],
+                       c[CfgField.CLIP_LO], c[CfgField.CLIP_HI])
+        self._sp_write(rows, y)
+        return self._vec_cycles(mrows, n)
+
+    def _op_vadd(self, o):
+        mrows, n, c = o["m"], o["n"], self.cfg
+        ra = self._sp_rows(o["pa"], self._reg(o["a"]), mrows, n, c[CfgField.IN_STRIDE])
+        rb = self._sp_rows(o["pb"], self._reg(o["b"]), mrows, n, c[CfgField.IN_STRIDE])
+        rd = self._sp_rows(o["pd"], self._reg(o["d"]), mrows, n, c[CfgField.OUT_STRIDE])
+        a = self._sp_read(ra, n).astype(np.int64) - c[CfgField.ADD_ZP_A]
+        b = self._sp_read(rb, n).astype(np.int64) - c[CfgField.ADD_ZP_B]
+        s = a * c[CfgField.ADD_MUL_A] + b * c[CfgField.ADD_MUL_B]
+        y = rshift_rne(s, c[CfgField.QSHIFT]) + c[CfgField.QZP]
+        y = np.clip(y, c[CfgField.CLIP_LO], c[CfgField.CLIP_HI]).astype(np.int8)
+        self._sp_write(rd, y)
+        return self._vec_cycles(mrows, n)
+
+    def _op_vclip(self, o):
+        mrows, n, c = o["m"], o["n"], self.cfg
+        rs = self._sp_rows(o["ps"], self._reg(o["s"]), mrows, n, c[CfgField.IN_STRIDE])
+        rd = self._sp_rows(o["pd"], self._reg(o["d"]), mrows, n, c[CfgField.OUT_STRIDE])
+        x = self._sp_read(rs, n)
+        self._sp_write(rd, np.clip(x, c[CfgField.CLIP_LO], c[CfgField.CLIP_HI]).astype(np.int8))
+        return self._vec_cycles(mrows, n)
+
+    def _op_vmax(self, o):
+        mrows, n, c = o["m"], o["n"], self.cfg
+        count, tstride = c[CfgField.POOL_COUNT], c[CfgField.POOL_STRIDE]
+        istride = c[CfgField.POOL_ISTRIDE]
+        span = (mrows - 1) * istride + (count - 1) * tstride + n
+        src = self._sp_range(o["ps"], self._reg(o["s"]), span)
+        rd = self._sp_rows(o["pd"], self._reg(o["d"]), mrows, n, c[CfgField.OUT_STRIDE])
+        idx = (src + np.arange(mrows)[:, None, None] * istride
+               + np.arange(count)[None, :, None] * tstride + np.arange(n)[None, None, :])
+        y = self.sp[idx].view(np.int8).max(axis=1)
+        self._sp_write(rd, y)
+        return self._vec_cycles(mrows * count, n)
+
+    def _op_vargmax(self, o):
+        n = o["n"]
+        offset = (self._reg(o["s"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, n)
+        x = self.sp[base: base + n].view(np.int8)
+        self._set_reg(o["rd"], int(np.argmax(x)))
+        return self._vec_cycles(1, n)
+
+    def _vec_cycles(self, rows: int, n: int) -> int:
+        return rows * -(-n // self.config.cols)
+
+
+def _compare(cond: Cond, a: int, b: int) -> bool:
+    sa, sb = _signed(a), _signed(b)
+    return {
+        Cond.ALWAYS: True, Cond.EQ: a == b, Cond.NE: a != b, Cond.LT: sa < sb,
+        Cond.GE: sa >= sb, Cond.LTU: a < b, Cond.GEU: a >= b,
+    }[Cond(cond)]
+
+
+def _signed(v: int) -> int:
+    v &= MASK32
+    return v - (1 << 32) if v >> 31 else v
+
+
+class _Timeline:
+    """Discrete-event estimate of the decoupled queues (see :class:`CostModel`).
+
+    The sequencer dispatches one instruction per cycle into bounded queues; each
+    queue runs in order; tokens carry the completion time of the instruction that
+    pushed them.
+    """
+
+    def __init__(self, config: NPUConfig, cost: CostModel):
+        self.config, self.cost = config, cost
+        self.now = 0  # sequencer time
+        self.free = {"load": 0, "compute": 0, "store": 0}  # next start possible
+        self.done = {"load": 0, "compute": 0, "store": 0}  # last completion
+        self.starts = {q: deque() for q in self.free}  # for the bounded queue depth
+        self.busy = {q: 0 for q in self.free}
+        self.reg_ready = [0] * isa.NUM_REGS
+        self.array_done = 0  # completion of the last GEMM (results in the accumulators)
+        self.wload_done = 0
+        self.stall = 0
+        self._start = 0
+
+    def _wait(self, t: int):
+        if t > self.now:
+            self.stall += t - self.now
+            self.now = t
+
+    def seq(self):
+        self.now += self.cost.dispatch
+
+    def taken_branch(self):
+        self.now += self.cost.branch_taken
+
+    def read_reg(self, r: int):
+        self._wait(self.reg_ready[r])
+
+    def drain(self, queues=("load", "compute", "store")):
+        self._wait(max(self.done[q] for q in queues))
+
+    def begin(self, queue: Queue, tokens: Token, channels):
+        q = queue.value
+        starts = self.starts[q]
+        if len(starts) >= self.config.queue_depth:  # queue full: dispatch waits
+            self._wait(starts.popleft())
+        start = max(self.now, self.free[q])
+        for flag in (Token.POP_PREV, Token.POP_NEXT):
+            if tokens & flag:
+                ch = isa.token_channel(queue, flag)
+                if not channels[ch]:
+                    raise _Stop(ErrorCode.TOKEN_DEADLOCK, f"pop on {ch} with no token pushed")
+                start = max(start, channels[ch].popleft())
+        self._start = start
+        self.now += self.cost.dispatch
+
+    def complete(self, queue: Queue, ins: isa.Instr, cycles: int, channels):
+        q, m, c = queue.value, ins.mnemonic, self.cost
+        start = self._start
+        if m == "gemm":
+            start = max(start, self.wload_done if ins.ops["swap"] else 0)
+            issue, latency = cycles, cycles + self.config.rows + self.config.cols - 1
+        elif m == "wload":
+            issue, latency = 1, cycles  # overlaps streaming: only the issue slot is taken
+            start = max(start, self.wload_done)
+        elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax"):
+            start = max(start, self.array_done)
+            issue = latency = cycles + c.vector_latency
+        else:
+            issue = latency = cycles
+        end = start + latency
+        self.free[q] = start + issue
+        self.done[q] = max(self.done[q], end)
+        self.busy[q] += issue if m != "wload" else cycles
+        self.starts[q].append(start)
+        if m == "gemm":
+            self.array_done = max(self.array_done, end)
+        elif m == "wload":
+            self.wload_done = end
+        elif m == "vargmax":
+            self.reg_ready[ins.ops["rd"]] = end
+        for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
+            if ins.tokens & flag:
+                channels[isa.token_channel(queue, flag)].append(end)
+
+    def finish(self) -> int:
+        return max(self.now, *self.done.values())
