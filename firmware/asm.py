@@ -15,7 +15,8 @@ Syntax, one instruction per line::
 Operands are positional in the order the ISA lists them; optional operands (those
 with a default) may also be given as ``name=value``, and so may any other. Fields
 marked as suffix are written after a dot (``br.eq``, ``cfg.qmul``, ``region.begin``).
-Dependency tokens are ``pop=prev|next`` and ``push=prev|next``.
+Dependency tokens are ``pop=prev|next`` and ``push=prev|next``. Pseudo-instructions:
+``jmp label`` (``br.always r0, r0, label``) and ``mov rd, rs`` (``addi rd, rs, 0``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ _PART = re.compile(r"^p(\d+)$")
 _TOKEN_NAMES = {
     "pop": {"prev": Token.POP_PREV, "next": Token.POP_NEXT},
     "push": {"prev": Token.PUSH_PREV, "next": Token.PUSH_NEXT},
+}
+
+
+# Pseudo-instructions: name -> rewrite of (operand text) to (mnemonic, operand text).
+_PSEUDO = {
+    "jmp": lambda rest: ("br.always", f"r0, r0, {rest}"),
+    "mov": lambda rest: ("addi", f"{rest}, 0"),
 }
 
 
@@ -200,6 +208,8 @@ class _Assembler:
                 raise AsmError(f".word value {value:#x} is not 64 bits")
             return value
         head, _, rest = text.partition(" ")
+        if head.lower() in _PSEUDO:
+            head, rest = _PSEUDO[head.lower()](rest)
         mnemonic, _, suffix = head.lower().partition(".")
         spec = isa.BY_MNEMONIC.get(mnemonic)
         if spec is None:

@@ -19,6 +19,9 @@ import numpy as np
 from . import isa
 from .config import NPUConfig
 from .isa import CfgField, Cond, ErrorCode, GemmMode, Queue, RegionOp, Token
+from .quant import requantize, rshift_rne
+
+__all__ = ["Machine", "RunResult", "TraceRecord", "CostModel", "requantize", "rshift_rne"]
 
 MASK32 = (1 << 32) - 1
 
@@ -27,28 +30,6 @@ EXACT_COUNTERS = (
     "regions", "misspeculations", "runs", "errors", "trace_overflows",
 )
 """Counters the RTL must match exactly; the others are cost-model estimates."""
-
-
-def rshift_rne(x, shift: int):
-    """Arithmetic right shift rounding half to even (ONNX QuantizeLinear rounding).
-
-    ``x`` is an int64 array (or int) with ``|x| < 2**62``; ``0 <= shift <= 63``.
-    """
-    x = np.asarray(x, dtype=np.int64)
-    if shift == 0:
-        return x
-    q = x >> shift
-    r = x - (q << shift)
-    half = np.int64(1) << (shift - 1)
-    up = (r > half) | ((r == half) & ((q & 1) == 1))
-    return q + up.astype(np.int64)
-
-
-def requantize(acc, mult: int, shift: int, zp: int, lo: int = -128, hi: int = 127):
-    """``clamp(zp + rshift_rne(acc * mult, shift), lo, hi)`` as int8 (the VREQ formula)."""
-    prod = np.asarray(acc, dtype=np.int64) * np.int64(mult)
-    y = rshift_rne(prod, shift) + zp
-    return np.clip(y, max(lo, -128), min(hi, 127)).astype(np.int8)
 
 
 def wrap32(x):

@@ -84,7 +84,7 @@ class CocotbTestFailure(AssertionError):
         The JUnit results file of the run (it may not exist if the simulator
         crashed before cocotb wrote it).
     failed : list of str
-        Names of the failing cocotb tests, if known.
+        The failing cocotb tests, as ``"module.test (first line of message)"``.
     """
 
     def __init__(self, message: str, results_xml: Path, failed: Sequence[str] = ()):
@@ -293,8 +293,13 @@ def _failed_tests(results_xml: Path) -> list[str]:
         return []
     failed = []
     for case in root.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(f"{case.get('classname', '')}.{case.get('name', '')}".lstrip("."))
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            name = f"{case.get('classname', '')}.{case.get('name', '')}".lstrip(".")
+            message = (problem.get("message") or problem.get("type") or "").strip()
+            failed.append(f"{name} ({message.splitlines()[0]})" if message else name)
     return failed
 
 
@@ -450,15 +455,16 @@ def run_cocotb(
         num_tests, num_failed = get_results(results_xml)
     except RuntimeError as exc:
         raise CocotbTestFailure(
-            f"{toplevel}: simulation terminated abnormally (exit {crashed}); "
-            f"no results file {results_xml}",
+            f"{toplevel}: simulation terminated abnormally"
+            + (f" (simulator exit {crashed})" if crashed else "")
+            + f"; no results file {results_xml} (see the log for import errors)",
             results_xml,
         ) from exc
     failed = _failed_tests(results_xml)
     if num_failed or crashed:
         raise CocotbTestFailure(
             f"{toplevel}: {num_failed} of {num_tests} cocotb test(s) failed"
-            + (f": {', '.join(failed)}" if failed else "")
+            + (f": {'; '.join(failed)}" if failed else "")
             + (f" (simulator exit {crashed})" if crashed else "")
             + f"; see {results_xml}",
             results_xml,

@@ -1,0 +1,20 @@
+"""Generated documents must match their sources."""
+
+from pathlib import Path
+
+from firmware import docgen, isa
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_isa_doc_is_current():
+    committed = (ROOT / "docs" / "isa.md").read_text()
+    assert committed == docgen.render(), "docs/isa.md is stale: run `make docs`"
+
+
+def test_isa_doc_names_every_instruction_and_error():
+    text = docgen.render()
+    for spec in isa.SPECS:
+        assert f"#### {spec.mnemonic}\n" in text
+    for code in isa.ErrorCode:
+        assert f"`{code.name}`" in text
