@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 SEED ?=
 BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth lint docs clean bench-%
+.PHONY: help setup test demo sim regress synth lint docs clean
 
 help:
 	@echo "make demo     run the bundled demo on the NPU (sets everything up)"
@@ -35,6 +35,7 @@ help:
 	@echo "make synth    FPGA build (BOARD=ulx3s|icebreaker)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md)"
+	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)
@@ -55,7 +56,7 @@ sim: setup
 	$(PY) -m host.demo --program $(or $(PROGRAM),firmware/programs/scalar.s) --args $(ARGS)
 
 regress: setup
-	$(PY) -m pytest -m "slow or not slow" --regress $(PYTEST_ARGS)
+	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
 	@echo "synthesis arrives with the FPGA issue (hdl/boards/); nothing to build yet" >&2; exit 1
@@ -65,6 +66,9 @@ lint: setup
 
 docs: setup
 	$(PY) -m firmware.docgen docs/isa.md
+
+bench-%: setup
+	$(PY) -m bench.$*
 
 clean:
 	rm -rf build sim_build bench/results .pytest_cache .hypothesis

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from . import isa
-
 
 @dataclass(frozen=True)
 class NPUConfig:

@@ -12,7 +12,7 @@ the decoupled queues, not a promise about the RTL's cycle count.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -1,0 +1,46 @@
+"""Shared pytest options: ``--regress`` (long runs) and ``--seed`` (reproduce a failure)."""
+
+import os
+import random
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regress", action="store_true",
+                     help="run the long regression: slow tests and larger random counts")
+    parser.addoption("--seed", type=int, default=None,
+                     help="base seed for randomized tests (default: random, printed)")
+
+
+def pytest_configure(config):
+    seed = config.getoption("--seed")
+    if seed is None:
+        seed = int(os.environ.get("NPU_SEED", random.randrange(1 << 31)))
+    config.npu_seed = seed
+    os.environ["NPU_SEED"] = str(seed)  # cocotb testbenches read it from the environment
+
+
+def pytest_report_header(config):
+    return f"npu base seed: {config.npu_seed} (reproduce with --seed {config.npu_seed})"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--regress"):
+        return
+    skip = pytest.mark.skip(reason="long test: run with make regress (--regress)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def regress(request) -> bool:
+    """True under ``make regress``: tests scale their random counts up."""
+    return request.config.getoption("--regress")
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """The session's base seed (printed in the header), offset per test for variety."""
+    return (request.config.npu_seed + sum(map(ord, request.node.name))) % (1 << 31)
