@@ -34,7 +34,7 @@ help:
 	@echo "make regress  long regression (thousands of random programs)"
 	@echo "make synth    FPGA build (BOARD=ulx3s|icebreaker)"
 	@echo "make lint     ruff + verilator --lint-only"
-	@echo "make docs     regenerate generated docs (docs/isa.md)"
+	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
@@ -65,7 +65,7 @@ lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests
 
 docs: setup
-	$(PY) -m firmware.docgen docs/isa.md
+	$(PY) -m firmware.docgen docs
 
 bench-%: setup
 	$(PY) -m bench.$*
