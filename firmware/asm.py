@@ -294,7 +294,8 @@ def format_instr(instr: Instr, labels: dict[int, str] | None = None) -> str:
         names = [n for n, flag in flags.items() if instr.tokens & flag]
         if names:
             parts.append(f"{key}={'|'.join(names)}")
-    return f"{head:<16}{', '.join(parts)}".rstrip()
+    # At least one space between mnemonic and operands, however long the mnemonic.
+    return f"{head:<15} {', '.join(parts)}".rstrip()
 
 
 def disassemble(words, symbols: dict[str, int] | None = None, addresses: bool = False) -> str:

@@ -53,7 +53,8 @@ class NPUConfig:
         for f in fields(self):
             v = getattr(self, f.name)
             need(isinstance(v, int) and v > 0, f.name, "must be a positive integer")
-        need(self.rows <= 256 and self.cols <= 256, "rows", "array dimensions are at most 256")
+        need(self.rows <= 256, "rows", "array dimensions are at most 256")
+        need(self.cols <= 256, "cols", "array dimensions are at most 256")
         need(self.bus_bytes in (4, 8, 16, 32, 64), "bus_bytes", "must be 4, 8, 16, 32 or 64")
         need(self.sp_bytes % self.sp_banks == 0, "sp_bytes", "must divide into sp_banks")
         need(self.partitions <= 8, "partitions", "at most 8 (3-bit partition fields)")
