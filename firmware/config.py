@@ -17,7 +17,8 @@ class NPUConfig:
     ----------
     rows, cols : systolic array size (reduction rows x output columns).
     sp_bytes : scratchpad size in bytes.
-    sp_banks : scratchpad SRAM banks (bandwidth; invisible to programs).
+    sp_banks : scratchpad SRAM banks, word-interleaved (bandwidth; invisible to
+        programs). A power of two >= 2.
     acc_rows : accumulator rows, each ``cols`` int32 wide.
     partitions : partition-table entries per table.
     pt_sets : partition tables per instruction bank (selected by ``ptsel``).
@@ -56,7 +57,14 @@ class NPUConfig:
         need(self.rows <= 256, "rows", "array dimensions are at most 256")
         need(self.cols <= 256, "cols", "array dimensions are at most 256")
         need(self.bus_bytes in (4, 8, 16, 32, 64), "bus_bytes", "must be 4, 8, 16, 32 or 64")
-        need(self.sp_bytes % self.sp_banks == 0, "sp_bytes", "must divide into sp_banks")
+        need(self.sp_banks >= 2 and self.sp_banks & (self.sp_banks - 1) == 0, "sp_banks",
+             "must be a power of two >= 2 (a byte window spans two banks)")
+        need(self.sp_bytes % (self.sp_banks * self.bus_bytes) == 0, "sp_bytes",
+             "must divide into sp_banks words of bus_bytes")
+        need(self.rows <= self.bus_bytes, "rows",
+             f"at most bus_bytes={self.bus_bytes} (one scratchpad window per array row)")
+        need(self.cols <= self.bus_bytes, "cols",
+             f"at most bus_bytes={self.bus_bytes} (one scratchpad window per output row)")
         need(self.partitions <= 8, "partitions", "at most 8 (3-bit partition fields)")
         need(self.pt_sets <= 4, "pt_sets", "at most 4 (2-bit ptsel field)")
         need(self.tag_slots <= 63, "tag_slots", "at most 63 (6-bit tag fields)")

@@ -387,7 +387,8 @@ def test_token_channels():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("rows", 0), ("rows", -1), ("rows", 257), ("cols", 0), ("cols", 257),
+    ("rows", 0), ("rows", -1), ("rows", 257), ("rows", 16), ("cols", 0), ("cols", 257),
+    ("cols", 9), ("sp_banks", 3), ("sp_banks", 1),
     ("rows", 2.0), ("sp_bytes", "65536"),
     ("bus_bytes", 3), ("bus_bytes", 128),
     ("sp_bytes", 1001), ("sp_bytes", (1 << 24) + 8),
@@ -403,7 +404,7 @@ def test_npuconfig_rejects_bad_values(name, value):
 
 
 def test_npuconfig_accepts_limits_and_named_configs():
-    NPUConfig(rows=256, cols=256, partitions=8, pt_sets=4, tag_slots=63,
+    NPUConfig(rows=64, cols=64, partitions=8, pt_sets=4, tag_slots=63,
               imem_depth=1 << 16, sp_bytes=1 << 24, bus_bytes=64)
     for name, c in CONFIGS.items():
         assert isinstance(c, NPUConfig), name
