@@ -429,6 +429,7 @@ class Machine:
             if len(self.regions) >= self.config.region_depth:
                 raise _Stop(ErrorCode.REGION, f"region nesting deeper than "
                             f"{self.config.region_depth}")
+            self._time.drain()
             self.regions.append((rid, self._time.now, self._snapshot()))
             c["regions"] += 1
             return

@@ -391,9 +391,10 @@ SPECS: tuple[InstrSpec, ...] = (
         (_f("op", 16, 1, Kind.ENUM, "begin or end", enum=RegionOp, suffix=True),
          _f("id", 0, 16, Kind.UINT, "region id (the host's subgraph id)")),
         "Region mark (region.begin ID / region.end ID) for per-subgraph counters.",
-        "begin records the start cycle and counter snapshot at dispatch; end waits for "
-        "the queues to drain, then pushes a trace record (id, start, end, counter "
-        "deltas). Regions nest up to the region-stack depth.",
+        "Both marks first wait for the queues to drain, so work is attributed to "
+        "exactly the region whose instructions issued it. begin then records the "
+        "start cycle and a counter snapshot; end pushes a trace record (id, start, "
+        "end, counter deltas). Regions nest up to the region-stack depth.",
         "marks",
     ),
     InstrSpec(
