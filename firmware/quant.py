@@ -48,3 +48,33 @@ def quantize_multiplier(scale: float) -> tuple[int, int]:
         mult >>= 1
         shift -= 1
     return mult, shift
+
+
+def quantize_multipliers_shared(scales) -> tuple[list[int], int]:
+    """Fixed-point form of several non-negative scales sharing one shift (``vadd``).
+
+    Returns ``(mults, shift)`` with ``mults[i] / 2**shift ~= scales[i]``, every
+    ``mults[i] < 2**31`` and ``0 <= shift <= 63``: the largest shift that keeps the
+    biggest multiplier within 31 bits, so the largest scale keeps 31 significant bits
+    (where the shift range allows).
+    A zero scale gives a zero multiplier. Raises ``ValueError`` when a scale is
+    negative or not finite, all are zero, or the largest is too large.
+    """
+    scales = [float(s) for s in scales]
+    if not all(math.isfinite(s) and s >= 0 for s in scales) or not any(scales):
+        raise ValueError(f"scales {scales!r} must be finite, non-negative, not all zero")
+    _, shift = quantize_multiplier(max(scales))
+    while True:
+        mults = [round(s * (1 << shift)) for s in scales]
+        if max(mults) < 1 << 31:
+            return mults, shift
+        shift -= 1  # rounding carried into bit 31
+        if shift < 0:  # pragma: no cover - quantize_multiplier already refused
+            raise ValueError(f"scales {scales!r} are too large for 31-bit multipliers")
+
+
+def multiplier_is_exact(scale: float, mult: int, shift: int) -> bool:
+    """True when ``mult / 2**shift`` equals ``scale`` exactly (no rounding of the scale)."""
+    from fractions import Fraction
+
+    return Fraction(mult, 1 << shift) == Fraction(float(scale))

@@ -1,0 +1,54 @@
+"""The double-buffered instruction memory."""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from firmware.config import NPUConfig
+
+
+class InstructionMemory(wiring.Component):
+    """Two banks of ``imem_depth`` 64-bit instructions.
+
+    The host writes through ``w_*`` (the CSR block refuses writes aimed at the
+    active bank before they get here); the sequencer fetches from the active bank
+    through ``r_*`` with one cycle of latency. Bank selection is just the top
+    address bit, so a swap is a one-bit change that costs no cycle.
+
+    Members
+    -------
+    w_en, w_bank, w_index, w_data : In
+        Write one instruction.
+    r_bank, r_index, r_en : In
+        Fetch address (``r_en`` low holds ``r_data``).
+    r_data : Out(64)
+    """
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        ibits = max(1, ceil_log2(config.imem_depth))
+        super().__init__({
+            "w_en": In(1), "w_bank": In(1), "w_index": In(16), "w_data": In(64),
+            "r_en": In(1), "r_bank": In(1), "r_index": In(ibits), "r_data": Out(64),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        depth = self.config.imem_depth
+        ibits = max(1, ceil_log2(depth))
+        m.submodules.mem = mem = Memory(shape=64, depth=2 * depth, init=[])
+        wr = mem.write_port()
+        rd = mem.read_port()
+        m.d.comb += [
+            wr.en.eq(self.w_en & (self.w_index < depth)),
+            wr.addr.eq(Cat(self.w_index[:ibits], self.w_bank)),
+            wr.data.eq(self.w_data),
+            rd.en.eq(self.r_en),
+            rd.addr.eq(Cat(self.r_index, self.r_bank)),
+            self.r_data.eq(rd.data),
+        ]
+        return m

@@ -1,0 +1,421 @@
+"""The three decoupled instruction queues: load, compute and store.
+
+The sequencer dispatches resolved instructions into these queues in program order.
+Each queue executes its own instructions in order and synchronizes with its
+neighbours only through dependency tokens (the approach VTA uses): a *pop* waits at
+the head of the queue until the neighbour has pushed a token on that channel, a
+*push* is sent once the instruction has completed. The token counts live in the
+consumer; the producer sends one-cycle pulses.
+
+Token flags follow :class:`firmware.isa.Token` (``POP_PREV``, ``POP_NEXT``,
+``PUSH_PREV``, ``PUSH_NEXT``), relative to the pipeline load -> compute -> store.
+
+Errors: the queues never see an illegal instruction (the sequencer checks every
+operand at dispatch); a DMA bus error is reported with the instruction's pc and the
+failing DRAM row address. ``flush`` drops entries that have not started (used after a
+bus error); instructions already running in an engine always finish.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from firmware.config import NPUConfig
+from firmware.isa import Token
+
+from .ports import (
+    DMA_DONE_LAYOUT,
+    ArrayOp,
+    VectorOp,
+    array_command_layout,
+    command_stream,
+    dma_command_layout,
+    vector_command_layout,
+)
+from .tags import tag_key_layout
+
+TOKEN_COUNT_BITS = 16
+PC_BITS = 17  # one more than the 16-bit targets, so pc == imem_depth is representable
+
+
+def load_entry_layout(config: NPUConfig) -> data.StructLayout:
+    """A load-queue entry: the DMA command plus tag slot, partition and tokens."""
+    return data.StructLayout({
+        "cmd": dma_command_layout(config),
+        "slot": 6,  # tile-tag slot, 0: untagged
+        "part": 3,  # partition (hit/miss counters are per partition)
+        "tokens": 4,
+        "pc": PC_BITS,
+    })
+
+
+def store_entry_layout(config: NPUConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "cmd": dma_command_layout(config),
+        "tokens": 4,
+        "pc": PC_BITS,
+    })
+
+
+def compute_entry_layout(config: NPUConfig) -> data.StructLayout:
+    """A compute-queue entry: an array command or a vector command, plus tokens.
+
+    ``rd`` is the destination register of a ``vargmax``.
+    """
+    return data.StructLayout({
+        "vector": 1,
+        "arr": array_command_layout(config),
+        "vec": vector_command_layout(config),
+        "rd": 4,
+        "tokens": 4,
+    })
+
+
+def _fifo(m, name, layout, depth):
+    f = fifo.SyncFIFOBuffered(width=data.Layout.cast(layout).size, depth=depth)
+    m.submodules[name] = f
+    return f
+
+
+class _TokenCounter:
+    """Tokens received on one channel and not yet consumed (reset at run start)."""
+
+    def __init__(self, m, name, pulse_in, take, run_start):
+        self.count = Signal(TOKEN_COUNT_BITS, name=f"{name}_tokens")
+        self.available = self.count != 0
+        with m.If(run_start):
+            m.d.sync += self.count.eq(0)
+        with m.Elif(pulse_in & ~take):
+            m.d.sync += self.count.eq(self.count + 1)
+        with m.Elif(take & ~pulse_in):
+            m.d.sync += self.count.eq(self.count - 1)
+
+
+def _dma_done_signature():
+    return stream.Signature(DMA_DONE_LAYOUT, always_ready=True)
+
+
+class LoadQueue(wiring.Component):
+    """The load queue: DRAM -> scratchpad transfers, with tile tags.
+
+    A tagged load whose tag hits completes at once without a transfer (a hit);
+    otherwise the slot is invalidated, the DMA runs, and on success the slot takes
+    the new key (a miss). Hits and misses are reported per partition.
+
+    Members
+    -------
+    entry : In(stream of load_entry_layout)
+        Dispatched instructions.
+    dma_cmd : Out(command stream), dma_done : In(completion stream)
+        The DMA's load channel.
+    tag_* : the tile-tag store's lookup, set and invalidate ports.
+    tok_in : In(1)
+        compute -> load token pulses. ``tok_out``: load -> compute pulses.
+    run_start, flush : In(1)
+        Reset the token count at the start of a run; drop entries not yet started.
+    idle, busy : Out(1)
+        Nothing queued or running; the head instruction is executing.
+    hit, miss : Out(1), part : Out(3)
+        Tag events for the per-partition counters.
+    read_error : Out(1)
+        Pulse: a transfer failed; ``error_pc`` and ``error_addr`` say where.
+    """
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        key = tag_key_layout(config)
+        super().__init__({
+            "entry": In(stream.Signature(load_entry_layout(config))),
+            "dma_cmd": Out(command_stream(dma_command_layout(config))),
+            "dma_done": In(_dma_done_signature()),
+            "tag_slot": Out(6), "tag_key": Out(key), "tag_hit": In(1),
+            "tag_set_en": Out(1), "tag_set_slot": Out(6), "tag_set_key": Out(key),
+            "tag_inv_en": Out(1), "tag_inv_slot": Out(6),
+            "tok_in": In(1), "tok_out": Out(1),
+            "run_start": In(1), "flush": In(1),
+            "idle": Out(1), "busy": Out(1),
+            "hit": Out(1), "miss": Out(1), "part": Out(3),
+            "read_error": Out(1), "error_pc": Out(PC_BITS), "error_addr": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        layout = load_entry_layout(self.config)
+        q = _fifo(m, "fifo", layout, self.config.queue_depth)
+        m.d.comb += [
+            q.w_data.eq(self.entry.payload), q.w_en.eq(self.entry.valid),
+            self.entry.ready.eq(q.w_rdy),
+        ]
+        head = data.View(layout, q.r_data)
+        cur = Signal(layout)
+        pops = head.tokens & Token.POP_NEXT != 0
+        take = Signal()
+        tokens = _TokenCounter(m, "c2l", self.tok_in, take, self.run_start)
+
+        cmd = cur.cmd
+        _drive_key(m, self.tag_key, cmd)
+        _drive_key(m, self.tag_set_key, cmd)
+        m.d.comb += [
+            self.tag_slot.eq(cur.slot),
+            self.tag_set_slot.eq(cur.slot),
+            self.tag_inv_slot.eq(cur.slot),
+            self.dma_cmd.payload.eq(cmd),
+            self.part.eq(cur.part),
+            self.error_pc.eq(cur.pc), self.error_addr.eq(self.dma_done.payload.addr),
+        ]
+        push = cur.tokens & Token.PUSH_NEXT != 0
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(q.r_rdy & self.flush):
+                    m.d.comb += q.r_en.eq(1)
+                with m.Elif(q.r_rdy & (~pops | tokens.available)):
+                    m.d.comb += [q.r_en.eq(1), take.eq(pops)]
+                    m.d.sync += cur.eq(head)
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                m.d.comb += self.busy.eq(1)
+                with m.If((cur.slot != 0) & self.tag_hit):
+                    m.d.comb += [self.hit.eq(1), self.tok_out.eq(push)]
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.comb += self.tag_inv_en.eq(cur.slot != 0)
+                    m.next = "ISSUE"
+            with m.State("ISSUE"):
+                m.d.comb += [self.busy.eq(1), self.dma_cmd.valid.eq(1)]
+                with m.If(self.dma_cmd.ready):
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(self.dma_done.valid):
+                    err = self.dma_done.payload.error
+                    m.d.comb += [
+                        self.read_error.eq(err),
+                        self.tag_set_en.eq(~err & (cur.slot != 0)),
+                        self.miss.eq(~err & (cur.slot != 0)),
+                        # Push even after an error, so the other queues drain.
+                        self.tok_out.eq(push),
+                    ]
+                    m.next = "IDLE"
+        m.d.comb += self.idle.eq(~q.r_rdy & ~self.busy)
+        return m
+
+
+def _drive_key(m, key, cmd):
+    """Drive ``key`` (the tag store's key layout) from a DMA command."""
+    fields = {"dram": cmd.dram, "rows": cmd.rows, "nbytes": cmd.nbytes,
+              "stride": cmd.stride, "sp": cmd.sp, "base": cmd.sp}
+    for name, _ in data.Layout.cast(key.shape()):
+        m.d.comb += key[name].eq(fields[name])
+
+
+class StoreQueue(wiring.Component):
+    """The store queue: scratchpad -> DRAM transfers.
+
+    Members
+    -------
+    entry, dma_cmd, dma_done, run_start, flush, idle, busy : as :class:`LoadQueue`.
+    tok_in : In(1)
+        compute -> store token pulses. ``tok_out``: store -> compute pulses.
+    write_error, error_pc, error_addr : Out
+        A transfer failed.
+    """
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        super().__init__({
+            "entry": In(stream.Signature(store_entry_layout(config))),
+            "dma_cmd": Out(command_stream(dma_command_layout(config))),
+            "dma_done": In(_dma_done_signature()),
+            "tok_in": In(1), "tok_out": Out(1),
+            "run_start": In(1), "flush": In(1),
+            "idle": Out(1), "busy": Out(1),
+            "write_error": Out(1), "error_pc": Out(PC_BITS), "error_addr": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        layout = store_entry_layout(self.config)
+        q = _fifo(m, "fifo", layout, self.config.queue_depth)
+        m.d.comb += [
+            q.w_data.eq(self.entry.payload), q.w_en.eq(self.entry.valid),
+            self.entry.ready.eq(q.w_rdy),
+        ]
+        head = data.View(layout, q.r_data)
+        cur = Signal(layout)
+        pops = head.tokens & Token.POP_PREV != 0
+        take = Signal()
+        tokens = _TokenCounter(m, "c2s", self.tok_in, take, self.run_start)
+        push = cur.tokens & Token.PUSH_PREV != 0
+        m.d.comb += [
+            self.dma_cmd.payload.eq(cur.cmd),
+            self.error_pc.eq(cur.pc), self.error_addr.eq(self.dma_done.payload.addr),
+        ]
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(q.r_rdy & self.flush):
+                    m.d.comb += q.r_en.eq(1)
+                with m.Elif(q.r_rdy & (~pops | tokens.available)):
+                    m.d.comb += [q.r_en.eq(1), take.eq(pops)]
+                    m.d.sync += cur.eq(head)
+                    m.next = "ISSUE"
+            with m.State("ISSUE"):
+                m.d.comb += [self.busy.eq(1), self.dma_cmd.valid.eq(1)]
+                with m.If(self.dma_cmd.ready):
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(self.dma_done.valid):
+                    m.d.comb += [
+                        self.write_error.eq(self.dma_done.payload.error),
+                        self.tok_out.eq(push),
+                    ]
+                    m.next = "IDLE"
+        m.d.comb += self.idle.eq(~q.r_rdy & ~self.busy)
+        return m
+
+
+class _Kind(enum.IntEnum):
+    WLOAD = 0
+    GEMM = 1
+    VECTOR = 2
+
+
+class ComputeQueue(wiring.Component):
+    """The compute queue: GEMM engine and vector unit, in program order.
+
+    Array commands stream back to back (the engine overlaps a ``wload`` with the
+    gemms before it); a vector command waits until the array is idle and an array
+    command until the vector unit is idle, because both share the accumulator and
+    the scratchpad. The accumulator belongs to whichever engine was issued last.
+    Completions retire in program order, so a token is never pushed for an
+    instruction before everything ahead of it in this queue has completed.
+
+    Members
+    -------
+    entry : In(stream of compute_entry_layout)
+    arr_cmd, vec_cmd : Out(command streams) to the GEMM engine and the vector unit.
+    arr_wload_done, arr_gemm_done, arr_idle, vec_done, vec_idle : In(1)
+        Engine completion pulses and idle flags.
+    vec_result, vec_result_valid : In
+        vargmax results, written back through ``rd_we``/``rd_index``/``rd_value``.
+    acc_sel : Out(1)
+        Accumulator owner (0: array, 1: vector).
+    tok_in_load, tok_in_store : In(1)
+        load -> compute and store -> compute pulses; ``tok_out_load``,
+        ``tok_out_store``: compute -> load and compute -> store pulses.
+    run_start, flush, idle, busy : as :class:`LoadQueue`.
+    """
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        super().__init__({
+            "entry": In(stream.Signature(compute_entry_layout(config))),
+            "arr_cmd": Out(command_stream(array_command_layout(config))),
+            "vec_cmd": Out(command_stream(vector_command_layout(config))),
+            "arr_wload_done": In(1), "arr_gemm_done": In(1), "arr_idle": In(1),
+            "vec_done": In(1), "vec_idle": In(1),
+            "vec_result": In(32), "vec_result_valid": In(1),
+            "rd_we": Out(1), "rd_index": Out(4), "rd_value": Out(32),
+            "acc_sel": Out(1),
+            "tok_in_load": In(1), "tok_in_store": In(1),
+            "tok_out_load": Out(1), "tok_out_store": Out(1),
+            "run_start": In(1), "flush": In(1),
+            "idle": Out(1), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        layout = compute_entry_layout(cfg)
+        q = _fifo(m, "fifo", layout, cfg.queue_depth)
+        m.d.comb += [
+            q.w_data.eq(self.entry.payload), q.w_en.eq(self.entry.valid),
+            self.entry.ready.eq(q.w_rdy),
+        ]
+        head = data.View(layout, q.r_data)
+
+        # In-flight instructions, in program order: (kind, push flags).
+        inflight_layout = data.StructLayout({"kind": _Kind, "push_prev": 1, "push_next": 1})
+        m.submodules.inflight = infl = fifo.SyncFIFO(
+            width=data.Layout.cast(inflight_layout).size, depth=cfg.queue_depth)
+        # Destination registers of issued vargmax instructions, in order.
+        m.submodules.rds = rds = fifo.SyncFIFO(width=4, depth=cfg.queue_depth)
+
+        pop_load = head.tokens & Token.POP_PREV != 0
+        pop_store = head.tokens & Token.POP_NEXT != 0
+        take = Signal()
+        t_load = _TokenCounter(m, "l2c", self.tok_in_load, take & pop_load, self.run_start)
+        t_store = _TokenCounter(m, "s2c", self.tok_in_store, take & pop_store, self.run_start)
+
+        is_vec = head.vector
+        is_argmax = is_vec & (head.vec.op == VectorOp.ARGMAX)
+        kind = Signal(_Kind)
+        m.d.comb += kind.eq(_Kind.VECTOR)
+        with m.If(~is_vec):
+            m.d.comb += kind.eq(_Kind.GEMM)
+            with m.If(head.arr.op == ArrayOp.WLOAD):
+                m.d.comb += kind.eq(_Kind.WLOAD)
+
+        tokens_ok = (~pop_load | t_load.available) & (~pop_store | t_store.available)
+        hazard_ok = ((is_vec & self.arr_idle) | (~is_vec & self.vec_idle))
+        room = infl.w_rdy & (~is_argmax | rds.w_rdy)
+        present = q.r_rdy & ~self.flush & tokens_ok & hazard_ok & room
+        acc_sel = Signal()
+        m.d.comb += [
+            self.arr_cmd.payload.eq(head.arr), self.vec_cmd.payload.eq(head.vec),
+            self.arr_cmd.valid.eq(present & ~is_vec),
+            self.vec_cmd.valid.eq(present & is_vec),
+            self.acc_sel.eq(acc_sel),
+        ]
+        # Both engines are idle-checked before presenting, so switching the owner
+        # here is safe; engines touch the accumulator at the earliest one cycle
+        # after accepting a command.
+        with m.If(present):
+            m.d.sync += acc_sel.eq(is_vec)
+        issued = present & Mux(is_vec, self.vec_cmd.ready, self.arr_cmd.ready)
+        record = Signal(inflight_layout)
+        m.d.comb += [
+            record.kind.eq(kind),
+            record.push_prev.eq(head.tokens & Token.PUSH_PREV != 0),
+            record.push_next.eq(head.tokens & Token.PUSH_NEXT != 0),
+            take.eq(issued),
+            q.r_en.eq(issued | (q.r_rdy & self.flush)),
+            infl.w_en.eq(issued), infl.w_data.eq(record),
+            rds.w_en.eq(issued & is_argmax), rds.w_data.eq(head.rd),
+        ]
+
+        # Completion pulses not yet retired, per kind.
+        done_in = {_Kind.WLOAD: self.arr_wload_done, _Kind.GEMM: self.arr_gemm_done,
+                   _Kind.VECTOR: self.vec_done}
+        pending = {k: Signal(8, name=f"pending_{k.name.lower()}") for k in _Kind}
+        top = data.View(inflight_layout, infl.r_data)
+        retire = Signal()
+        for k, sig in pending.items():
+            have = (sig != 0) | done_in[k]
+            with m.If(infl.r_rdy & (top.kind == k) & have):
+                m.d.comb += retire.eq(1)
+            dec = retire & (top.kind == k)
+            m.d.sync += sig.eq(sig + done_in[k] - dec)
+        with m.If(self.run_start):
+            for sig in pending.values():
+                m.d.sync += sig.eq(0)
+        m.d.comb += [
+            infl.r_en.eq(retire),
+            self.tok_out_load.eq(retire & top.push_prev),
+            self.tok_out_store.eq(retire & top.push_next),
+        ]
+
+        m.d.comb += [
+            self.rd_we.eq(self.vec_result_valid), self.rd_index.eq(rds.r_data),
+            self.rd_value.eq(self.vec_result), rds.r_en.eq(self.vec_result_valid),
+        ]
+        m.d.comb += [
+            self.busy.eq(infl.r_rdy | ~self.arr_idle | ~self.vec_idle),
+            self.idle.eq(~q.r_rdy & ~infl.r_rdy & self.arr_idle & self.vec_idle),
+        ]
+        return m

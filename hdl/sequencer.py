@@ -1,0 +1,703 @@
+"""The sequencer: fetch, decode, scalar/control execution and dispatch.
+
+It executes the program in order, one instruction per cycle when nothing waits:
+scalar and control instructions (registers, compare, branches, hardware loops,
+region marks, partition-table select, tag invalidation) run here; load, compute and
+store instructions are *resolved* (registers read, defaults applied, partition
+offsets translated to absolute scratchpad addresses) and dispatched into the three
+decoupled queues (:mod:`hdl.queues`).
+
+Every check the golden model makes on an instruction happens here, at dispatch, in
+the golden model's order: illegal encodings, operands out of range, partition and
+accumulator bounds, token pops that can never be satisfied (the dispatch-time count
+of pushes minus pops on each channel, exactly the golden model's token deques), loop
+and region rules, pc bounds. A failing instruction is not dispatched; the run stops
+once everything dispatched before it has finished, so the machine state equals the
+golden model's. The only errors raised later are DMA bus errors (the queues report
+them); then entries not yet started are flushed.
+
+Decode tables come from :func:`firmware.isa.decoder_constants`, never hand-copied.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from firmware import isa
+from firmware.config import NPUConfig
+from firmware.isa import CfgField, Cond, ErrorCode, Token
+
+from .ports import ArrayOp, VectorOp, sp_addr_bits
+from .queues import (
+    PC_BITS,
+    compute_entry_layout,
+    load_entry_layout,
+    store_entry_layout,
+)
+
+DEC = isa.decoder_constants()
+OPC = DEC["opcodes"]
+NUM_CHECKS = 3
+TRACE_WORDS = 10  # firmware.regs.TRACE_FIELDS
+SPAN_BITS = 40
+
+
+def field(word, mnemonic: str, name: str):
+    """The operand ``name`` of ``mnemonic`` in ``word``, as the ISA defines it."""
+    lo, bits, kind = DEC["fields"][mnemonic][name]
+    raw = word[lo:lo + bits]
+    if kind == "sint":
+        return raw.as_signed()
+    if kind == "count":
+        return raw + 1
+    return raw
+
+
+def check_port_signature(config: NPUConfig) -> wiring.Signature:
+    """One partition range check (requester view): see hdl.partition.PartitionTable."""
+    return wiring.Signature({
+        "p": Out(3), "offset": Out(32), "nbytes": Out(SPAN_BITS),
+        "addr": In(sp_addr_bits(config)), "error": In(4),
+    })
+
+
+def _cond(cond, a, b):
+    """Value of ``Cond`` ``cond`` for 32-bit registers ``a``, ``b``."""
+    sa, sb = a.as_signed(), b.as_signed()
+    table = {
+        Cond.ALWAYS: Const(1), Cond.EQ: a == b, Cond.NE: a != b, Cond.LT: sa < sb,
+        Cond.GE: sa >= sb, Cond.LTU: a < b, Cond.GEU: a >= b,
+    }
+    return Array(table[c] for c in Cond)[cond[:3]]
+
+
+class Sequencer(wiring.Component):
+    """Fetch, decode, execute scalar/control instructions and dispatch the rest.
+
+    Members
+    -------
+    start : In(1)
+        Pulse: start a run at pc 0 of the active bank (ignored while busy).
+    args : In(32).array(7)
+        Initial r1..r7.
+    cycle_budget : In(32)
+        Cycles a run may take before it stops with TIMEOUT (0: unlimited).
+    busy, done : Out(1)
+        A run is in progress; pulse when it has finished (with or without error).
+    error_code, error_pc, error_addr : Out
+        Outcome of the last run (held until the next run ends).
+    regs : Out(32).array(16)
+        Scalar registers.
+    imem_addr, imem_en : Out, imem_data : In(64)
+        Fetch port of the active instruction bank (one cycle read latency).
+    chk : Out(check_port_signature).array(3)
+        Partition range checks (combinational).
+    pt_set : Out(2)
+        Selected partition-table set (``ptsel``; 0 at the start of every run).
+    tinv_en, tinv_slot : Out
+        ``tinv``: invalidate a tag slot (0: all).
+    load, compute, store : Out(streams of queue entries)
+    load_idle, compute_idle, store_idle : In(1)
+    rd_we, rd_index, rd_value : In
+        vargmax write-back from the compute queue.
+    queue_error, queue_error_pc, queue_error_addr : In
+        A DMA bus error (pulse).
+    run_start, flush : Out(1)
+        Pulse at the start of a run (queues, vector unit); drop queued entries.
+    ev_* : event inputs/outputs for the performance counters and region meters.
+    trace_valid, trace_record : Out
+        A region record (firmware.regs.TRACE_FIELDS words) to push.
+    """
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        self._ibits = max(1, ceil_log2(config.imem_depth))
+        super().__init__({
+            "start": In(1),
+            "args": In(32).array(7),
+            "cycle_budget": In(32),
+            "busy": Out(1), "done": Out(1),
+            "error_code": Out(8), "error_pc": Out(16), "error_addr": Out(32),
+            "regs": Out(32).array(16),
+            "imem_addr": Out(self._ibits), "imem_en": Out(1), "imem_data": In(64),
+            "chk": Out(check_port_signature(config)).array(NUM_CHECKS),
+            "pt_set": Out(2),
+            "tinv_en": Out(1), "tinv_slot": Out(6),
+            "load": Out(stream.Signature(load_entry_layout(config))),
+            "compute": Out(stream.Signature(compute_entry_layout(config))),
+            "store": Out(stream.Signature(store_entry_layout(config))),
+            "load_idle": In(1), "compute_idle": In(1), "store_idle": In(1),
+            "rd_we": In(1), "rd_index": In(4), "rd_value": In(32),
+            "queue_error": In(1), "queue_error_pc": In(PC_BITS), "queue_error_addr": In(32),
+            "run_start": Out(1), "flush": Out(1),
+            # events
+            "ev_instr": Out(1), "ev_region": Out(1), "ev_misspec": Out(1),
+            "ev_stall": Out(1), "ev_run": Out(1), "ev_error": Out(1),
+            "ev_macs": In(16), "ev_read_bytes": In(16), "ev_write_bytes": In(16),
+            "ev_hit": In(1), "ev_miss": In(1),
+            "trace_valid": Out(1), "trace_record": Out(32).array(TRACE_WORDS),
+        })
+
+    # ------------------------------------------------------------------------------
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        depth = cfg.imem_depth
+
+        word = self.imem_data
+        opcode = word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
+        version = word[isa.VERSION_LO:isa.VERSION_LO + isa.VERSION_BITS]
+        toks = word[isa.TOKENS_LO:isa.TOKENS_LO + isa.TOKENS_BITS]
+        payload = word[:isa.TOKENS_LO]
+
+        def f(name):
+            """Operand of the current instruction (its mnemonic picked by the caller)."""
+            return lambda mn: field(word, mn, name)
+
+        # ---- architectural state of a run ---------------------------------------
+        pc = Signal(PC_BITS)
+        regs = Array(Signal(32, name=f"r{i}") for i in range(isa.NUM_REGS))
+        pending = Signal(isa.NUM_REGS)  # vargmax results not yet written
+        run_cycles = Signal(32)
+        pt_set = Signal(2)
+        m.d.comb += self.pt_set.eq(pt_set)
+        for i in range(isa.NUM_REGS):
+            m.d.comb += self.regs[i].eq(regs[i])
+
+        # Dispatch-time token counts per channel (pushes - pops dispatched so far).
+        chan = {name: Signal(16, name="disp_" + name.replace(">", "_"))
+                for name in isa.TOKEN_CHANNELS}
+        # Weight-tile shapes of the two weight buffers, and which one is active.
+        wk = Array(Signal(range(cfg.rows + 1), name=f"wk{i}") for i in range(2))
+        wn = Array(Signal(range(cfg.cols + 1), name=f"wn{i}") for i in range(2))
+        w_active = Signal()
+        # The configuration registers the bounds checks need (the vector unit has its own).
+        shadow_cfg = {
+            fld: Signal(32, name=f"cfg_{fld.name.lower()}", init=isa.CFG_RESET[fld])
+            for fld in (CfgField.GEMM_STRIDE, CfgField.IN_STRIDE, CfgField.OUT_STRIDE,
+                        CfgField.POOL_COUNT, CfgField.POOL_STRIDE, CfgField.POOL_ISTRIDE)
+        }
+
+        # Hardware loop stack.
+        ld = cfg.loop_depth
+        loop_start = Array(Signal(PC_BITS, name=f"loop_start{i}") for i in range(ld))
+        loop_end = Array(Signal(PC_BITS, name=f"loop_end{i}") for i in range(ld))
+        loop_rem = Array(Signal(32, name=f"loop_rem{i}") for i in range(ld))
+        loop_sp = Signal(range(ld + 1))
+        top = Signal(range(ld))
+        m.d.comb += top.eq(loop_sp - 1)
+        in_loop = loop_sp != 0
+
+        # Region stack and the meters region records are computed from.
+        rd_ = cfg.region_depth
+        meters = {n: Signal(32, name=f"meter_{n}") for n in (
+            "instructions", "macs", "dram_read_bytes", "dram_write_bytes",
+            "tag_hits", "tag_misses", "stall_cycles")}
+        reg_id = Array(Signal(16, name=f"region_id{i}") for i in range(rd_))
+        reg_start = Array(Signal(32, name=f"region_start{i}") for i in range(rd_))
+        reg_snap = {n: Array(Signal(32, name=f"region_{n}{i}") for i in range(rd_))
+                    for n in meters}
+        reg_sp = Signal(range(rd_ + 1))
+
+        # ---- run control --------------------------------------------------------
+        fire = Signal()  # the current instruction completes its dispatch this cycle
+        wait = Signal()  # the current instruction cannot proceed yet
+        fault = Signal()
+        fault_code = Signal(8)
+        fault_addr = Signal(32)
+        next_pc = Signal(PC_BITS)
+        is_end = Signal()
+        all_idle = self.load_idle & self.compute_idle & self.store_idle
+
+        err_code = Signal(8)
+        err_pc = Signal(16)
+        err_addr = Signal(32)
+        m.d.comb += [self.error_code.eq(err_code), self.error_pc.eq(err_pc),
+                     self.error_addr.eq(err_addr)]
+        cur_code = Signal(8)  # error of the run in progress
+        cur_pc = Signal(16)
+        cur_addr = Signal(32)
+        flushing = Signal()
+        m.d.comb += self.flush.eq(flushing)
+
+        # Meters run for every run; they wrap, and records hold differences.
+        m.d.sync += [
+            meters["macs"].eq(meters["macs"] + self.ev_macs),
+            meters["dram_read_bytes"].eq(meters["dram_read_bytes"] + self.ev_read_bytes),
+            meters["dram_write_bytes"].eq(meters["dram_write_bytes"] + self.ev_write_bytes),
+            meters["tag_hits"].eq(meters["tag_hits"] + self.ev_hit),
+            meters["tag_misses"].eq(meters["tag_misses"] + self.ev_miss),
+            meters["instructions"].eq(meters["instructions"] + fire),
+            meters["stall_cycles"].eq(meters["stall_cycles"] + self.ev_stall),
+        ]
+
+        # vargmax write-back.
+        with m.If(self.rd_we):
+            m.d.sync += regs[self.rd_index].eq(Mux(self.rd_index == 0, 0, self.rd_value))
+        clear_pending = Mux(self.rd_we, 1 << self.rd_index, 0)
+        set_pending = Signal(isa.NUM_REGS)
+        m.d.sync += pending.eq((pending & ~clear_pending) | set_pending)
+
+        m.d.comb += self.imem_addr.eq(next_pc)
+
+        with m.FSM(name="run") as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.comb += [self.run_start.eq(1), self.ev_run.eq(1)]
+                    m.d.sync += [
+                        pc.eq(0), pending.eq(0), run_cycles.eq(0), pt_set.eq(0),
+                        w_active.eq(0), loop_sp.eq(0), reg_sp.eq(0), flushing.eq(0),
+                        cur_code.eq(0), cur_pc.eq(0), cur_addr.eq(0),
+                        *[regs[i].eq(0) for i in range(isa.NUM_REGS)],
+                        *[regs[1 + i].eq(self.args[i]) for i in range(isa.NUM_ARG_REGS)],
+                        *[c.eq(0) for c in chan.values()],
+                        *[wk[i].eq(0) for i in range(2)], *[wn[i].eq(0) for i in range(2)],
+                        *[s.eq(isa.CFG_RESET[k]) for k, s in shadow_cfg.items()],
+                    ]
+                    m.d.comb += [next_pc.eq(0), self.imem_en.eq(1)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += run_cycles.eq(run_cycles + 1)
+                m.d.comb += self.ev_stall.eq(~fire & ~fault)
+                with m.If(self.queue_error):
+                    m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
+                                 cur_pc.eq(self.queue_error_pc),
+                                 cur_addr.eq(self.queue_error_addr), flushing.eq(1)]
+                    m.next = "STOP"
+                with m.Elif(fault):
+                    m.d.sync += [cur_code.eq(fault_code), cur_pc.eq(pc),
+                                 cur_addr.eq(fault_addr)]
+                    m.next = "STOP"
+                with m.Elif(fire & is_end):
+                    m.next = "FINISH"
+                with m.Elif(fire):
+                    m.d.comb += self.imem_en.eq(1)
+                    m.d.sync += pc.eq(next_pc)
+            with m.State("STOP"):
+                # Let everything dispatched before the failing instruction finish.
+                m.d.comb += self.busy.eq(1)
+                with m.If(self.queue_error & (cur_code != ErrorCode.BUS_ERROR)):
+                    m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
+                                 cur_pc.eq(self.queue_error_pc),
+                                 cur_addr.eq(self.queue_error_addr), flushing.eq(1)]
+                with m.Elif(all_idle):
+                    m.next = "FINISH"
+            with m.State("FINISH"):
+                m.d.comb += [self.done.eq(1), self.ev_error.eq(cur_code != 0)]
+                m.d.sync += [err_code.eq(cur_code), err_pc.eq(cur_pc), err_addr.eq(cur_addr),
+                             flushing.eq(0)]
+                m.next = "IDLE"
+
+        # ---- decode ------------------------------------------------------------------
+        running = fsm.ongoing("RUN")
+        legal = Signal()
+        known = Signal()
+        fields_ok = Signal()
+        with m.Switch(opcode):
+            for mn, code in OPC.items():
+                with m.Case(code):
+                    ok = (payload & ~DEC["operand_masks"][mn]) == 0
+                    ok &= (toks & ~DEC["legal_tokens"][mn]) == 0
+                    for name, (lo, bits, kind) in DEC["fields"][mn].items():
+                        if kind == "enum":
+                            enum = isa.BY_MNEMONIC[mn].field(name).enum
+                            if len(enum) < (1 << bits):
+                                ok &= word[lo:lo + bits] < len(enum)
+                    m.d.comb += [known.eq(1), fields_ok.eq(ok)]
+        m.d.comb += legal.eq(fields_ok & known & (version == isa.ISA_VERSION))
+
+        # Registers the instruction names: an instruction waits while any of them
+        # has a vargmax result in flight (reads must see it; writes must land after it).
+        uses = Signal(isa.NUM_REGS)
+        with m.Switch(opcode):
+            for mn, code in OPC.items():
+                regs_named = [n for n, (_, _, k) in DEC["fields"][mn].items() if k == "reg"]
+                if regs_named:
+                    with m.Case(code):
+                        m.d.comb += uses.eq(_or_shifts(word, mn, regs_named))
+        reg_wait = (uses & pending) != 0
+
+        def R(mn, name):
+            return regs[field(word, mn, name)]
+
+        # ---- next pc, loops ------------------------------------------------------------
+        seq_next = pc + 1
+        advance = Signal(PC_BITS)
+        loop_back = in_loop & (seq_next == loop_end[top])
+        m.d.comb += advance.eq(Mux(loop_back & (loop_rem[top] > 1), loop_start[top], seq_next))
+
+        def do_advance():
+            with m.If(loop_back):
+                with m.If(loop_rem[top] > 1):
+                    m.d.sync += loop_rem[top].eq(loop_rem[top] - 1)
+                with m.Else():
+                    m.d.sync += loop_sp.eq(loop_sp - 1)
+
+        # ---- partition checks ------------------------------------------------------------
+        chk = self.chk
+        for c in chk:
+            m.d.comb += [c.p.eq(0), c.offset.eq(0), c.nbytes.eq(1)]
+
+        def check(i, p, offset, nbytes):
+            m.d.comb += [chk[i].p.eq(p), chk[i].offset.eq(offset), chk[i].nbytes.eq(nbytes)]
+            return chk[i].error
+
+        def fail(cond, code, addr=0):
+            """Queue a fault of the instruction whose case is being built; among one
+            instruction's faults, those listed earlier win (golden order)."""
+            match = Const(0)
+            for op in case_ops:
+                match = match | (opcode == op)
+            faults.append((match & cond, code, addr))
+
+        faults: list = []
+        case_ops: list = []
+
+        def case(*mnemonics):
+            case_ops[:] = [OPC[mn] for mn in mnemonics]
+            return m.Case(*case_ops)
+
+        # Effective strides for bounds checks.
+        def eff(fld, n):
+            s = shadow_cfg[fld]
+            return Mux(s == 0, n, s)
+
+        # ---- per-instruction execution -----------------------------------------------
+        entry_l, entry_c, entry_s = self.load.payload, self.compute.payload, self.store.payload
+        acc_rows = cfg.acc_rows
+
+        def token_checks(mn, queue):
+            """TOKEN_DEADLOCK for pops with no dispatched push; update counts on fire."""
+            conds = []
+            for flag in (Token.POP_PREV, Token.POP_NEXT):
+                if DEC["legal_tokens"][mn] & flag:
+                    ch = chan[isa.token_channel(queue, flag)]
+                    has = (toks & flag) != 0
+                    conds.append(has & (ch == 0))
+            for cond in conds:
+                fail(cond, ErrorCode.TOKEN_DEADLOCK)
+            with m.If(fire):
+                for flag in Token:
+                    if DEC["legal_tokens"][mn] & flag:
+                        ch = chan[isa.token_channel(queue, flag)]
+                        has = (toks & flag) != 0
+                        delta = -1 if flag in (Token.POP_PREV, Token.POP_NEXT) else 1
+                        with m.If(has):
+                            m.d.sync += ch.eq(ch + delta)
+
+        # Pending token updates from several flags of one instruction touch different
+        # channels (prev/next), so the sync assignments above never collide.
+
+        with m.Switch(opcode):
+            # -- sequencer instructions --------------------------------------------------
+            with case("nop", "misspec"):
+                m.d.comb += next_pc.eq(advance)
+                with m.If(fire):
+                    do_advance()
+                m.d.comb += self.ev_misspec.eq(fire & (opcode == OPC["misspec"]))
+            with case("end"):
+                m.d.comb += [wait.eq(~all_idle), is_end.eq(1)]
+                fail(reg_sp != 0, ErrorCode.REGION)
+            with case("li", "addi", "add", "sub", "mul", "cmp"):
+                m.d.comb += [wait.eq(reg_wait), next_pc.eq(advance)]
+                result = Signal(32)
+                with m.Switch(opcode):
+                    with m.Case(OPC["li"]):
+                        m.d.comb += result.eq(field(word, "li", "imm"))
+                    with m.Case(OPC["addi"]):
+                        m.d.comb += result.eq(R("addi", "rs") + field(word, "addi", "imm"))
+                    with m.Case(OPC["add"]):
+                        m.d.comb += result.eq(R("add", "rs1") + R("add", "rs2"))
+                    with m.Case(OPC["sub"]):
+                        m.d.comb += result.eq(R("sub", "rs1") - R("sub", "rs2"))
+                    with m.Case(OPC["mul"]):
+                        m.d.comb += result.eq(R("mul", "rs1") * R("mul", "rs2"))
+                    with m.Case(OPC["cmp"]):
+                        m.d.comb += result.eq(_cond(field(word, "cmp", "cond"),
+                                                    R("cmp", "rs1"), R("cmp", "rs2")))
+                rd = Mux(opcode == OPC["li"], field(word, "li", "rd"),
+                         Mux(opcode == OPC["addi"], field(word, "addi", "rd"),
+                             field(word, "add", "rd")))
+                with m.If(fire):
+                    do_advance()
+                    with m.If(rd != 0):
+                        m.d.sync += regs[rd].eq(result)
+            with case("br"):
+                m.d.comb += wait.eq(reg_wait)
+                target = field(word, "br", "target")
+                taken = _cond(field(word, "br", "cond"), R("br", "rs1"), R("br", "rs2"))
+                inside = (target >= loop_start[top]) & (target < loop_end[top])
+                leaves = in_loop & ~inside
+                second = loop_sp > 1
+                inside2 = ((target >= loop_start[top - 1]) & (target < loop_end[top - 1]))
+                fail(taken & (target >= depth), ErrorCode.PC_BOUNDS)
+                fail(taken & leaves & second & ~inside2, ErrorCode.LOOP)
+                m.d.comb += next_pc.eq(Mux(taken, target, advance))
+                with m.If(fire):
+                    with m.If(taken):
+                        with m.If(leaves):
+                            m.d.sync += loop_sp.eq(loop_sp - 1)
+                    with m.Else():
+                        do_advance()
+            with case("loop", "loopr"):
+                m.d.comb += wait.eq(reg_wait)
+                end = field(word, "loop", "end")
+                count = Mux(opcode == OPC["loop"], field(word, "loop", "count"),
+                            R("loopr", "rs"))
+                fail(end >= depth + 1, ErrorCode.PC_BOUNDS)
+                fail(end <= pc + 1, ErrorCode.LOOP)
+                fail(in_loop & (end >= loop_end[top]), ErrorCode.LOOP)
+                fail(loop_sp >= ld, ErrorCode.LOOP)
+                m.d.comb += next_pc.eq(Mux(count == 0, end, pc + 1))
+                with m.If(fire & (count != 0)):
+                    m.d.sync += [
+                        loop_start[loop_sp[:max(1, ceil_log2(ld))]].eq(pc + 1),
+                        loop_end[loop_sp[:max(1, ceil_log2(ld))]].eq(end),
+                        loop_rem[loop_sp[:max(1, ceil_log2(ld))]].eq(count),
+                        loop_sp.eq(loop_sp + 1),
+                    ]
+            with case("sync"):
+                m.d.comb += [wait.eq(~all_idle), next_pc.eq(advance)]
+                with m.If(fire):
+                    do_advance()
+            with case("region"):
+                m.d.comb += [wait.eq(~all_idle), next_pc.eq(advance)]
+                rid = field(word, "region", "id")
+                is_begin = field(word, "region", "op") == isa.RegionOp.BEGIN
+                rtop = Signal(range(rd_))
+                m.d.comb += rtop.eq(reg_sp - 1)
+                fail(is_begin & (reg_sp >= rd_), ErrorCode.REGION)
+                fail(~is_begin & ((reg_sp == 0) | (reg_id[rtop] != rid)), ErrorCode.REGION)
+                slot = reg_sp[:max(1, ceil_log2(rd_))]
+                with m.If(fire):
+                    do_advance()
+                    with m.If(is_begin):
+                        m.d.comb += self.ev_region.eq(1)
+                        m.d.sync += [reg_id[slot].eq(rid), reg_start[slot].eq(run_cycles),
+                                     reg_sp.eq(reg_sp + 1)]
+                        for n, meter in meters.items():
+                            m.d.sync += reg_snap[n][slot].eq(meter)
+                    with m.Else():
+                        m.d.sync += reg_sp.eq(reg_sp - 1)
+                        rec = self.trace_record
+                        m.d.comb += [
+                            self.trace_valid.eq(1),
+                            rec[0].eq(rid), rec[1].eq(reg_start[rtop]), rec[2].eq(run_cycles),
+                        ]
+                        for i, n in enumerate(("instructions", "macs", "dram_read_bytes",
+                                               "dram_write_bytes", "tag_hits", "tag_misses",
+                                               "stall_cycles")):
+                            m.d.comb += rec[3 + i].eq(meters[n] - reg_snap[n][rtop])
+            with case("ptsel"):
+                s = field(word, "ptsel", "set")
+                fail(s >= cfg.pt_sets, ErrorCode.BAD_OPERAND)
+                m.d.comb += [wait.eq(~all_idle), next_pc.eq(advance)]
+                with m.If(fire):
+                    do_advance()
+                    m.d.sync += pt_set.eq(s)
+            with case("tinv"):
+                slot = field(word, "tinv", "slot")
+                fail(slot > cfg.tag_slots, ErrorCode.BAD_OPERAND)
+                m.d.comb += [wait.eq(~self.load_idle), next_pc.eq(advance),
+                             self.tinv_slot.eq(slot)]
+                with m.If(fire):
+                    do_advance()
+                    m.d.comb += self.tinv_en.eq(1)
+
+            # -- load / store --------------------------------------------------------------
+            for mn, queue, entry, port in (("load", isa.Queue.LOAD, entry_l, self.load),
+                                           ("store", isa.Queue.STORE, entry_s, self.store)):
+                with case(mn):
+                    token_checks(mn, queue)
+                    rows, nb = field(word, mn, "rows"), field(word, mn, "bytes")
+                    stride_r = field(word, mn, "stride")
+                    offset = (R(mn, "sp") + field(word, mn, "off"))[:32]
+                    if mn == "load":
+                        tag = field(word, "load", "tag")
+                        fail(tag > cfg.tag_slots, ErrorCode.BAD_OPERAND)
+                        m.d.comb += [entry.slot.eq(tag), entry.part.eq(field(word, mn, "p"))]
+                    e = check(0, field(word, mn, "p"), offset, rows * nb)
+                    fail(e != 0, e, offset)
+                    m.d.comb += [
+                        entry.cmd.dram.eq(R(mn, "dram")),
+                        entry.cmd.stride.eq(Mux(stride_r == 0, nb, R(mn, "stride"))),
+                        entry.cmd.rows.eq(rows), entry.cmd.nbytes.eq(nb),
+                        entry.cmd.sp.eq(chk[0].addr),
+                        entry.tokens.eq(toks), entry.pc.eq(pc),
+                        wait.eq(reg_wait | ~port.ready), next_pc.eq(advance),
+                    ]
+                    with m.If(fire):
+                        do_advance()
+                        m.d.comb += port.valid.eq(1)
+
+            # -- compute -------------------------------------------------------------------
+            compute_ops = ("cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
+                           "vargmax")
+            for mn in compute_ops:
+                with case(mn):
+                    token_checks(mn, isa.Queue.COMPUTE)
+                    self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
+                                  w_active, shadow_cfg, acc_rows, fire, set_pending)
+                    m.d.comb += [
+                        entry_c.tokens.eq(toks),
+                        wait.eq(reg_wait | ~self.compute.ready), next_pc.eq(advance),
+                    ]
+                    with m.If(fire):
+                        do_advance()
+                        m.d.comb += self.compute.valid.eq(1)
+
+        # ---- faults (first listed wins), timeout, pc bounds, illegal ------------------------
+        chain_code = Signal(8)
+        chain_addr = Signal(32)
+        chain = Signal()
+        for cond, code, addr in reversed(faults):
+            with m.If(cond):
+                m.d.comb += [chain.eq(1), chain_code.eq(code), chain_addr.eq(addr)]
+        pc_out = pc >= depth
+        timeout = (self.cycle_budget != 0) & (run_cycles >= self.cycle_budget)
+        with m.If(running):
+            with m.If(timeout):
+                m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.TIMEOUT)]
+            with m.Elif(pc_out):
+                m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.PC_BOUNDS)]
+            with m.Elif(~legal):
+                m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.ILLEGAL_INSTRUCTION)]
+            with m.Elif(reg_wait):
+                pass  # operands still in flight: checks would see stale values
+            with m.Elif(chain):
+                m.d.comb += [fault.eq(1), fault_code.eq(chain_code), fault_addr.eq(chain_addr)]
+            with m.Elif(~wait & ~self.queue_error):
+                m.d.comb += [fire.eq(1), self.ev_instr.eq(1)]
+        return m
+
+    # ------------------------------------------------------------------------------------
+    def _compute(self, m, mn, word, R, check, fail, eff, entry, pc, wk, wn, w_active,
+                 shadow_cfg, acc_rows, fire, set_pending):
+        """Resolve and check one compute-queue instruction (golden order of checks)."""
+        cfg = self.config
+        arr, vec = entry.arr, entry.vec
+        fieldof = lambda name: field(word, mn, name)  # noqa: E731
+
+        def offset(reg, imm=True):
+            base = R(mn, reg)
+            return (base + fieldof("off"))[:32] if imm else base
+
+        def acc_check(m_rows):
+            first = R(mn, "acc")
+            fail(first + m_rows > acc_rows, ErrorCode.ACC_BOUNDS)
+            return first
+
+        def rows_span(m_rows, stride, n):
+            return (m_rows - 1) * stride + n
+
+        if mn == "cfg":
+            fld = fieldof("field")
+            value = fieldof("value")
+            bad = Const(0)
+            for f, (_, lo, hi) in isa.CFG_RANGE.items():
+                bad = Mux(fld == int(f), (value < lo) | (value > hi), bad)
+            fail(bad, ErrorCode.BAD_OPERAND)
+            m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.CFG), vec.field.eq(fld),
+                         vec.value.eq(value)]
+            with m.If(fire):
+                for f, sig in shadow_cfg.items():
+                    with m.If(fld == int(f)):
+                        m.d.sync += sig.eq(value)
+        elif mn == "wload":
+            k, n = fieldof("k"), fieldof("n")
+            fail((k > cfg.rows) | (n > cfg.cols), ErrorCode.BAD_OPERAND)
+            off = offset("sp")
+            e = check(0, fieldof("p"), off, k * n)
+            fail(e != 0, e, off)
+            m.d.comb += [arr.op.eq(ArrayOp.WLOAD), arr.sp.eq(self.chk[0].addr),
+                         arr.k.eq(k), arr.n.eq(n)]
+            with m.If(fire):
+                m.d.sync += [wk[~w_active].eq(k), wn[~w_active].eq(n)]
+        elif mn == "gemm":
+            swap = fieldof("swap")
+            active = w_active ^ swap
+            k, n = wk[active], wn[active]
+            mr = fieldof("m")
+            fail(k == 0, ErrorCode.BAD_OPERAND)
+            first = acc_check(mr)
+            off = offset("sp")
+            stride = eff(CfgField.GEMM_STRIDE, k)
+            e = check(0, fieldof("p"), off, rows_span(mr, stride, k))
+            fail(e != 0, e, off)
+            m.d.comb += [arr.op.eq(ArrayOp.GEMM), arr.sp.eq(self.chk[0].addr),
+                         arr.stride.eq(stride), arr.k.eq(k), arr.n.eq(n), arr.m.eq(mr),
+                         arr.acc.eq(first), arr.accumulate.eq(fieldof("mode")),
+                         arr.swap.eq(swap)]
+            with m.If(fire):
+                m.d.sync += w_active.eq(active)
+        elif mn in ("vbias", "vreq"):
+            mr, n = fieldof("m"), fieldof("n")
+            fail(n > cfg.cols, ErrorCode.BAD_OPERAND)
+            first = acc_check(mr)
+            off = offset("sp")
+            if mn == "vbias":
+                e = check(0, fieldof("p"), off, 4 * n)
+            else:
+                e = check(0, fieldof("p"), off, rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
+            fail(e != 0, e, off)
+            m.d.comb += [entry.vector.eq(1),
+                         vec.op.eq(VectorOp.BIAS if mn == "vbias" else VectorOp.REQ),
+                         vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n)]
+            m.d.comb += (vec.a if mn == "vbias" else vec.d).eq(self.chk[0].addr)
+        elif mn == "vadd":
+            mr, n = fieldof("m"), fieldof("n")
+            src = rows_span(mr, eff(CfgField.IN_STRIDE, n), n)
+            ea = check(0, fieldof("pa"), R(mn, "a"), src)
+            fail(ea != 0, ea, R(mn, "a"))
+            eb = check(1, fieldof("pb"), R(mn, "b"), src)
+            fail(eb != 0, eb, R(mn, "b"))
+            ed = check(2, fieldof("pd"), R(mn, "d"),
+                       rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
+            fail(ed != 0, ed, R(mn, "d"))
+            m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ADD),
+                         vec.a.eq(self.chk[0].addr), vec.b.eq(self.chk[1].addr),
+                         vec.d.eq(self.chk[2].addr), vec.m.eq(mr), vec.n.eq(n)]
+        elif mn in ("vclip", "vmax"):
+            mr, n = fieldof("m"), fieldof("n")
+            if mn == "vclip":
+                src = rows_span(mr, eff(CfgField.IN_STRIDE, n), n)
+            else:
+                src = ((mr - 1) * shadow_cfg[CfgField.POOL_ISTRIDE]
+                       + (shadow_cfg[CfgField.POOL_COUNT] - 1) * shadow_cfg[CfgField.POOL_STRIDE]
+                       + n)
+            es = check(0, fieldof("ps"), R(mn, "s"), src)
+            fail(es != 0, es, R(mn, "s"))
+            ed = check(1, fieldof("pd"), R(mn, "d"),
+                       rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
+            fail(ed != 0, ed, R(mn, "d"))
+            m.d.comb += [entry.vector.eq(1),
+                         vec.op.eq(VectorOp.CLIP if mn == "vclip" else VectorOp.MAX),
+                         vec.a.eq(self.chk[0].addr), vec.d.eq(self.chk[1].addr),
+                         vec.m.eq(mr), vec.n.eq(n)]
+        elif mn == "vargmax":
+            n = fieldof("n")
+            off = offset("s")
+            e = check(0, fieldof("p"), off, n)
+            fail(e != 0, e, off)
+            rd = fieldof("rd")
+            m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ARGMAX),
+                         vec.a.eq(self.chk[0].addr), vec.n.eq(n), vec.m.eq(1), entry.rd.eq(rd)]
+            with m.If(fire & (rd != 0)):
+                m.d.comb += set_pending.eq(1 << rd)
+        else:  # pragma: no cover
+            raise AssertionError(mn)
+
+
+def _or_shifts(word, mn, names):
+    """Bitmask of the registers named by fields ``names`` of ``mn``."""
+    mask = Const(0, isa.NUM_REGS)
+    for n in names:
+        mask = mask | (Const(1, isa.NUM_REGS) << field(word, mn, n))[:isa.NUM_REGS]
+    return mask
+
+
+__all__ = ["Sequencer", "check_port_signature", "field", "NUM_CHECKS", "TRACE_WORDS"]

@@ -1,0 +1,226 @@
+"""The NPU driver: one code path for every backend, through a :class:`Device`.
+
+It learns the hardware from the device's own CAPS registers, writes programs and
+partition tables into the shadow bank, swaps, starts runs, waits for them, and reads
+results, registers, counters and the region trace. It never reaches around the
+register map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from firmware import isa
+from firmware.config import NPUConfig
+from firmware.golden import TraceRecord
+from firmware.isa import ErrorCode
+from firmware.regs import ID_MAGIC, TRACE_FIELDS, addresses, caps_to_config, counter_names
+
+from .device import Device
+
+CTRL_START, CTRL_SWAP, CTRL_COUNTER_RESET, CTRL_TAG_INVALIDATE, CTRL_TRACE_CLEAR = (
+    1, 2, 4, 8, 16)
+STATUS_BUSY, STATUS_BANK, STATUS_SWAP_PENDING, STATUS_ERROR, STATUS_REFUSED = (
+    1, 2, 4, 8, 16)
+IRQ_DONE, IRQ_ERROR, IRQ_REFUSED = 1, 2, 4
+
+
+class DeviceError(RuntimeError):
+    """The device did not behave as the register map promises."""
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """How a run ended, as the NPU reports it."""
+
+    error: ErrorCode
+    pc: int
+    addr: int
+
+    @property
+    def ok(self) -> bool:
+        return self.error == ErrorCode.NONE
+
+    def check(self) -> RunStatus:
+        if not self.ok:
+            raise RuntimeError(f"NPU error {self.error.name} at pc {self.pc} "
+                               f"(address {self.addr:#x})")
+        return self
+
+
+class NPUDriver:
+    """Drive one NPU through a :class:`Device`.
+
+    Parameters
+    ----------
+    device : Device
+        The transport. The driver reads CAPS to learn the configuration.
+    """
+
+    def __init__(self, device: Device):
+        self.device = device
+        base = addresses(NPUConfig())
+        magic = device.read_reg(base["ID"])
+        if magic != ID_MAGIC:
+            raise DeviceError(f"ID register reads {magic:#010x}, expected {ID_MAGIC:#010x}")
+        caps = {n: device.read_reg(a) for n, a in base.items() if n.startswith("CAPS_")}
+        self.config: NPUConfig = caps_to_config(caps)
+        self.addr = addresses(self.config)
+        self._counters = counter_names(self.config)
+        self.write(
+            "IRQ_ENABLE", IRQ_DONE | IRQ_ERROR)
+
+    # ---- registers --------------------------------------------------------------------
+    def read(self, name: str) -> int:
+        return self.device.read_reg(self.addr[name])
+
+    def write(self, name: str, value: int) -> None:
+        self.device.write_reg(self.addr[name], value & 0xFFFF_FFFF)
+
+    def status(self) -> int:
+        return self.read("STATUS")
+
+    @property
+    def active_bank(self) -> int:
+        return (self.status() >> 1) & 1
+
+    @property
+    def shadow_bank(self) -> int:
+        return 1 - self.active_bank
+
+    # ---- programs, tables, swaps ----------------------------------------------------------
+    def write_program(self, words, version: int | None = None) -> int:
+        """Write a program (words or an ``asm.Program``) into the shadow bank.
+
+        A zero word follows the program (when it fits), so running off its end is an
+        illegal instruction, as in the golden model. Returns the bank written.
+        Raises ``ValueError`` when the program does not fit, ``DeviceError`` when
+        the device refused the write.
+        """
+        words = list(getattr(words, "words", words))
+        depth = self.config.imem_depth
+        if len(words) > depth:
+            raise ValueError(f"program of {len(words)} instructions exceeds the "
+                             f"{depth}-instruction bank")
+        if len(words) < depth:
+            words = words + [0]
+        bank = self.shadow_bank
+        self.write("IMEM_ADDR", (bank << 31))
+        for w in words:
+            self.write("IMEM_DATA_LO", w & 0xFFFF_FFFF)
+            self.write("IMEM_DATA_HI", w >> 32)
+        if version is not None:
+            self.write(f"BANK_VERSION{bank}", version)
+        self._check_not_refused("program")
+        return bank
+
+    def set_partitions(self, table, pt_set: int = 0) -> None:
+        """Write one partition table ``[(base, size), ...]`` of the shadow bank.
+
+        Unlisted partitions are disabled (size 0).
+        """
+        table = [(int(b), int(s)) for b, s in table]
+        if len(table) > self.config.partitions:
+            raise ValueError(f"{len(table)} partitions given, the NPU has "
+                             f"{self.config.partitions}")
+        if not 0 <= pt_set < self.config.pt_sets:
+            raise ValueError(f"pt_set={pt_set}: the NPU has {self.config.pt_sets} sets")
+        bank = self.shadow_bank
+        table += [(0, 0)] * (self.config.partitions - len(table))
+        for p, (base, size) in enumerate(table):
+            self.write("PT_SELECT", p | (pt_set << 8) | (bank << 31))
+            self.write("PT_BASE", base)
+            self.write("PT_SIZE", size)
+        self._check_not_refused("partition table")
+
+    def _check_not_refused(self, what: str):
+        if self.status() & STATUS_REFUSED:
+            self.write("IRQ_STATUS", IRQ_REFUSED)
+            raise DeviceError(f"the NPU refused the {what} write (aimed at the active bank)")
+
+    def bank_version(self, bank: int) -> int:
+        return self.read(f"BANK_VERSION{bank}")
+
+    def swap(self, wait: bool = True) -> None:
+        """Request a swap; it lands at the next run boundary (at once when idle)."""
+        self.write("CTRL", CTRL_SWAP)
+        if wait:
+            self._wait_status_clear(STATUS_SWAP_PENDING, "swap")
+
+    def _wait_status_clear(self, bit: int, what: str, polls: int = 100_000) -> None:
+        for _ in range(polls):
+            if not self.status() & bit:
+                return
+        raise DeviceError(f"{what} did not complete")
+
+    def load(self, program, partitions, version: int | None = None, pt_sets=None) -> None:
+        """Program + partition table(s) into the shadow bank, then swap them in."""
+        self.write_program(program, version)
+        self.set_partitions(partitions)
+        for s, table in enumerate(pt_sets or (), start=1):
+            self.set_partitions(table, pt_set=s)
+        self.swap()
+
+    # ---- runs ------------------------------------------------------------------------------
+    def start(self, args=()) -> None:
+        """Set ARG0.. and start a run (queued if one is in progress)."""
+        if len(args) > isa.NUM_ARG_REGS:
+            raise ValueError(f"{len(args)} args given, at most {isa.NUM_ARG_REGS}")
+        for i, a in enumerate(args):
+            self.write(f"ARG{i}", int(a))
+        self.write("CTRL", CTRL_START)
+
+    def wait(self, timeout_cycles: int = 50_000_000) -> RunStatus:
+        """Wait for the run to finish (interrupt), acknowledge it, return its status."""
+        if not self.device.wait_irq(timeout_cycles):
+            raise DeviceError(f"no interrupt within {timeout_cycles} cycles")
+        self.write("IRQ_STATUS", IRQ_DONE | IRQ_ERROR)
+        return self.last_status()
+
+    def last_status(self) -> RunStatus:
+        return RunStatus(ErrorCode(self.read("ERROR")), self.read("ERROR_PC"),
+                         self.read("ERROR_ADDR"))
+
+    def run(self, args=(), cycle_budget: int = 0) -> RunStatus:
+        """Start one run and wait for it."""
+        self.write("CYCLE_BUDGET", cycle_budget)
+        self.start(args)
+        return self.wait()
+
+    # ---- state --------------------------------------------------------------------------------
+    def regs(self) -> list[int]:
+        return [self.read(f"R{i}") for i in range(isa.NUM_REGS)]
+
+    def counters(self) -> dict:
+        """Every counter, with tag hits/misses as per-partition lists (golden layout)."""
+        out = {}
+        for name in self._counters:
+            lo = self.read(f"CNT_{name.upper()}_LO")
+            hi = self.read(f"CNT_{name.upper()}_HI")
+            out[name] = (hi << 32) | lo
+        parts = self.config.partitions
+        for kind in ("tag_hits", "tag_misses"):
+            out[kind] = [out.pop(f"{kind}_p{p}") for p in range(parts)]
+        return out
+
+    def reset_counters(self) -> None:
+        self.write("CTRL", CTRL_COUNTER_RESET)
+
+    def invalidate_tags(self) -> None:
+        self.write("CTRL", CTRL_TAG_INVALIDATE)
+
+    def read_trace(self) -> list[TraceRecord]:
+        """Pop every record in the region-trace FIFO."""
+        out = []
+        for _ in range(self.read("TRACE_COUNT")):
+            words = [self.read(f"TRACE_{n.upper()}") for n in TRACE_FIELDS]
+            out.append(TraceRecord(*words))
+            self.write("TRACE_POP", 1)
+        return out
+
+    # ---- memory --------------------------------------------------------------------------------
+    def write_mem(self, addr: int, data) -> None:
+        self.device.write_mem(addr, bytes(memoryview(data).cast("B")))
+
+    def read_mem(self, addr: int, size: int) -> bytes:
+        return self.device.read_mem(addr, size)

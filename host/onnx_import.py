@@ -1,0 +1,1174 @@
+"""ONNX import: quantized ONNX models to the host IR (:mod:`host.ir`).
+
+Accepted forms (see docs/compiler.md for the full table):
+
+* QOperator models: ``QLinearMatMul``, ``QLinearConv``, ``MatMulInteger``,
+  ``ConvInteger`` and integer ``Add``/``Relu``/``Clip``/``MaxPool``/
+  ``Flatten``/``Reshape``/``ArgMax`` on int8/uint8 tensors.
+* QDQ models as onnxruntime's quantizer writes them: ``QuantizeLinear`` /
+  ``DequantizeLinear`` around ``MatMul``/``Gemm``/``Conv``/``Add``/``Relu``/
+  ``Clip``/``MaxPool`` (and the shape ops), weights and int32 biases as
+  ``DequantizeLinear`` of constants, per-tensor scales.
+* ``Equal`` of an integer tensor against a constant feeding ``If``; both branch
+  bodies are imported recursively.
+
+The importer reads the graph in order and keeps each ONNX value as a lazy
+abstract value (an IR tensor, the dequantized view of one, a constant, or a
+float result still waiting for its ``QuantizeLinear``), so a
+``DQ -> MatMul -> [Relu] -> Q`` chain becomes one ``QGemm`` with integer
+parameters, and nothing float reaches the NPU. uint8 tensors become int8 by
+subtracting 128 from values and zero points; graph inputs and outputs keep
+``io_dtype="uint8"`` so the runtime converts them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from firmware.quant import quantize_multipliers_shared
+
+from .builder import clamp_bounds, fold_bias, requant_for
+from .errors import ModelError, UnsupportedOpError
+from .ir import (
+    ArgMax,
+    Clip,
+    CpuOp,
+    Dequantize,
+    Equal,
+    Flatten,
+    Graph,
+    If,
+    MaxPool,
+    Node,
+    QAdd,
+    QConv,
+    QGemm,
+    QParams,
+    Quantize,
+    Requant,
+    Reshape,
+    Tensor,
+)
+
+__all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS"]
+
+SUPPORTED_OPS = (
+    "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger",
+    "QuantizeLinear", "DequantizeLinear", "MatMul", "Gemm", "Conv", "Add", "Relu", "Clip",
+    "MaxPool", "Flatten", "Reshape", "ArgMax", "Equal", "If", "Constant", "Identity",
+)
+"""ONNX operators (default domain) the importer maps to NPU operators."""
+
+# ONNX element type -> (IR dtype, io_dtype)
+_ONNX_TYPES = {
+    TensorProto.INT8: ("int8", None),
+    TensorProto.UINT8: ("int8", "uint8"),
+    TensorProto.INT32: ("int32", None),
+    TensorProto.INT64: ("int64", None),
+    TensorProto.FLOAT: ("float32", None),
+    TensorProto.BOOL: ("bool", None),
+}
+
+
+def _onnx_type(t: Tensor) -> int:
+    if t.io_dtype == "uint8":
+        return TensorProto.UINT8
+    return {"int8": TensorProto.INT8, "int32": TensorProto.INT32, "int64": TensorProto.INT64,
+            "float32": TensorProto.FLOAT, "bool": TensorProto.BOOL}[t.dtype]
+
+
+# ---- abstract values ---------------------------------------------------------------------
+
+
+@dataclass
+class _T:
+    """An IR tensor."""
+
+    name: str
+
+
+@dataclass
+class _DQ:
+    """The float view ``scale * (q - zp)`` of the int8 IR tensor ``q`` (zp int8 domain)."""
+
+    q: str
+    scale: np.floating
+    zp: int
+
+
+@dataclass
+class _C:
+    """A constant, with its ONNX dtype and values."""
+
+    value: np.ndarray
+
+
+@dataclass
+class _DQC:
+    """``DequantizeLinear`` of a constant integer tensor (weights, biases)."""
+
+    q: np.ndarray  # int64, original domain
+    scale: np.ndarray  # float, scalar or per-axis
+    zp: np.ndarray  # int64, same shape as scale
+    axis: int = 1
+
+    @property
+    def value(self) -> np.ndarray:
+        s = _expand(self.scale, self.q.ndim, self.axis)
+        z = _expand(self.zp, self.q.ndim, self.axis)
+        return ((self.q.astype(np.float32) - z.astype(np.float32)) * s).astype(np.float32)
+
+
+def _expand(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    if v.size <= 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis] = v.size
+    return v.reshape(shape)
+
+
+@dataclass
+class _P:
+    """A float result of MatMul/Gemm/Conv/Add/Relu/Clip on dequantized inputs that
+    waits for its QuantizeLinear (which turns it into one NPU operator)."""
+
+    kind: str  # "gemm", "conv", "add", "clip"
+    root: onnx.NodeProto  # the operator the NPU node is named after (Conv, not its Relu)
+    node: onnx.NodeProto  # outermost ONNX node (for the CPU fallback)
+    args: list  # that node's input values
+    x: _DQ | None = None
+    w: _DQC | None = None
+    bias: object = None  # _DQC or _C (float), or None
+    b: _DQ | None = None  # second operand of an add
+    attrs: dict = field(default_factory=dict)
+    lo: float = -np.inf  # fused real clamp
+    hi: float = np.inf
+
+
+# ---- entry points ------------------------------------------------------------------------
+
+
+def freeze_inputs(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
+    """Return a copy of ``model`` whose graph inputs named in ``values`` are initializers.
+
+    The ONNX backend tests feed weights, scales and zero points as inputs; the
+    NPU needs them constant at import time.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    g = model.graph
+    keep = [i for i in g.input if i.name not in values]
+    missing = set(values) - {i.name for i in g.input}
+    if missing:
+        raise ValueError(f"no graph inputs named {sorted(missing)}")
+    for name, value in values.items():
+        g.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    del g.input[:]
+    g.input.extend(keep)
+    return model
+
+
+def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = None) -> Graph:
+    """Import an ONNX model (path, bytes or ``ModelProto``) into a validated IR graph.
+
+    Parameters
+    ----------
+    model : the model.
+    allow_cpu_fallback : run what the NPU cannot (unsupported operators, float
+        results that are never requantized, weights that leave int8 after their
+        zero point) on the CPU, marked ``device="cpu"``, instead of failing.
+    dims : values for symbolic input dimensions (default 1 each).
+
+    Raises
+    ------
+    UnsupportedOpError : an operator or form the NPU does not support, naming the
+        op type, the node and the supported alternatives.
+    ModelError : a malformed model (checker failure, missing initializer,
+        dangling input) or a shape/dtype/range problem, naming the node.
+    """
+    proto = _load_proto(model)
+    _check_references(proto.graph, set())
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"onnx.checker: {str(e).strip().splitlines()[0]}") from None
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise ModelError("the model does not import the default ONNX opset")
+    imp = _Importer(proto.graph.name or "model", opset, allow_cpu_fallback, dims or {})
+    imp._reserved.update(_value_names(proto.graph))
+    graph = imp.import_main(proto.graph)
+    return graph.validate()
+
+
+def _load_proto(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):  # a copy: the importer names unnamed nodes
+        return onnx.ModelProto.FromString(model.SerializeToString())
+    try:
+        if isinstance(model, bytes | bytearray):
+            return onnx.load_model_from_string(bytes(model))
+        return onnx.load(str(Path(model)))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # protobuf decode errors have no common base
+        raise ModelError(f"cannot read the model: {e}") from None
+
+
+def _value_names(g: onnx.GraphProto) -> set[str]:
+    names = {i.name for i in g.input} | {t.name for t in g.initializer}
+    for n in g.node:
+        names.update(o for o in n.output if o)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                names |= _value_names(a.g)
+    return names
+
+
+def _check_references(g: onnx.GraphProto, outer: set[str]):
+    """Every node input is defined before use (name the node with the dangling one)."""
+    known = set(outer) | {i.name for i in g.input} | {t.name for t in g.initializer}
+    known |= {t.name for t in g.sparse_initializer}
+    for k, n in enumerate(g.node):
+        for i in n.input:
+            if i and i not in known:
+                raise ModelError(f"input {i!r} is neither a graph input, an initializer nor "
+                                 "an earlier node's output (missing initializer or dangling "
+                                 "input)", n.name or f"{n.op_type}#{k}")
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _check_references(a.g, known)
+        known.update(o for o in n.output if o)
+    for o in g.output:
+        if o.name not in known:
+            raise ModelError(f"graph output {o.name!r} is never produced")
+
+
+# ---- the importer ------------------------------------------------------------------------
+
+
+class _Importer:
+    def __init__(self, name: str, opset: int, fallback: bool, dims: dict,
+                 parent: _Importer | None = None):
+        self.graph = Graph(name)
+        self.opset, self.fallback, self.dims, self.parent = opset, fallback, dims, parent
+        self.env: dict[str, object] = {}
+        self._names = parent._names if parent else set()  # tensor names in use
+        self._node_names = parent._node_names if parent else set()
+        self._reserved = parent._reserved if parent else set()  # every ONNX value name
+        self._counter = parent._counter if parent else itertools.count()
+        self._dq_cache: dict = {}
+
+    # -- scopes and names --
+    def lookup(self, name: str):
+        imp = self
+        while imp is not None:
+            if name in imp.env:
+                return imp.env[name]
+            imp = imp.parent
+        raise ModelError(f"value {name!r} is not defined")
+
+    def tensor(self, name: str) -> Tensor:
+        imp = self
+        while imp is not None:
+            if name in imp.graph.tensors:
+                return imp.graph.tensors[name]
+            imp = imp.parent
+        raise KeyError(name)
+
+    def fresh(self, base: str, onnx_name: bool = False) -> str:
+        """A new tensor name: ``base`` itself if free (internal names never take an
+        ONNX value's name, which is reserved for that value)."""
+        name = base
+        while name in self._names or (name in self._reserved and not onnx_name):
+            name = f"{base}:{next(self._counter)}"
+            onnx_name = False
+        self._names.add(name)
+        return name
+
+    def fresh_node(self, base: str) -> str:
+        name, k = base, 0
+        while name in self._node_names:
+            k += 1
+            name = f"{base}:{k}"
+        self._node_names.add(name)
+        return name
+
+    def emit(self, node: Node, out_names: list[str], quant: QParams | None = None,
+             io_dtype: str | None = None) -> list[str]:
+        """Add an IR node; outputs get the given names (made unique)."""
+        node.name = self.fresh_node(node.name)
+        try:
+            node.check()
+            specs = node.infer([self.tensor(i) for i in node.inputs])
+        except ValueError as e:
+            if isinstance(e, ModelError):
+                raise
+            raise ModelError(str(e), node.name) from None
+        outs = []
+        for base, (shape, dtype) in zip(out_names, specs, strict=True):
+            t = Tensor(self.fresh(base, base in self._reserved), shape, dtype,
+                       quant if dtype == "int8" else None,
+                       io_dtype=io_dtype if dtype == "int8" else None)
+            self.graph.add_tensor(t)
+            outs.append(t.name)
+        node.outputs = outs
+        self.graph.nodes.append(node)
+        return outs
+
+    def add_const(self, base: str, value: np.ndarray, onnx_type: int) -> str:
+        dtype, io = _ir_type(onnx_type, base)
+        if io == "uint8":
+            value = value.astype(np.int16) - 128
+        t = Tensor(self.fresh(base), value.shape, dtype, data=value, io_dtype=io)
+        self.graph.add_tensor(t)
+        return t.name
+
+    # -- graphs --
+    def import_main(self, g: onnx.GraphProto) -> Graph:
+        inits = {t.name for t in g.initializer}
+        for t in g.initializer:
+            self.env[t.name] = _C(numpy_helper.to_array(t))
+        for t in g.sparse_initializer:
+            raise ModelError(f"sparse initializer {t.values.name!r} is not supported")
+        for vi in g.input:
+            if vi.name in inits:
+                continue  # IR < 4 lists initializers as inputs too
+            dtype, io = _ir_type(vi.type.tensor_type.elem_type, vi.name)
+            shape = self._static_shape(vi)
+            self.graph.add_tensor(Tensor(self.fresh(vi.name, True), shape, dtype, io_dtype=io))
+            self.graph.inputs.append(vi.name)
+            self.env[vi.name] = _T(vi.name)
+        self.import_nodes(g)
+        for vo in g.output:
+            name = self.materialize_as(self.lookup(vo.name), vo.name)
+            self.graph.outputs.append(name)
+            self._check_declared(vo, self.graph.tensors[name])
+        return self.graph
+
+    def _static_shape(self, vi: onnx.ValueInfoProto) -> tuple[int, ...]:
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            raise ModelError(f"graph input {vi.name!r} has no shape")
+        shape = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            else:
+                shape.append(int(self.dims.get(d.dim_param, 1)))
+        return tuple(shape)
+
+    def _check_declared(self, vo: onnx.ValueInfoProto, t: Tensor):
+        tt = vo.type.tensor_type
+        producer = self.graph.producer(t.name)
+        where = producer.name if producer else ""
+        if tt.elem_type and _ir_type(tt.elem_type, vo.name) != (t.dtype, t.io_dtype):
+            raise ModelError(f"dtype mismatch: output {vo.name!r} is declared "
+                             f"{TensorProto.DataType.Name(tt.elem_type)}, the model computes "
+                             f"{t.io_dtype or t.dtype}", where)
+        if tt.HasField("shape"):
+            declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if len(declared) != len(t.shape) or any(
+                    d is not None and d != s for d, s in zip(declared, t.shape, strict=False)):
+                raise ModelError(f"shape mismatch: output {vo.name!r} is declared {declared}, "
+                                 f"the model computes {list(t.shape)}", where)
+
+    def import_nodes(self, g: onnx.GraphProto):
+        for k, node in enumerate(g.node):
+            if not node.name:
+                node.name = f"{node.op_type}#{k}"
+            if node.domain not in ("", "ai.onnx"):
+                self.unsupported(node, f"domain {node.domain!r}")
+                continue
+            handler = getattr(self, "op_" + node.op_type, None)
+            if handler is None:
+                self.unsupported(node, "")
+                continue
+            handler(node, [self.lookup(i) if i else None for i in node.input],
+                   _attrs(node))
+
+    # -- values --
+    def materialize(self, v) -> str:
+        """An IR tensor name holding the value (emits Dequantize / constants / CPU ops)."""
+        if isinstance(v, _T):
+            return v.name
+        if isinstance(v, _DQ):
+            key = (v.q, float(v.scale), v.zp)
+            if key not in self._dq_cache:
+                node = Dequantize(f"{v.q}:dequantize", [v.q], [], scale=float(v.scale),
+                                  zp=v.zp, device="cpu")
+                self._dq_cache[key] = self.emit(node, [f"{v.q}:float"])[0]
+            return self._dq_cache[key]
+        if isinstance(v, _C):
+            return self.add_const("const", v.value, _np_to_onnx(v.value.dtype))
+        if isinstance(v, _DQC):
+            return self.add_const("const", v.value, TensorProto.FLOAT)
+        if isinstance(v, _P):
+            out = self.cpu_node(v.node, v.args, "its float result is never requantized by a "
+                                "QuantizeLinear")
+            return out[0].name
+        raise AssertionError(v)
+
+    def materialize_as(self, v, name: str) -> str:
+        """Materialize ``v`` as a tensor called ``name`` (graph outputs keep ONNX names)."""
+        if isinstance(v, _DQ) and name not in self._names:
+            node = Dequantize(f"{v.q}:dequantize", [v.q], [], scale=float(v.scale), zp=v.zp,
+                              device="cpu")
+            out = self.emit(node, [name])[0]
+        else:
+            t = self.materialize(v)
+            if t == name and t in self.graph.tensors:
+                return t
+            src = self.tensor(t)  # an identity reshape gives it the ONNX name
+            out = self.emit(Reshape(f"{name}:alias", [t], [], shape=src.shape,
+                                    device="cpu" if src.dtype != "int8" else "npu"),
+                            [name], src.quant, src.io_dtype)[0]
+        if out != name:
+            raise ModelError(f"graph output name {name!r} is taken by another value")
+        return out
+
+    def unsupported(self, node: onnx.NodeProto, reason: str):
+        if not self.fallback:
+            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS)
+        vals = [self.lookup(i) if i else None for i in node.input]
+        self.cpu_node(node, vals, reason)
+
+    def cpu_node(self, node: onnx.NodeProto, vals: list, reason: str) -> list[_T]:
+        """Run an ONNX node on the CPU (the fallback); binds and returns its outputs."""
+        if not self.fallback:
+            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS)
+        ins = [self.materialize(v) for v in vals if v is not None]
+        in_t = [self.tensor(i) for i in ins]
+        proto = onnx.NodeProto.FromString(node.SerializeToString())
+        it = iter(ins)
+        renamed = [next(it) if n else "" for n in proto.input]
+        del proto.input[:]
+        proto.input.extend(renamed)
+        outs = [self.fresh(o, True) for o in node.output]
+        del proto.output[:]
+        proto.output.extend(outs)
+        specs = self._infer_cpu(proto, in_t, node.name)
+        cpu = CpuOp(node.name, ins, [], device="cpu", onnx_node=proto.SerializeToString(),
+                    onnx_in_types=tuple(_onnx_type(t) for t in in_t),
+                    onnx_out_types=tuple(et for et, _, _ in specs),
+                    out_specs=tuple((shape, dtype) for _, shape, dtype in specs),
+                    opset=self.opset)
+        cpu.name = self.fresh_node(node.name)
+        cpu.outputs = outs
+        for o, (et, shape, dtype) in zip(outs, specs, strict=True):
+            io = "uint8" if et == TensorProto.UINT8 else None
+            self.graph.add_tensor(Tensor(o, shape, dtype, io_dtype=io))
+        self.graph.nodes.append(cpu)
+        results = [_T(o) for o in outs]
+        for name, r in zip(node.output, results, strict=True):
+            self.env[name] = r
+        return results
+
+    def _infer_cpu(self, proto: onnx.NodeProto, ins: list[Tensor], where: str):
+        vis, inits, seen = [], [], set()
+        for t in ins:
+            if t.name in seen:
+                continue
+            seen.add(t.name)
+            if t.is_const:
+                value = t.data.astype(np.int16) + 128 if t.io_dtype == "uint8" else t.data
+                arr = value.astype(np.uint8) if t.io_dtype == "uint8" else value
+                inits.append(numpy_helper.from_array(arr, t.name))
+            vis.append(helper.make_tensor_value_info(t.name, _onnx_type(t), t.shape))
+        outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
+                for o in proto.output]
+        model = helper.make_model(
+            helper.make_graph([proto], "cpu", vis, outs, initializer=inits),
+            opset_imports=[helper.make_opsetid("", self.opset)])
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True,
+                                                         data_prop=True)
+        except Exception as e:
+            raise ModelError(f"cannot infer the CPU fallback's outputs: {e}", where) from None
+        by_name = {v.name: v for v in inferred.graph.output}
+        by_name.update({v.name: v for v in inferred.graph.value_info})
+        specs = []
+        for o in proto.output:
+            tt = by_name[o].type.tensor_type if o in by_name else None
+            if tt is None or not tt.HasField("shape") or any(
+                    not d.HasField("dim_value") for d in tt.shape.dim):
+                raise ModelError(f"cannot infer a static shape for output {o!r} of the CPU "
+                                 "fallback", where)
+            dtype, _ = _ir_type(tt.elem_type, o, where)
+            specs.append((tt.elem_type, tuple(d.dim_value for d in tt.shape.dim), dtype))
+        return specs
+
+    def const(self, node, v, what: str) -> np.ndarray:
+        """A constant input (scale, zero point, weight, shape...)."""
+        if isinstance(v, _C):
+            return v.value
+        if isinstance(v, _DQC):
+            return v.value
+        raise _NotConst(f"{what} must be a constant (initializer or Constant)")
+
+    def bind(self, node: onnx.NodeProto, *values):
+        for name, v in zip(node.output, values, strict=False):
+            if name:
+                self.env[name] = v
+
+    def int8_input(self, node, v, what: str) -> Tensor:
+        """A raw int8/uint8 IR tensor operand of a QOperator/integer op."""
+        if isinstance(v, _C) and v.value.dtype in (np.int8, np.uint8):
+            v = _T(self.add_const(f"{node.name}:{what}", v.value, _np_to_onnx(v.value.dtype)))
+        if not isinstance(v, _T) or self.tensor(v.name).dtype != "int8":
+            kind = self.tensor(v.name).dtype if isinstance(v, _T) else type(v).__name__
+            raise ModelError(f"dtype mismatch: {what} must be an int8 or uint8 tensor, got "
+                             f"{kind}", node.name)
+        return self.tensor(v.name)
+
+    # ---- QOperator / integer ops ------------------------------------------------------------
+    def op_QLinearMatMul(self, node, v, a):
+        self._linear_q(node, v[0], v[1:3], v[3], v[4:6], v[6:8], None, "gemm", a)
+
+    def op_QLinearConv(self, node, v, a):
+        self._linear_q(node, v[0], v[1:3], v[3], v[4:6], v[6:8], v[8] if len(v) > 8 else None,
+                       "conv", a)
+
+    def op_MatMulInteger(self, node, v, a):
+        self._linear_q(node, v[0], (None, _get(v, 2)), v[1], (None, _get(v, 3)), None, None,
+                       "gemm", a)
+
+    def op_ConvInteger(self, node, v, a):
+        self._linear_q(node, v[0], (None, _get(v, 2)), v[1], (None, _get(v, 3)), None, None,
+                       "conv", a)
+
+    def _linear_q(self, node, xv, xq, wv, wq, yq, bias_v, kind, attrs):
+        """QLinearMatMul/QLinearConv (``yq`` given) and MatMulInteger/ConvInteger."""
+        x = self.int8_input(node, xv, "input")
+        try:
+            w = self.const(node, wv, "the weight (second) operand")
+            consts = [None if c is None else self.const(node, c, "scales and zero points")
+                      for c in (*xq, *wq, *(yq or ()))]
+            bias = None if bias_v is None else self.const(node, bias_v, "the bias")
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        sx, zx, sw, zw = consts[:4]
+        if w.dtype not in (np.int8, np.uint8):
+            raise ModelError(f"dtype mismatch: weights are {w.dtype}, expected int8/uint8",
+                             node.name)
+        zx8 = self._zero_point(node, zx, x.io_dtype == "uint8", "input")
+        weight, wide = self._weights(node, w, zw, kind)
+        requant, io = None, None
+        if yq is not None:
+            sy, zy = consts[4:6]
+            if zy is None:  # defaults to uint8 0
+                zy = np.zeros((), np.uint8)
+            io = "uint8" if zy.dtype == np.uint8 else None
+            zy8 = self._zero_point(node, zy, io == "uint8", "output")
+            scale = self._combined_scale(node, sx, sw, sy)
+            requant = self._requant(node, scale, zy8)
+        if bias is not None and bias.dtype != np.int32:
+            raise ModelError(f"dtype mismatch: bias is {bias.dtype}, expected int32", node.name)
+        device = "cpu" if (requant is None or wide) else "npu"
+        quant = QParams(float(np.asarray(consts[4]).reshape(-1)[0]), requant.zp) \
+            if requant else None
+        out = self._emit_linear(node, kind, x.name, weight, bias, zx8, requant, attrs, device,
+                                quant, io, node.output[0])
+        self.bind(node, _T(out))
+
+    def _emit_linear(self, node, kind, x, weight, bias, zx8, requant, attrs, device, quant,
+                     io, out_name) -> str:
+        try:
+            if kind == "gemm":
+                b = fold_bias(bias, zx8, weight.astype(np.int64).sum(axis=-2))
+                ir = QGemm(node.name, [x], [], weight=weight, bias=b, requant=requant,
+                           device=device)
+            else:
+                b = fold_bias(bias, zx8, weight.astype(np.int64).sum(axis=(1, 2, 3)))
+                xs = self.tensor(x).shape
+                strides, pads = self._conv_geometry(node, attrs, xs, weight.shape[2:])
+                ir = QConv(node.name, [x], [], weight=weight, bias=b, strides=strides,
+                           pads=pads, pad_value=zx8, requant=requant, device=device)
+        except ValueError as e:
+            if isinstance(e, ModelError):
+                raise
+            raise ModelError(str(e), node.name) from None
+        return self.emit(ir, [out_name], quant, io)[0]
+
+    def _conv_geometry(self, node, attrs, xshape, kshape):
+        if attrs.get("group", 1) != 1:
+            raise UnsupportedOpError(node.op_type, node.name, "group != 1", SUPPORTED_OPS)
+        if any(d != 1 for d in attrs.get("dilations", [1, 1])):
+            raise UnsupportedOpError(node.op_type, node.name, "dilations != 1", SUPPORTED_OPS)
+        if len(kshape) != 2 or len(xshape) != 4:
+            raise UnsupportedOpError(node.op_type, node.name, "only 2-D NCHW is supported",
+                                     SUPPORTED_OPS)
+        if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(kshape):
+            raise ModelError(f"shape mismatch: kernel_shape {attrs['kernel_shape']} vs "
+                             f"weights {tuple(kshape)}", node.name)
+        strides = tuple(attrs.get("strides", [1, 1]))
+        pads = _pads(node, attrs, xshape[2:], kshape, strides)
+        return strides, pads
+
+    def _zero_point(self, node, z, is_uint8: bool, what: str) -> int:
+        """A per-tensor zero point moved to the int8 domain (dtype checked)."""
+        if z is None:
+            return -128 if is_uint8 else 0
+        if z.dtype not in (np.int8, np.uint8) or (z.dtype == np.uint8) != is_uint8:
+            raise ModelError(f"dtype mismatch: {what} zero point is {z.dtype} but the "
+                             f"{what} is {'uint8' if is_uint8 else 'int8'}", node.name)
+        flat = np.unique(z.reshape(-1))
+        if flat.size != 1:
+            raise UnsupportedOpError(node.op_type, node.name,
+                                     f"per-axis {what} zero points", SUPPORTED_OPS)
+        return int(flat[0]) - (128 if is_uint8 else 0)
+
+    def _weights(self, node, w: np.ndarray, zw, kind: str) -> tuple[np.ndarray, bool]:
+        """``W - zw`` as int8 (or int16 on the CPU under fallback); error if out of range."""
+        wi = w.astype(np.int64)
+        if zw is not None:
+            if zw.dtype != w.dtype:
+                raise ModelError(f"dtype mismatch: weight zero point is {zw.dtype}, weights "
+                                 f"{w.dtype}", node.name)
+            z = zw.astype(np.int64)
+            if z.size > 1:  # per output channel: conv axis 0, matmul last axis
+                if kind == "conv" and z.size == w.shape[0]:
+                    z = z.reshape(-1, 1, 1, 1)
+                elif kind == "gemm" and z.size == w.shape[-1]:
+                    z = z.reshape(-1)
+                else:
+                    raise ModelError(f"weight zero point of shape {zw.shape} does not match "
+                                     f"weights {w.shape}", node.name)
+            else:
+                z = z.reshape(())
+            wi = wi - z
+        return self._fit_int8(node, wi)
+
+    def _fit_int8(self, node, wi: np.ndarray) -> tuple[np.ndarray, bool]:
+        if wi.min(initial=0) >= -128 and wi.max(initial=0) <= 127:
+            return wi.astype(np.int8), False
+        if not self.fallback:
+            raise ModelError(
+                f"weights minus their zero point span [{wi.min()}, {wi.max()}], outside int8: "
+                "the NPU's weight tiles are int8 (quantize the weights symmetric, or import "
+                "with allow_cpu_fallback=True to run this node on the CPU)", node.name)
+        return wi.astype(np.int16), True
+
+    def _combined_scale(self, node, sx, sw, sy) -> float:
+        """``sx * sw / sy`` computed in the scales' own float type, like ONNX does."""
+        for s, what in ((sx, "input"), (sw, "weight"), (sy, "output")):
+            if s is None or s.dtype.kind != "f":
+                raise ModelError(f"dtype mismatch: {what} scale must be a float tensor",
+                                 node.name)
+            if np.unique(s.reshape(-1)).size != 1:
+                raise UnsupportedOpError(node.op_type, node.name, f"per-axis {what} scales",
+                                         SUPPORTED_OPS)
+            if not s.reshape(-1)[0] > 0:
+                raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name)
+        one = lambda s: s.reshape(-1)[:1]  # noqa: E731 - keeps the float type
+        return float((one(sx) * one(sw) / one(sy))[0])
+
+    def _requant(self, node, scale: float, zp: int, lo=-np.inf, hi=np.inf,
+                 out_scale: float | None = None) -> Requant:
+        try:
+            clip = (lo, hi) if (np.isfinite(lo) or np.isfinite(hi)) else None
+            return requant_for(scale, zp, clip=clip, out_scale=out_scale)
+        except ValueError as e:
+            raise ModelError(f"requantization scale {scale!r}: {e}", node.name) from None
+
+    # ---- QDQ --------------------------------------------------------------------------------
+    def op_QuantizeLinear(self, node, v, attrs):
+        x = v[0]
+        try:
+            s = self.const(node, v[1], "y_scale")
+            z = self.const(node, v[2], "y_zero_point") if _get(v, 2) is not None else None
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        out_type = attrs.get("output_dtype", 0)
+        if z is None:
+            z = np.zeros((), np.uint8 if out_type in (0, TensorProto.UINT8) else np.int8)
+        if z.dtype not in (np.int8, np.uint8):
+            return self.unsupported(node, f"quantization to {z.dtype} (int8/uint8 only)")
+        if attrs.get("block_size", 0):
+            return self.unsupported(node, "blocked quantization")
+        is_u8 = z.dtype == np.uint8
+        io = "uint8" if is_u8 else None
+        if s.dtype.kind != "f":
+            raise ModelError("dtype mismatch: y_scale must be float", node.name)
+        if s.size != 1 or z.size != 1:
+            return self.unsupported(node, "per-axis scales")
+        scale = s.reshape(-1)[0]
+        if not scale > 0:
+            raise ModelError(f"scale {scale} must be positive", node.name)
+        zp = self._zero_point(node, z, is_u8, "output")
+        out = node.output[0]
+        quant = QParams(float(scale), zp)
+        if isinstance(x, _P):
+            return self._emit_pending(node, x, scale, zp, io)
+        if isinstance(x, _DQ):
+            xt = self.tensor(x.q)
+            if float(x.scale) == float(scale) and x.zp == zp:
+                if xt.io_dtype == io:
+                    return self.bind(node, _T(x.q))
+                # same int8 values, only the outside view changes
+                name = self.emit(Reshape(node.name, [x.q], [], shape=xt.shape), [out], quant,
+                                 io)[0]
+                return self.bind(node, _T(name))
+            return self.bind(node, _T(self._requant_add(node, x, x, 0.0, scale, zp, io)))
+        if isinstance(x, _T) and self.tensor(x.name).dtype == "float32":
+            name = self.emit(Quantize(node.name, [x.name], [], scale=float(scale), zp=zp,
+                                      device="cpu"), [out], quant, io)[0]
+            return self.bind(node, _T(name))
+        if isinstance(x, _C | _DQC) and np.asarray(self.const(node, x, "x")).dtype.kind == "f":
+            f = np.asarray(self.const(node, x, "x"), dtype=np.float32)
+            q = np.clip(np.rint(f / np.float32(scale)) + zp, -128, 127).astype(np.int8)
+            t = Tensor(self.fresh(out), q.shape, "int8", quant, data=q, io_dtype=io)
+            self.graph.add_tensor(t)
+            return self.bind(node, _T(t.name))
+        raise ModelError("dtype mismatch: QuantizeLinear input must be float", node.name)
+
+    def op_DequantizeLinear(self, node, v, attrs):
+        x = v[0]
+        try:
+            s = self.const(node, v[1], "x_scale")
+            z = self.const(node, v[2], "x_zero_point") if _get(v, 2) is not None else None
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        if attrs.get("block_size", 0):
+            return self.unsupported(node, "blocked quantization")
+        if s.dtype.kind != "f":
+            raise ModelError("dtype mismatch: x_scale must be float", node.name)
+        if isinstance(x, _C):
+            q = x.value
+            if q.dtype not in (np.int8, np.uint8, np.int32):
+                return self.unsupported(node, f"dequantization of {q.dtype}")
+            if z is not None and z.dtype != q.dtype:
+                raise ModelError(f"dtype mismatch: zero point {z.dtype}, data {q.dtype}",
+                                 node.name)
+            zz = np.zeros_like(s, dtype=np.int64) if z is None else z.astype(np.int64)
+            axis = attrs.get("axis", 1)
+            return self.bind(node, _DQC(q.astype(np.int64), s, zz, axis + q.ndim
+                                        if axis < 0 else axis))
+        if isinstance(x, _T) and self.tensor(x.name).dtype == "int8":
+            t = self.tensor(x.name)
+            if s.size != 1 or (z is not None and z.size != 1):
+                return self.unsupported(node, "per-axis scales on activations")
+            if not s.reshape(-1)[0] > 0:
+                raise ModelError(f"scale {s.reshape(-1)[0]} must be positive", node.name)
+            zp = self._zero_point(node, z, t.io_dtype == "uint8", "input")
+            if t.quant is None and not t.is_const:
+                t.quant = QParams(float(s.reshape(-1)[0]), zp)
+            return self.bind(node, _DQ(x.name, s.reshape(-1)[0], zp))
+        return self.unsupported(node, "dequantization of a non-int8 runtime tensor")
+
+    def op_MatMul(self, node, v, attrs):
+        x, w = v
+        if isinstance(x, _DQ) and isinstance(w, _DQC) and w.q.ndim in (2, 3):
+            return self.bind(node, _P("gemm", node, node, v, x=x, w=w))
+        return self.unsupported(node, "MatMul needs a dequantized activation and "
+                                "dequantized constant weights (QDQ)")
+
+    def op_Gemm(self, node, v, attrs):
+        x, w, c = v[0], v[1], _get(v, 2)
+        if not (isinstance(x, _DQ) and isinstance(w, _DQC) and w.q.ndim == 2
+                and (c is None or isinstance(c, _DQC | _C))):
+            return self.unsupported(node, "Gemm needs a dequantized activation and "
+                                    "dequantized constant weights (QDQ)")
+        if attrs.get("transA", 0):
+            return self.unsupported(node, "transA=1")
+        if attrs.get("transB", 0):
+            w = dataclasses.replace(w, q=w.q.T, axis=1 - w.axis)
+        p = _P("gemm", node, node, v, x=x, w=w, bias=c,
+               attrs={"alpha": attrs.get("alpha", 1.0), "beta": attrs.get("beta", 1.0)})
+        return self.bind(node, p)
+
+    def op_Conv(self, node, v, attrs):
+        x, w, b = v[0], v[1], _get(v, 2)
+        if not (isinstance(x, _DQ) and isinstance(w, _DQC) and w.q.ndim == 4
+                and (b is None or isinstance(b, _DQC | _C))):
+            return self.unsupported(node, "Conv needs a dequantized activation and "
+                                    "dequantized constant weights (QDQ)")
+        self._conv_geometry(node, attrs, self.tensor(x.q).shape, w.q.shape[2:])
+        return self.bind(node, _P("conv", node, node, v, x=x, w=w, bias=b, attrs=attrs))
+
+    def op_Add(self, node, v, attrs):
+        a, b = v
+        if isinstance(a, _DQ) and isinstance(b, _DQ):
+            return self.bind(node, _P("add", node, node, v, x=a, b=b))
+        for p, c in ((a, b), (b, a)):  # MatMul + Add(bias)
+            if isinstance(p, _P) and p.kind == "gemm" and p.bias is None and \
+                    np.isinf(p.lo) and np.isinf(p.hi) and isinstance(c, _DQC | _C) and \
+                    np.asarray(self.const(node, c, "bias")).dtype.kind == "f" and \
+                    np.asarray(self.const(node, c, "bias")).ndim <= 1:
+                return self.bind(node, dataclasses.replace(p, node=node, args=v, bias=c))
+        if isinstance(a, _T) and isinstance(b, _T):
+            ta, tb = self.tensor(a.name), self.tensor(b.name)
+            if ta.dtype == tb.dtype == "int8":
+                if ta.io_dtype != tb.io_dtype:
+                    raise ModelError(f"dtype mismatch: Add of {ta.io_dtype or 'int8'} and "
+                                     f"{tb.io_dtype or 'int8'}", node.name)
+                # integer Add: unit multipliers, zero points -128 for uint8 (saturates)
+                z = -128 if ta.io_dtype == "uint8" else 0
+                ir = QAdd(node.name, [a.name, b.name], [], mul_a=1, mul_b=1, zp_a=z, zp_b=z,
+                          shift=0, zp=z)
+                return self.bind(node, _T(self.emit(ir, [node.output[0]], None,
+                                                   ta.io_dtype)[0]))
+        return self.unsupported(node, "Add needs two dequantized int8 tensors (QDQ) or two "
+                                "int8/uint8 tensors of the same shape")
+
+    def op_Relu(self, node, v, attrs):
+        self._clamp(node, v, 0, None)
+
+    def op_Clip(self, node, v, attrs):
+        try:
+            if self.opset < 11:
+                lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
+            else:
+                lo = self.const(node, v[1], "min") if _get(v, 1) is not None else None
+                hi = self.const(node, v[2], "max") if _get(v, 2) is not None else None
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        self._clamp(node, v, lo, hi)
+
+    def _clamp(self, node, v, lo, hi):
+        x = v[0]
+        if isinstance(x, _T) and self.tensor(x.name).dtype == "int8":
+            t = self.tensor(x.name)
+            shift = 128 if t.io_dtype == "uint8" else 0
+
+            def bound(b, default):
+                if b is None:
+                    return default
+                b = np.asarray(b)
+                if b.dtype.kind == "f":
+                    if not np.isfinite(b):
+                        return default
+                    raise ModelError("dtype mismatch: float clip bound on an integer tensor",
+                                     node.name)
+                return int(np.clip(int(b) - shift, -128, 127))
+            lo8, hi8 = bound(lo, -128), bound(hi, 127)
+            hi8 = max(hi8, -128)
+            lo8 = min(lo8, hi8)  # numpy/ONNX: min > max clamps everything to max
+            ir = Clip(node.name, [x.name], [], lo=lo8, hi=hi8)
+            return self.bind(node, _T(self.emit(ir, [node.output[0]], t.quant,
+                                                t.io_dtype)[0]))
+        flo = -np.inf if lo is None else float(np.asarray(lo))
+        fhi = np.inf if hi is None else float(np.asarray(hi))
+        if isinstance(x, _DQ):
+            return self.bind(node, _P("clip", node, node, v, x=x, lo=flo, hi=fhi))
+        if isinstance(x, _P):
+            return self.bind(node, dataclasses.replace(
+                x, node=node, args=v, lo=max(x.lo, flo), hi=min(x.hi, fhi)))
+        return self.unsupported(node, f"{node.op_type} of a float tensor (the NPU computes "
+                                "int8: quantize the model)")
+
+    def _emit_pending(self, qnode, p: _P, sy, zy: int, io):
+        """QuantizeLinear of a pending float op: one NPU operator with requantization."""
+        name = qnode.output[0]
+        quant = QParams(float(sy), zy)
+        if p.kind == "clip":
+            if float(p.x.scale) == float(sy) and p.x.zp == zy:
+                lo, hi = clamp_bounds(zy, clip=(p.lo, p.hi), out_scale=float(sy))
+                out = self.emit(Clip(p.root.name, [p.x.q], [], lo=lo, hi=hi), [name], quant,
+                                io)[0]
+                return self.bind(qnode, _T(out))
+            return self.bind(qnode, _T(self._requant_add(p.root, p.x, p.x, 0.0, sy, zy, io,
+                                                         p.lo, p.hi, name)))
+        if p.kind == "add":
+            return self.bind(qnode, _T(self._requant_add(p.root, p.x, p.b, 1.0, sy, zy, io,
+                                                         p.lo, p.hi, name)))
+        # gemm / conv
+        w = p.w
+        sx = np.asarray(p.x.scale).reshape(1)
+        sw = np.asarray(w.scale).reshape(-1)
+        if np.unique(sw).size != 1:
+            raise UnsupportedOpError(p.root.op_type, p.root.name, "per-channel weight scales",
+                                     SUPPORTED_OPS)
+        zw = w.zp.reshape(-1)
+        if zw.size > 1:
+            if p.kind == "conv" and w.axis == 0:
+                zw = zw.reshape(-1, 1, 1, 1)
+            elif p.kind == "gemm" and w.axis == w.q.ndim - 1:
+                zw = zw.reshape(-1)
+            else:
+                raise UnsupportedOpError(p.root.op_type, p.root.name,
+                                         "per-axis weight zero points on this axis",
+                                         SUPPORTED_OPS)
+        else:
+            zw = zw.reshape(())
+        weight, wide = self._fit_int8(p.root, w.q - zw)
+        alpha = np.float32(p.attrs.get("alpha", 1.0))
+        acc_scale = (sx[:1].astype(np.float32) * sw[:1].astype(np.float32))[0]
+        scale = float(acc_scale * alpha / np.float32(sy))
+        bias = self._bias_ints(p, acc_scale, float(p.attrs.get("beta", 1.0)))
+        requant = self._requant(p.root, scale, zy, p.lo, p.hi, float(sy))
+        if p.kind == "gemm" and weight.ndim == 3 and bias is not None:
+            bias = np.broadcast_to(bias, (weight.shape[0], weight.shape[2]))
+        out = self._emit_linear(p.root, p.kind, p.x.q, weight, bias, p.x.zp, requant, p.attrs,
+                                "cpu" if wide else "npu", quant, io, name)
+        return self.bind(qnode, _T(out))
+
+    def _bias_ints(self, p: _P, acc_scale, beta: float):
+        """The bias in accumulator units (int32, scale ``s_x * s_w``)."""
+        c = p.bias
+        if c is None:
+            return None
+        if isinstance(c, _DQC) and c.q.dtype.kind == "i" and beta == 1.0 and np.all(c.zp == 0) \
+                and np.unique(c.scale).size == 1 \
+                and np.isclose(float(c.scale.reshape(-1)[0]), float(acc_scale), rtol=1e-6,
+                               atol=0):
+            ints = c.q  # onnxruntime writes the bias quantized to s_x * s_w
+        else:
+            f = c.value if isinstance(c, _DQC) else np.asarray(c.value, dtype=np.float32)
+            ints = np.rint(f.astype(np.float64) * beta / float(acc_scale))
+        n = p.w.q.shape[0] if p.kind == "conv" else p.w.q.shape[-1]
+        ints = np.broadcast_to(np.asarray(ints).reshape(-1) if np.size(ints) > 1
+                               else np.asarray(ints).reshape(()), (n,))
+        if ints.min() < -(1 << 31) or ints.max() >= 1 << 31:
+            raise ModelError("bias leaves int32 at the accumulator scale", p.root.name)
+        return ints.astype(np.int32)
+
+    def _requant_add(self, node, a: _DQ, b: _DQ, b_weight: float, sy, zy: int, io,
+                     lo=-np.inf, hi=np.inf, out_name=None) -> str:
+        """``vadd`` requantizing ``a + b_weight*b`` to ``(sy, zy)`` with one shared shift."""
+        f32 = np.float32
+        ra = float(f32(a.scale) / f32(sy))
+        rb = float(f32(b.scale) / f32(sy)) * b_weight
+        try:
+            (ma, mb), shift = quantize_multipliers_shared([ra, rb])
+        except ValueError as e:
+            raise ModelError(f"add requantization: {e}", node.name) from None
+        clip = (lo, hi) if (np.isfinite(lo) or np.isfinite(hi)) else None
+        lo8, hi8 = clamp_bounds(zy, clip=clip, out_scale=float(sy))
+        ta, tb = self.tensor(a.q), self.tensor(b.q)
+        if ta.shape != tb.shape:
+            raise UnsupportedOpError(node.op_type, node.name,
+                                     f"broadcasting {ta.shape} + {tb.shape}", SUPPORTED_OPS)
+        ir = QAdd(node.name, [a.q, b.q], [], mul_a=ma, mul_b=mb, zp_a=a.zp, zp_b=b.zp,
+                  shift=shift, zp=zy, lo=lo8, hi=hi8)
+        return self.emit(ir, [out_name or node.output[0]], QParams(float(sy), zy), io)[0]
+
+    # ---- shape ops and pooling --------------------------------------------------------------
+    def _int8_view(self, node, x, make):
+        """Apply an int8 op to a raw int8 tensor or under a dequantized view."""
+        if isinstance(x, _DQ):
+            t = self.tensor(x.q)
+            out = self.emit(make(x.q), [f"{node.output[0]}:q"], t.quant, t.io_dtype)[0]
+            self.bind(node, _DQ(out, x.scale, x.zp))
+            return True
+        if isinstance(x, _T) and self.tensor(x.name).dtype == "int8":
+            t = self.tensor(x.name)
+            self.bind(node, _T(self.emit(make(x.name), [node.output[0]], t.quant,
+                                         t.io_dtype)[0]))
+            return True
+        return None
+
+    def op_MaxPool(self, node, v, attrs):
+        if len(node.output) > 1 and node.output[1]:
+            return self.unsupported(node, "the Indices output")
+        if attrs.get("ceil_mode", 0) or attrs.get("storage_order", 0) or \
+                any(d != 1 for d in attrs.get("dilations", [1, 1])):
+            return self.unsupported(node, "ceil_mode, storage_order or dilations")
+        k = tuple(attrs.get("kernel_shape", ()))
+        x = v[0]
+        xt = self.tensor(x.q if isinstance(x, _DQ) else x.name) if isinstance(x, _DQ | _T) \
+            else None
+        if len(k) != 2 or xt is None or len(xt.shape) != 4:
+            return self.unsupported(node, "only 2-D pooling of int8 NCHW tensors")
+        strides = tuple(attrs.get("strides", [1, 1]))
+        pads = _pads(node, attrs, xt.shape[2:], k, strides)
+        done = self._int8_view(node, x, lambda i: MaxPool(node.name, [i], [], kernel=k,
+                                                          strides=strides, pads=pads))
+        if done is None:
+            self.unsupported(node, "MaxPool of a float tensor")
+
+    def op_Flatten(self, node, v, attrs):
+        axis = attrs.get("axis", 1)
+        if isinstance(v[0], _C):
+            x = v[0].value
+            ax = axis + x.ndim if axis < 0 else axis
+            return self.bind(node, _C(x.reshape(int(np.prod(x.shape[:ax])), -1)))
+        if self._int8_view(node, v[0], lambda i: Flatten(node.name, [i], [], axis=axis)) is None:
+            self.unsupported(node, "Flatten of a float tensor")
+
+    def op_Reshape(self, node, v, attrs):
+        try:
+            shape = [int(d) for d in self.const(node, v[1], "the shape")]
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        x = v[0]
+        if isinstance(x, _C):
+            src = x.value.shape
+        elif isinstance(x, _DQ | _T):
+            src = self.tensor(x.q if isinstance(x, _DQ) else x.name).shape
+        else:
+            return self.unsupported(node, "Reshape of a float result")
+        target = _resolve_shape(node, src, shape, attrs.get("allowzero", 0))
+        if isinstance(x, _C):
+            return self.bind(node, _C(x.value.reshape(target)))
+        if self._int8_view(node, x, lambda i: Reshape(node.name, [i], [], shape=target)) is None:
+            self.unsupported(node, "Reshape of a float tensor")
+
+    def op_ArgMax(self, node, v, attrs):
+        if attrs.get("select_last_index", 0):
+            return self.unsupported(node, "select_last_index=1 (vargmax returns the first)")
+        x = v[0]
+        src = x.q if isinstance(x, _DQ) else x.name if isinstance(x, _T) else None
+        # a positive scale keeps the order, so argmax of the int8 values is the same
+        if src is None or self.tensor(src).dtype != "int8":
+            return self.unsupported(node, "ArgMax of a float tensor")
+        ir = ArgMax(node.name, [src], [], axis=attrs.get("axis", 0),
+                    keepdims=bool(attrs.get("keepdims", 1)))
+        self.bind(node, _T(self.emit(ir, [node.output[0]])[0]))
+
+    def op_Equal(self, node, v, attrs):
+        a, b = v
+        if isinstance(a, _C) and isinstance(b, _T):
+            a, b = b, a
+        if isinstance(a, _T) and isinstance(b, _C) and b.value.size == 1 and \
+                b.value.dtype.kind in "iu":
+            t = self.tensor(a.name)
+            if t.dtype not in ("int8", "int32", "int64"):
+                return self.unsupported(node, f"Equal on {t.dtype}")
+            if _np_to_onnx(b.value.dtype) != _onnx_type(t):
+                raise ModelError(f"dtype mismatch: Equal of {t.io_dtype or t.dtype} and "
+                                 f"{b.value.dtype}", node.name)
+            value = int(b.value.reshape(-1)[0]) - (128 if t.io_dtype == "uint8" else 0)
+            ir = Equal(node.name, [a.name], [], value=value)
+            return self.bind(node, _T(self.emit(ir, [node.output[0]])[0]))
+        if isinstance(a, _C) and isinstance(b, _C):
+            return self.bind(node, _C(np.equal(a.value, b.value)))
+        return self.unsupported(node, "Equal needs an integer tensor and a constant")
+
+    def op_Constant(self, node, v, attrs):
+        a = node.attribute[0]
+        if a.name == "value":
+            value = numpy_helper.to_array(a.t)
+        elif a.name in ("value_float", "value_floats"):
+            value = np.asarray(attrs[a.name], dtype=np.float32)
+        elif a.name in ("value_int", "value_ints"):
+            value = np.asarray(attrs[a.name], dtype=np.int64)
+        else:
+            return self.unsupported(node, f"Constant {a.name}")
+        self.bind(node, _C(value))
+
+    def op_Identity(self, node, v, attrs):
+        self.bind(node, v[0])
+
+    def op_If(self, node, v, attrs):
+        c = v[0]
+        if isinstance(c, _C):  # constant condition: the taken branch, inline
+            body = attrs["then_branch" if bool(c.value.reshape(-1)[0]) else "else_branch"]
+            sub = self._branch(body, body.name)
+            sub.graph = self.graph
+            sub.import_nodes(body)
+            return self.bind(node, *[sub.lookup(o.name) for o in body.output])
+        if not isinstance(c, _T) or self.tensor(c.name).dtype != "bool":
+            raise ModelError("dtype mismatch: the If condition must be a bool tensor",
+                             node.name)
+        subs, vals = [], []
+        for key in ("then_branch", "else_branch"):
+            body = attrs[key]
+            sub = self._branch(body, f"{node.name}:{key[:4]}")
+            sub.import_nodes(body)
+            subs.append(sub)
+            vals.append([sub.lookup(o.name) for o in body.output])
+        if not len(vals[0]) == len(vals[1]) == len(node.output):
+            raise ModelError("the branches and the node disagree on the number of outputs",
+                             node.name)
+        results, outs = [], []
+        for i, (tv, ev) in enumerate(zip(*vals, strict=True)):
+            # both branches dequantize alike: keep the int8 values, stay lazy outside
+            keep_dq = isinstance(tv, _DQ) and isinstance(ev, _DQ) and \
+                float(tv.scale) == float(ev.scale) and tv.zp == ev.zp
+            names = [sub.materialize(_T(val.q) if keep_dq else val)
+                     for sub, val in zip(subs, (tv, ev), strict=True)]
+            tt, te = (sub.tensor(n) for sub, n in zip(subs, names, strict=True))
+            if (tt.shape, tt.dtype, tt.io_dtype) != (te.shape, te.dtype, te.io_dtype):
+                raise ModelError(f"the branches disagree on output {i}: {tt.shape} "
+                                 f"{tt.io_dtype or tt.dtype} vs {te.shape} "
+                                 f"{te.io_dtype or te.dtype}", node.name)
+            for sub, n in zip(subs, names, strict=True):
+                sub.graph.outputs.append(n)
+            quant = tt.quant if tt.quant == te.quant else None
+            base = f"{node.output[i]}:q" if keep_dq else node.output[i]
+            out = Tensor(self.fresh(base, not keep_dq), tt.shape, tt.dtype, quant,
+                         io_dtype=tt.io_dtype)
+            self.graph.add_tensor(out)
+            outs.append(out.name)
+            results.append(_DQ(out.name, tv.scale, tv.zp) if keep_dq else _T(out.name))
+        ir = If(self.fresh_node(node.name), [c.name], outs, then_graph=subs[0].graph,
+                else_graph=subs[1].graph)
+        ir.check()
+        self.graph.nodes.append(ir)
+        self.bind(node, *results)
+
+    def _branch(self, body: onnx.GraphProto, name: str) -> _Importer:
+        sub = _Importer(name, self.opset, self.fallback, self.dims, parent=self)
+        for t in body.initializer:
+            sub.env[t.name] = _C(numpy_helper.to_array(t))
+        return sub
+
+
+class _NotConst(Exception):
+    pass
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _get(v: list, i: int):
+    return v[i] if len(v) > i else None
+
+
+def _ir_type(et: int, name: str, where: str = "") -> tuple[str, str | None]:
+    if et not in _ONNX_TYPES:
+        raise ModelError(f"tensor {name!r} has element type "
+                         f"{TensorProto.DataType.Name(et) if et else 'UNDEFINED'}: the NPU "
+                         "host handles int8, uint8, int32, int64, float and bool", where)
+    return _ONNX_TYPES[et]
+
+
+def _np_to_onnx(dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _pads(node, attrs, spatial, kernel, strides) -> tuple[int, int, int, int]:
+    """ONNX pads/auto_pad to (top, left, bottom, right)."""
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", ""):
+        p = list(attrs.get("pads", [0, 0, 0, 0]))
+        if len(p) != 4:
+            raise ModelError(f"pads {p} are not 2-D", node.name)
+        return (p[0], p[1], p[2], p[3])
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    lo, hi = [], []
+    for size, k, s in zip(spatial, kernel, strides, strict=True):
+        total = max((-(-size // s) - 1) * s + k - size, 0)
+        small, big = total // 2, total - total // 2
+        lo.append(small if auto == "SAME_UPPER" else big)
+        hi.append(big if auto == "SAME_UPPER" else small)
+    return (lo[0], lo[1], hi[0], hi[1])
+
+
+def _resolve_shape(node, src, shape, allowzero) -> tuple[int, ...]:
+    out = [src[i] if d == 0 and not allowzero and i < len(src) else d
+           for i, d in enumerate(shape)]
+    if out.count(-1) > 1:
+        raise ModelError(f"Reshape shape {shape} has more than one -1", node.name)
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1]))
+        total = int(np.prod(src))
+        if known == 0 or total % known:
+            raise ModelError(f"shape mismatch: cannot reshape {tuple(src)} to {shape}",
+                             node.name)
+        out[out.index(-1)] = total // known
+    if int(np.prod(out)) != int(np.prod(src)):
+        raise ModelError(f"shape mismatch: cannot reshape {tuple(src)} to {shape}", node.name)
+    return tuple(out)

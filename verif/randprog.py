@@ -1,0 +1,252 @@
+"""Constrained-random NPU programs: legal, race-free, and seeded.
+
+A program is a sequence of *groups* (load -> compute -> store pipelines linked by
+dependency tokens, of several kinds: GEMM with K accumulation and epilogue,
+element-wise add, clip, max-pool, argmax feeding a branch), scalar blocks, hardware
+loops (with a ``sync`` closing the body), forward branches that skip code, region
+marks and tagged loads whose tags hit on later iterations.
+
+Race freedom is what makes a random program comparable with the golden model, which
+executes in program order: every group writes fresh scratchpad regions (a bump
+allocator; a ``sync`` recycles them when a partition fills up) and fresh DRAM output
+areas, and everything a queue reads was produced before the token it pops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from firmware import asm
+from firmware.config import NPUConfig
+from firmware.quant import quantize_multiplier
+
+IN_BASE, IN_BYTES = 0x0, 0x10000  # random input data
+OUT_BASE = 0x40000  # outputs are bump-allocated from here
+
+
+@dataclass
+class RandomProgram:
+    source: str
+    program: asm.Program
+    partitions: list
+    dram: dict = field(default_factory=dict)
+    args: tuple = ()
+
+
+class _Gen:
+    def __init__(self, config: NPUConfig, rng: np.random.Generator):
+        self.c, self.rng = config, rng
+        parts = min(4, config.partitions)
+        size = config.sp_bytes // parts
+        self.psize = size
+        self.partitions = [(i * size, size) for i in range(parts)]
+        self.bump = [0] * parts
+        self.out = OUT_BASE
+        self.lines: list[str] = []
+        self.label = 0
+        self.regions = 0
+        self.loop_depth = 0
+
+    def r(self, lo, hi):
+        return int(self.rng.integers(lo, hi + 1))
+
+    def emit(self, line):
+        self.lines.append("    " + line)
+
+    def new_label(self):
+        self.label += 1
+        return f"L{self.label}"
+
+    def alloc(self, p, nbytes):
+        """A fresh region in partition p (sync and recycle when it is full)."""
+        if self.bump[p] + nbytes > self.psize:
+            self.emit("sync")
+            self.bump = [0] * len(self.bump)
+        off = self.bump[p]
+        self.bump[p] += nbytes
+        return off
+
+    def out_area(self, nbytes):
+        addr = self.out
+        self.out += (nbytes + 15) // 16 * 16
+        return addr
+
+    def src_addr(self, nbytes):
+        return self.r(0, IN_BYTES - nbytes - 1)
+
+    # ---- groups -----------------------------------------------------------------------
+    def load(self, p, off, dram, rows, nbytes, stride=0, tag=0):
+        self.emit(f"li r12, {off}")
+        self.emit(f"li r14, {dram}")
+        if stride:
+            self.emit(f"li r15, {stride}")
+        t = f", tag={tag}" if tag else ""
+        self.emit(f"load p{p}, r12, r14, {'r15' if stride else 'r0'}, {rows}, {nbytes}{t}, "
+                  "push=next")
+
+    def store(self, p, off, rows, nbytes, times=1):
+        addr = self.out_area(rows * nbytes * times)
+        self.emit(f"li r12, {off}")
+        self.emit(f"li r14, {addr}")
+        self.emit(f"store p{p}, r12, r14, r0, {rows}, {nbytes}, pop=prev")
+
+    def compute(self, instrs, pops, push=True):
+        """Compute instructions; the first ``pops`` pop a load token, the last pushes."""
+        while len(instrs) < pops:
+            instrs.insert(0, f"cfg.qzp {self.r(-128, 127)}")
+        for i, ins in enumerate(instrs):
+            toks = []
+            if i < pops:
+                toks.append("pop=prev")
+            if push and i == len(instrs) - 1:
+                toks.append("push=next")
+            self.emit(ins + (", " + ", ".join(toks) if toks else ""))
+
+    def requant_cfg(self):
+        mult, shift = quantize_multiplier(float(self.rng.uniform(1e-5, 0.5)))
+        lo = self.r(-128, 0)
+        return [f"cfg.qmul {mult}", f"cfg.qshift {shift}", f"cfg.qzp {self.r(-30, 30)}",
+                f"cfg.clip_lo {lo}", f"cfg.clip_hi {self.r(lo, 127)}"]
+
+    def gemm_group(self, tag=0):
+        c = self.c
+        m, k, n = self.r(1, 24), self.r(1, c.rows), self.r(1, c.cols)
+        ktiles = self.r(1, 2)
+        x_off = self.alloc(0, m * k * ktiles)
+        w_off = self.alloc(1, k * n * ktiles)
+        b_off = self.alloc(3 if len(self.partitions) > 3 else 1, 4 * n)
+        bp = 3 if len(self.partitions) > 3 else 1
+        y_off = self.alloc(2, m * n)
+        self.load(0, x_off, self.src_addr(m * k * ktiles), m, k * ktiles)
+        self.load(1, w_off, self.src_addr(k * n * ktiles), 1, k * n * ktiles, tag=tag)
+        self.load(bp, b_off, self.src_addr(4 * n) & ~3, 1, 4 * n)
+        acc = self.r(0, c.acc_rows - m)
+        ins = [f"cfg.gemm_stride {k * ktiles}", *self.requant_cfg()]
+        wregs = ("r13", "r15")
+        for t in range(ktiles):
+            self.emit(f"li {wregs[t]}, {w_off + t * k * n}")
+            ins.append(f"wload p1, {wregs[t]}, {k}, {n}")
+            mode = "overwrite" if t == 0 else "accumulate"
+            ins.append(f"gemm.{mode} p0, r0, r5, {m}, swap=1, off={x_off + t * k}")
+        ins += [f"vbias p{bp}, r0, r5, {m}, {n}, off={b_off}",
+                f"vreq p2, r0, r5, {m}, {n}, off={y_off}"]
+        self.emit(f"li r5, {acc}")
+        self.compute(ins, 3)
+        self.store(2, y_off, m, n)
+
+    def eltwise_group(self, kind):
+        m, n = self.r(1, 6), self.r(1, 40)
+        a = self.alloc(0, m * n)
+        b = self.alloc(0, m * n)
+        d = self.alloc(2, m * n)
+        self.load(0, a, self.src_addr(m * n), m, n)
+        pops = 1
+        if kind == "vadd":
+            self.load(0, b, self.src_addr(m * n), m, n)
+            pops = 2
+        self.emit(f"li r9, {a}")
+        self.emit(f"li r10, {b}")
+        self.emit(f"li r11, {d}")
+        ins = ["cfg.in_stride 0", "cfg.out_stride 0"]
+        if kind == "vadd":
+            ins += [f"cfg.add_mul_a {self.r(1, 1 << 22)}", f"cfg.add_mul_b {self.r(1, 1 << 22)}",
+                    f"cfg.add_zp_a {self.r(-128, 127)}", f"cfg.add_zp_b {self.r(-128, 127)}",
+                    f"cfg.qshift {self.r(10, 30)}", f"cfg.qzp {self.r(-20, 20)}",
+                    "cfg.clip_lo -128", "cfg.clip_hi 127",
+                    f"vadd p2, r11, p0, r9, p0, r10, {m}, {n}"]
+        else:
+            lo = self.r(-128, 127)
+            ins += [f"cfg.clip_lo {lo}", f"cfg.clip_hi {self.r(lo, 127)}",
+                    f"vclip p2, r11, p0, r9, {m}, {n}"]
+        self.compute(ins, pops)
+        self.store(2, d, m, n)
+
+    def maxpool_group(self):
+        count, rows_out, n = self.r(1, 4), self.r(1, 4), self.r(1, 16)
+        tstride, istride = n * self.r(1, 2), 0
+        istride = count * tstride
+        span = (rows_out - 1) * istride + (count - 1) * tstride + n
+        s = self.alloc(0, span)
+        d = self.alloc(2, rows_out * n)
+        self.load(0, s, self.src_addr(span), 1, span)
+        self.emit(f"li r9, {s}")
+        self.emit(f"li r11, {d}")
+        ins = [f"cfg.pool_count {count}", f"cfg.pool_stride {tstride}",
+               f"cfg.pool_istride {istride}", "cfg.out_stride 0",
+               f"vmax p2, r11, p0, r9, {rows_out}, {n}"]
+        self.compute(ins, 1)
+        self.store(2, d, rows_out, n)
+
+    def argmax_branch(self):
+        n = self.r(1, 64)
+        s = self.alloc(0, n)
+        self.load(0, s, self.src_addr(n), 1, n)
+        self.emit(f"li r9, {s}")
+        self.compute([f"vargmax r6, p0, r9, {n}"], 1, push=False)
+        skip = self.new_label()
+        self.emit(f"li r7, {self.r(0, n - 1)}")
+        self.emit(f"br.{self.rng.choice(['eq', 'ne', 'lt', 'geu'])} r6, r7, {skip}")
+        self.scalar_block()
+        self.lines.append(f"{skip}:")
+
+    def scalar_block(self):
+        for _ in range(self.r(1, 5)):
+            op = self.rng.choice(["li", "addi", "add", "sub", "mul", "cmp"])
+            rd, ra, rb = (f"r{self.r(8, 11)}" for _ in range(3))
+            if op == "li":
+                self.emit(f"li {rd}, {self.r(-(1 << 31), (1 << 31) - 1)}")
+            elif op == "addi":
+                self.emit(f"addi {rd}, {ra}, {self.r(-1000, 1000)}")
+            elif op == "cmp":
+                cond = self.rng.choice(["eq", "ne", "lt", "ge", "ltu", "geu", "always"])
+                self.emit(f"cmp.{cond} {rd}, {ra}, {rb}")
+            else:
+                self.emit(f"{op} {rd}, {ra}, {rb}")
+
+    def group(self, depth=0):
+        kind = self.rng.choice(["gemm", "vadd", "vclip", "vmax", "argmax", "scalar", "loop"],
+                               p=[0.3, 0.15, 0.1, 0.1, 0.1, 0.1, 0.15])
+        region = self.regions < self.c.region_depth and self.rng.random() < 0.3
+        rid = self.r(1, 999)
+        if region:
+            self.regions += 1
+            self.emit(f"region.begin {rid}")
+        if kind == "gemm":
+            self.gemm_group(tag=self.r(0, min(self.c.tag_slots, 7)))
+        elif kind in ("vadd", "vclip"):
+            self.eltwise_group(kind)
+        elif kind == "vmax":
+            self.maxpool_group()
+        elif kind == "argmax":
+            self.argmax_branch()
+        elif kind == "scalar":
+            self.scalar_block()
+        elif kind == "loop" and depth < min(2, self.c.loop_depth - 1):
+            end = self.new_label()
+            count = self.r(0, 3)
+            self.emit(f"loop {count}, {end}")
+            self.emit("sync")
+            self.bump = [0] * len(self.bump)  # the body starts from empty buffers
+            self.group(depth + 1)
+            self.emit("sync")
+            self.bump = [0] * len(self.bump)
+            self.lines.append(f"{end}:")
+        else:
+            self.scalar_block()
+        if region:
+            self.emit(f"region.end {rid}")
+            self.regions -= 1
+
+
+def random_program(config: NPUConfig, seed: int, groups: int = 6) -> RandomProgram:
+    """A legal, race-free random program with its partition table and DRAM image."""
+    rng = np.random.default_rng(seed)
+    g = _Gen(config, rng)
+    for _ in range(groups):
+        g.group()
+    g.emit("end")
+    source = "\n".join(g.lines) + "\n"
+    data = rng.integers(0, 256, IN_BYTES, dtype=np.uint8)
+    return RandomProgram(source, asm.assemble(source), g.partitions, {IN_BASE: data})
