@@ -30,7 +30,7 @@ help:
 	@echo "make demo     run the bundled demo on the NPU (sets everything up)"
 	@echo "make test     run the whole test suite (sets everything up)"
 	@echo "make setup    create .venv and install the project with its extras"
-	@echo "make sim      run an assembled program on the simulated NPU"
+	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
 	@echo "make synth    FPGA build (BOARD=ulx3s|icebreaker)"
 	@echo "make lint     ruff + verilator --lint-only"
@@ -53,7 +53,7 @@ demo: setup
 	$(PY) -m host.demo
 
 sim: setup
-	$(PY) -m host.demo --program $(or $(PROGRAM),firmware/programs/scalar.s) --args $(ARGS)
+	$(PY) -m verif.run_program $(or $(PROGRAM),firmware/programs/scalar.s) $(or $(ARGS),10)
 
 regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)

@@ -241,7 +241,8 @@ class Sequencer(wiring.Component):
         set_pending = Signal(isa.NUM_REGS)
         m.d.sync += pending.eq((pending & ~clear_pending) | set_pending)
 
-        m.d.comb += self.imem_addr.eq(next_pc)
+        fsm_running = Signal()
+        m.d.comb += self.imem_addr.eq(Mux(fsm_running, next_pc, 0))
 
         with m.FSM(name="run") as fsm:
             with m.State("IDLE"):
@@ -273,6 +274,7 @@ class Sequencer(wiring.Component):
                                  cur_addr.eq(fault_addr)]
                     m.next = "STOP"
                 with m.Elif(fire & is_end):
+                    m.d.sync += cur_pc.eq(pc)  # a clean run reports the pc of its end
                     m.next = "FINISH"
                 with m.Elif(fire):
                     m.d.comb += self.imem_en.eq(1)
@@ -294,6 +296,7 @@ class Sequencer(wiring.Component):
 
         # ---- decode ------------------------------------------------------------------
         running = fsm.ongoing("RUN")
+        m.d.comb += fsm_running.eq(running)
         legal = Signal()
         known = Signal()
         fields_ok = Signal()
@@ -521,7 +524,7 @@ class Sequencer(wiring.Component):
                         fail(tag > cfg.tag_slots, ErrorCode.BAD_OPERAND)
                         m.d.comb += [entry.slot.eq(tag), entry.part.eq(field(word, mn, "p"))]
                     e = check(0, field(word, mn, "p"), offset, rows * nb)
-                    fail(e != 0, e, offset)
+                    fail(e != 0, e, _bounds_addr(e, offset))
                     m.d.comb += [
                         entry.cmd.dram.eq(R(mn, "dram")),
                         entry.cmd.stride.eq(Mux(stride_r == 0, nb, R(mn, "stride"))),
@@ -612,7 +615,7 @@ class Sequencer(wiring.Component):
             fail((k > cfg.rows) | (n > cfg.cols), ErrorCode.BAD_OPERAND)
             off = offset("sp")
             e = check(0, fieldof("p"), off, k * n)
-            fail(e != 0, e, off)
+            fail(e != 0, e, _bounds_addr(e, off))
             m.d.comb += [arr.op.eq(ArrayOp.WLOAD), arr.sp.eq(self.chk[0].addr),
                          arr.k.eq(k), arr.n.eq(n)]
             with m.If(fire):
@@ -627,7 +630,7 @@ class Sequencer(wiring.Component):
             off = offset("sp")
             stride = eff(CfgField.GEMM_STRIDE, k)
             e = check(0, fieldof("p"), off, rows_span(mr, stride, k))
-            fail(e != 0, e, off)
+            fail(e != 0, e, _bounds_addr(e, off))
             m.d.comb += [arr.op.eq(ArrayOp.GEMM), arr.sp.eq(self.chk[0].addr),
                          arr.stride.eq(stride), arr.k.eq(k), arr.n.eq(n), arr.m.eq(mr),
                          arr.acc.eq(first), arr.accumulate.eq(fieldof("mode")),
@@ -643,7 +646,7 @@ class Sequencer(wiring.Component):
                 e = check(0, fieldof("p"), off, 4 * n)
             else:
                 e = check(0, fieldof("p"), off, rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
-            fail(e != 0, e, off)
+            fail(e != 0, e, _bounds_addr(e, off))
             m.d.comb += [entry.vector.eq(1),
                          vec.op.eq(VectorOp.BIAS if mn == "vbias" else VectorOp.REQ),
                          vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n)]
@@ -652,12 +655,12 @@ class Sequencer(wiring.Component):
             mr, n = fieldof("m"), fieldof("n")
             src = rows_span(mr, eff(CfgField.IN_STRIDE, n), n)
             ea = check(0, fieldof("pa"), R(mn, "a"), src)
-            fail(ea != 0, ea, R(mn, "a"))
+            fail(ea != 0, ea, _bounds_addr(ea, R(mn, "a")))
             eb = check(1, fieldof("pb"), R(mn, "b"), src)
-            fail(eb != 0, eb, R(mn, "b"))
+            fail(eb != 0, eb, _bounds_addr(eb, R(mn, "b")))
             ed = check(2, fieldof("pd"), R(mn, "d"),
                        rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
-            fail(ed != 0, ed, R(mn, "d"))
+            fail(ed != 0, ed, _bounds_addr(ed, R(mn, "d")))
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ADD),
                          vec.a.eq(self.chk[0].addr), vec.b.eq(self.chk[1].addr),
                          vec.d.eq(self.chk[2].addr), vec.m.eq(mr), vec.n.eq(n)]
@@ -670,10 +673,10 @@ class Sequencer(wiring.Component):
                        + (shadow_cfg[CfgField.POOL_COUNT] - 1) * shadow_cfg[CfgField.POOL_STRIDE]
                        + n)
             es = check(0, fieldof("ps"), R(mn, "s"), src)
-            fail(es != 0, es, R(mn, "s"))
+            fail(es != 0, es, _bounds_addr(es, R(mn, "s")))
             ed = check(1, fieldof("pd"), R(mn, "d"),
                        rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
-            fail(ed != 0, ed, R(mn, "d"))
+            fail(ed != 0, ed, _bounds_addr(ed, R(mn, "d")))
             m.d.comb += [entry.vector.eq(1),
                          vec.op.eq(VectorOp.CLIP if mn == "vclip" else VectorOp.MAX),
                          vec.a.eq(self.chk[0].addr), vec.d.eq(self.chk[1].addr),
@@ -682,7 +685,7 @@ class Sequencer(wiring.Component):
             n = fieldof("n")
             off = offset("s")
             e = check(0, fieldof("p"), off, n)
-            fail(e != 0, e, off)
+            fail(e != 0, e, _bounds_addr(e, off))
             rd = fieldof("rd")
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ARGMAX),
                          vec.a.eq(self.chk[0].addr), vec.n.eq(n), vec.m.eq(1), entry.rd.eq(rd)]
@@ -690,6 +693,11 @@ class Sequencer(wiring.Component):
                 m.d.comb += set_pending.eq(1 << rd)
         else:  # pragma: no cover
             raise AssertionError(mn)
+
+
+def _bounds_addr(e, offset):
+    """Golden reports the offset for bounds errors, 0 for a missing partition."""
+    return Mux(e == ErrorCode.PARTITION_BOUNDS, offset, 0)
 
 
 def _or_shifts(word, mn, names):

@@ -214,3 +214,39 @@ def hot_swap(device, config, seed):
     assert c["runs"] == runs and c["swaps"] == 1, f"runs {c['runs']}, swaps {c['swaps']}"
     assert rtl.bank_version(rtl.active_bank) == 2
 
+
+
+def print_program(device, config, seed):
+    """``make sim``: run one assembly file on the RTL, print what it did, check it.
+
+    The program comes from NPU_PROGRAM, its arguments from NPU_ARGS (integers) and
+    its DRAM image is random bytes from the seed; the run is compared with golden.
+    """
+    path = Path(os.environ["NPU_PROGRAM"])
+    args = tuple(int(a, 0) for a in os.environ.get("NPU_ARGS", "").split())
+    rng = np.random.default_rng(seed)
+    job = Job(path.name, asm.assemble(path.read_text()), TABLE[:config.partitions],
+              args=args, dram={0: rng.integers(0, 256, 0x10000, dtype=np.uint8)})
+    pair = Pair(device, config)
+    for drv in pair.both():
+        for addr, data in job.dram.items():
+            drv.write_mem(addr, data)
+        drv.load(job.program, job.partitions)
+    t0 = device.cycle()
+    status = pair.rtl.run(args)
+    wall = device.cycle() - t0
+    gold = pair.gold.run(args)
+    regs, counters, trace = pair.rtl.regs(), pair.rtl.counters(), pair.rtl.read_trace()
+    print(f"\n== {path} on the Verilator NPU ({config.rows}x{config.cols}) ==")
+    print(f"status: {status.error.name} at pc {status.pc}  (golden: {gold.error.name})")
+    print("registers: " + " ".join(f"r{i}={v:#x}" for i, v in enumerate(regs) if v))
+    for name, value in counters.items():
+        print(f"  {name:<18} {value}")
+    print(f"  host-visible cycles for the run (CSR traffic included): {wall}")
+    for r in trace:
+        print(f"  region {r.region}: cycles {r.end - r.start}, instrs {r.instructions}, "
+              f"MACs {r.macs}, DRAM rd {r.dram_read_bytes} wr {r.dram_write_bytes}")
+    assert status == gold, f"RTL {status} != golden {gold}"
+    pair.gold.read_trace()
+    pair.compare(path.name)
+    print("RTL equals the golden model (DRAM, registers, exact counters)")
