@@ -203,7 +203,7 @@ def hot_swap(device, config, seed):
         pass
     trace = rtl.read_trace()
     ids = [r.region for r in trace]
-    counts = {1: 40 * 3 + 2, 2: 25 * 3 + 2}
+    counts = {1: 2 * 40 + 3, 2: 2 * 25 + 3}  # begin, li, loopr, n x (addi, misspec)
     assert len(trace) == runs, f"{len(trace)} runs recorded for {runs} starts: {ids}"
     switch = ids.index(2) if 2 in ids else runs
     assert ids == [1] * switch + [2] * (runs - switch), f"runs not all-A then all-B: {ids}"

@@ -1,0 +1,527 @@
+"""The DMA engine: an AXI4 manager that moves 2-D tiles between DRAM and the scratchpad.
+
+Two independent channels share one AXI4 manager port: the load channel uses AR/R
+and writes the scratchpad, the store channel reads the scratchpad and uses AW/W/B,
+so a load and a store run at the same time. Each channel splits every row of its
+command into INCR bursts (at most 256 beats, never across a 4 KiB boundary) and
+keeps several bursts in flight.
+
+Realignment costs nothing here: a scratchpad window may start at any byte address,
+so every DRAM beat maps onto the window whose lane ``i`` is the scratchpad byte
+that DRAM lane ``i`` belongs to, and the strobe keeps only the row's own bytes.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from firmware.config import NPUConfig
+
+from .axi import BURST_INCR, axi4_signature
+from .ports import (
+    DMA_DONE_LAYOUT,
+    DRAM_ADDR_BITS,
+    N_BITS,
+    command_stream,
+    dma_command_layout,
+    sp_addr_bits,
+    sp_window_signature,
+    sp_word_bytes,
+)
+
+__all__ = ["DMA", "DMAShell", "MAX_BURST_BEATS", "burst_plan"]
+
+MAX_BURST_BEATS = 256
+"""AXI4 INCR bursts are at most 256 beats."""
+
+_PAGE = 4096  # AXI4 bursts must not cross a 4 KiB boundary
+
+
+def burst_plan(addr: int, nbytes: int, bus_bytes: int) -> list[tuple[int, int]]:
+    """Return the bursts the DMA issues for one row, as ``(beat address, beats)``.
+
+    The row is the ``nbytes`` bytes at DRAM ``addr``; beat addresses are aligned to
+    ``bus_bytes``. Bursts are as long as possible: they end at the row's last beat,
+    after :data:`MAX_BURST_BEATS` beats or at a 4 KiB boundary, whichever is first.
+    This is the reference the hardware is tested against.
+    """
+    if nbytes < 1:
+        raise ValueError(f"nbytes={nbytes!r}: a row has at least one byte")
+    bursts = []
+    cur, end = addr - addr % bus_bytes, addr + nbytes
+    while cur < end:
+        need = -(-(end - cur) // bus_bytes)
+        beats = min(need, MAX_BURST_BEATS, (_PAGE - cur % _PAGE) // bus_bytes)
+        bursts.append((cur % (1 << DRAM_ADDR_BITS), beats))
+        cur += beats * bus_bytes
+    return bursts
+
+
+def _desc_layout(config: NPUConfig) -> data.StructLayout:
+    """What the data side of a channel needs to know about one burst (or an abort marker)."""
+    s = exact_log2(sp_word_bytes(config))
+    sp = sp_addr_bits(config)
+    return data.StructLayout({
+        "len": 8,  # beats - 1
+        "lo": s,  # first useful lane of the first beat
+        "hi": s,  # last useful lane of the last beat
+        "sp_first": sp,  # scratchpad address of lane 0 of the first beat
+        "sp_next": sp,  # ... of the second beat (later beats add W)
+        "row": DRAM_ADDR_BITS,  # DRAM address of the row's first byte (error report)
+        "nbytes": N_BITS,  # row length (byte counters)
+        "row_last": 1,  # the row's last burst
+        "cmd_last": 1,  # the command's last burst
+        "marker": 1,  # no burst: the command was abandoned after a bus error
+    })
+
+
+class _Bursts(wiring.Component):
+    """Splits a DMA command into per-row INCR bursts, one per cycle.
+
+    ``out`` carries a beat-aligned DRAM address and a descriptor. While ``abort``
+    is high the current command stops: the next item is a ``marker`` (no burst)
+    and the command counts as issued.
+    """
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        super().__init__({
+            "cmd": In(command_stream(dma_command_layout(config))),
+            "abort": In(1),
+            "active": Out(1),
+            "out": Out(stream.Signature(data.StructLayout({
+                "addr": DRAM_ADDR_BITS, "d": _desc_layout(config)}))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        w = sp_word_bytes(cfg)
+        s = exact_log2(w)
+        spb = sp_addr_bits(cfg)
+
+        row = Signal(DRAM_ADDR_BITS)
+        cur = Signal(DRAM_ADDR_BITS)  # next DRAM byte of the row to fetch
+        rem = Signal(range(4097))  # bytes of the row still to fetch
+        sp_row = Signal(spb)
+        sp_cur = Signal(spb)  # scratchpad address of the byte at `cur`
+        rows_left = Signal(9)
+        stride = Signal(DRAM_ADDR_BITS)
+        nbytes = Signal(N_BITS)
+
+        off = cur[:s]
+        span = Signal(range(4096 + w))
+        need = Signal(range(4096 // w + 2))  # beats to the end of the row
+        to_page = Signal(range(_PAGE // w + 1))  # beats to the next 4 KiB boundary
+        cap = Signal(range(max(_PAGE // w, MAX_BURST_BEATS) + 1))
+        last = Signal()  # this burst ends the row
+        beats = Signal(range(MAX_BURST_BEATS + 1))
+        consumed = Signal(range(MAX_BURST_BEATS * w + 1))
+        sp_wide = Signal(spb + 1)
+        m.d.comb += [
+            span.eq(off + rem),
+            need.eq((span + (w - 1)) >> s),
+            to_page.eq((_PAGE // w) - cur[s:12]),
+            cap.eq(Mux(to_page < MAX_BURST_BEATS, to_page, MAX_BURST_BEATS)),
+            last.eq(need <= cap),
+            beats.eq(Mux(last, need, cap)),
+            consumed.eq((cap << s) - off),
+            sp_wide.eq(sp_cur - off),
+        ]
+
+        out = self.out
+        d = out.payload.d
+        advance = self.active & (~out.valid | out.ready)
+        finishing = advance & ~self.abort & last & (rows_left == 1)
+        m.d.comb += [
+            self.cmd.ready.eq(~self.active | finishing),
+        ]
+
+        with m.If(out.ready):
+            m.d.sync += out.valid.eq(0)
+        with m.If(advance):
+            m.d.sync += out.valid.eq(1)
+            with m.If(self.abort):
+                m.d.sync += [
+                    d.marker.eq(1),
+                    d.cmd_last.eq(1),
+                    d.row.eq(row),
+                    self.active.eq(0),
+                ]
+            with m.Else():
+                m.d.sync += [
+                    out.payload.addr.eq(Cat(Const(0, s), cur[s:])),
+                    d.len.eq(beats - 1),
+                    d.lo.eq(off),
+                    d.hi.eq(Mux(last, span - 1, w - 1)),
+                    # The first window may start before scratchpad byte 0: wrap it.
+                    d.sp_first.eq(Mux(sp_cur < off, sp_cur + cfg.sp_bytes - off, sp_wide)),
+                    d.sp_next.eq(sp_cur + w - off),
+                    d.row.eq(row),
+                    d.nbytes.eq(nbytes),
+                    d.row_last.eq(last),
+                    d.cmd_last.eq(last & (rows_left == 1)),
+                    d.marker.eq(0),
+                ]
+                with m.If(last):
+                    m.d.sync += [
+                        row.eq(row + stride),
+                        cur.eq(row + stride),
+                        rem.eq(nbytes),
+                        sp_row.eq(sp_row + nbytes),
+                        sp_cur.eq(sp_row + nbytes),
+                        rows_left.eq(rows_left - 1),
+                    ]
+                    with m.If(rows_left == 1):
+                        m.d.sync += self.active.eq(0)
+                with m.Else():
+                    m.d.sync += [
+                        cur.eq(Cat(Const(0, s), cur[s:]) + (cap << s)),
+                        rem.eq(rem - consumed),
+                        sp_cur.eq(sp_cur + consumed),
+                    ]
+
+        with m.If(self.cmd.valid & self.cmd.ready):
+            p = self.cmd.payload
+            m.d.sync += [
+                self.active.eq(1),
+                row.eq(p.dram),
+                cur.eq(p.dram),
+                rem.eq(p.nbytes),
+                sp_row.eq(p.sp),
+                sp_cur.eq(p.sp),
+                rows_left.eq(p.rows),
+                stride.eq(p.stride),
+                nbytes.eq(p.nbytes),
+            ]
+        return m
+
+
+def _strobe(w: int, lo, hi):
+    """Lanes ``lo..hi`` (inclusive) of a ``w``-lane beat."""
+    return Cat(*[(lo <= i) & (i <= hi) for i in range(w)])
+
+
+class DMA(wiring.Component):
+    """Load and store engine between DRAM (AXI4 manager) and the scratchpad.
+
+    Executes resolved ``load``/``store`` commands (see
+    :func:`hdl.ports.dma_command_layout`): row ``i`` is the ``nbytes`` bytes at
+    DRAM ``dram + i*stride`` and at scratchpad ``sp + i*nbytes``. Any byte
+    alignment of addresses, lengths and strides works; bytes outside the rows are
+    never written. Rows are moved in order; each command completes exactly once,
+    in order, on its channel's ``*_done`` stream.
+
+    A bus error (SLVERR or DECERR on R or B) ends the command with ``error=1`` and
+    ``addr`` = the DRAM address of the failing row's first byte. No new burst of
+    that command is issued, every outstanding response is drained, and the next
+    command runs normally. Rows before the failing one are complete. A failed
+    load leaves the failing row's scratchpad bytes unspecified (old or new) and
+    later rows untouched; a failed store may have written parts of the failing row
+    and of the later rows whose bursts were already in flight.
+
+    W data never waits for AWREADY; ``axi.rready`` follows ``load_sp.ready``
+    combinationally.
+
+    Parameters
+    ----------
+    config : NPUConfig
+        Bus width (``bus_bytes``, the scratchpad window width) and scratchpad size.
+    fifo_depth : int
+        Bursts in flight per channel (at least 2).
+
+    Members
+    -------
+    load_cmd, store_cmd : In(command_stream(dma_command_layout(config)))
+        Commands of each channel.
+    load_done, store_done : Out(stream.Signature(DMA_DONE_LAYOUT, always_ready=True))
+        One completion per command, in command order.
+    load_sp : Out(sp_window_signature(config))
+        Scratchpad writes of the load channel.
+    store_sp : Out(sp_window_signature(config))
+        Scratchpad reads of the store channel.
+    axi : Out(axi4_signature(32, 8 * config.bus_bytes))
+        The DRAM port: ID 0 only, INCR bursts of full-width beats.
+    read_bytes, write_bytes : Out(13)
+        ``nbytes`` in the cycle after a row of a load (store) completed without
+        error, else 0 (the ``dram_read_bytes``/``dram_write_bytes`` counters).
+    load_busy, store_busy : Out(1)
+        The channel has accepted a command that has not completed yet.
+    load_stall, store_stall : Out(1)
+        The channel is busy but moved no data beat this cycle (waiting for the
+        bus or the scratchpad).
+    """
+
+    def __init__(self, config: NPUConfig, *, fifo_depth: int = 8):
+        if not isinstance(config, NPUConfig):
+            raise TypeError(f"config must be an NPUConfig, not {config!r}")
+        if not isinstance(fifo_depth, int) or fifo_depth < 2:
+            raise ValueError(f"fifo_depth={fifo_depth!r}: must be an integer >= 2")
+        self.config = config
+        self.fifo_depth = fifo_depth
+        w = sp_word_bytes(config)
+        cmd = command_stream(dma_command_layout(config))
+        done = stream.Signature(DMA_DONE_LAYOUT, always_ready=True)
+        sp = sp_window_signature(config)
+        super().__init__({
+            "load_cmd": In(cmd),
+            "store_cmd": In(cmd),
+            "load_done": Out(done),
+            "store_done": Out(done),
+            "load_sp": Out(sp),
+            "store_sp": Out(sp),
+            "axi": Out(axi4_signature(DRAM_ADDR_BITS, w * 8)),
+            "read_bytes": Out(N_BITS),
+            "write_bytes": Out(N_BITS),
+            "load_busy": Out(1),
+            "store_busy": Out(1),
+            "load_stall": Out(1),
+            "store_stall": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        w = sp_word_bytes(cfg)
+        s = exact_log2(w)
+        depth = self.fifo_depth
+        axi = self.axi
+        dlay = _desc_layout(cfg)
+        m.d.comb += [
+            axi.arid.eq(0), axi.arsize.eq(s), axi.arburst.eq(BURST_INCR), axi.arprot.eq(0),
+            axi.awid.eq(0), axi.awsize.eq(s), axi.awburst.eq(BURST_INCR), axi.awprot.eq(0),
+        ]
+        self._load(m, cfg, w, depth, dlay)
+        self._store(m, cfg, w, depth, dlay)
+        return m
+
+    def _inflight(self, m, name, depth, accepted, done):
+        """Commands accepted and not yet completed."""
+        count = Signal(range(depth + 4), name=name)
+        with m.If(accepted & ~done):
+            m.d.sync += count.eq(count + 1)
+        with m.If(done & ~accepted):
+            m.d.sync += count.eq(count - 1)
+        return count
+
+    def _load(self, m, cfg, w, depth, dlay):
+        axi, sp = self.axi, self.load_sp
+        m.submodules.load_bursts = bursts = _Bursts(cfg)
+        m.submodules.load_q = q = SyncFIFOBuffered(width=dlay.size, depth=depth)
+        wiring.connect(m, wiring.flipped(self.load_cmd), bursts.cmd)
+
+        # issue: AR and the descriptor queue move together (markers only queue)
+        b = bursts.out
+        mk = b.payload.d.marker
+        m.d.comb += [
+            axi.araddr.eq(b.payload.addr),
+            axi.arlen.eq(b.payload.d.len),
+            axi.arvalid.eq(b.valid & ~mk & q.w_rdy),
+            b.ready.eq(q.w_rdy & (mk | axi.arready)),
+            q.w_en.eq(b.valid & b.ready),
+            q.w_data.eq(b.payload.d),
+        ]
+
+        # data: each R beat becomes one scratchpad window write
+        d = data.View(dlay, q.r_data)
+        k = Signal(8)  # beat within the burst
+        ptr = Signal(sp.addr.shape())  # window address of beat k >= 1
+        err = Signal()  # the current command met a bus error: drop the rest
+        err_addr = Signal(DRAM_ADDR_BITS)
+        beat_last = k == d.len
+        is_err = axi.rresp[1]  # SLVERR or DECERR
+        drop = err | is_err
+        take = Signal()
+        marker = q.r_rdy & d.marker
+        m.d.comb += [
+            sp.valid.eq(q.r_rdy & ~d.marker & axi.rvalid & ~drop),
+            sp.we.eq(1),
+            sp.addr.eq(Mux(k == 0, d.sp_first, ptr)),
+            sp.wdata.eq(axi.rdata),
+            sp.wstrb.eq(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1))),
+            axi.rready.eq(q.r_rdy & ~d.marker & (drop | sp.ready)),
+            take.eq(axi.rvalid & axi.rready),
+            q.r_en.eq(marker | (take & beat_last)),
+        ]
+        with m.If(take):
+            m.d.sync += [
+                k.eq(Mux(beat_last, 0, k + 1)),
+                ptr.eq(Mux(k == 0, d.sp_next, ptr + w)),
+            ]
+            with m.If(is_err & ~err):
+                m.d.sync += [err.eq(1), err_addr.eq(d.row)]
+
+        done = Signal()
+        m.d.comb += done.eq(marker | (take & beat_last & d.cmd_last))
+        m.d.sync += [
+            self.load_done.valid.eq(done),
+            self.read_bytes.eq(Mux(take & beat_last & d.row_last & ~drop, d.nbytes, 0)),
+        ]
+        with m.If(done):
+            m.d.sync += [
+                self.load_done.payload.error.eq(drop | marker),
+                self.load_done.payload.addr.eq(Mux(err, err_addr, d.row)),
+                err.eq(0),
+            ]
+
+        inflight = self._inflight(m, "load_inflight", depth,
+                                  self.load_cmd.valid & self.load_cmd.ready, done)
+        # Stop issuing only if the failing command is still being split into bursts.
+        m.d.comb += [
+            bursts.abort.eq(err & (inflight == 1) & bursts.active),
+            self.load_busy.eq(inflight != 0),
+            self.load_stall.eq((inflight != 0) & ~take),
+        ]
+
+    def _store(self, m, cfg, w, depth, dlay):
+        axi, sp = self.axi, self.store_sp
+        m.submodules.store_bursts = bursts = _Bursts(cfg)
+        m.submodules.store_wq = wq = SyncFIFOBuffered(width=dlay.size, depth=depth)
+        m.submodules.store_bq = bq = SyncFIFOBuffered(width=dlay.size, depth=depth)
+        wiring.connect(m, wiring.flipped(self.store_cmd), bursts.cmd)
+
+        # issue: a burst goes to the AW queue, the W side and the B side at once, so W
+        # data never waits for AWREADY (AXI forbids a manager to); markers only go to
+        # the B side.
+        m.submodules.store_awq = awq = SyncFIFO(width=DRAM_ADDR_BITS + 8, depth=2)
+        b = bursts.out
+        mk = b.payload.d.marker
+        m.d.comb += [
+            b.ready.eq(bq.w_rdy & (mk | (wq.w_rdy & awq.w_rdy))),
+            awq.w_en.eq(b.valid & b.ready & ~mk),
+            awq.w_data.eq(Cat(b.payload.addr, b.payload.d.len)),
+            wq.w_en.eq(b.valid & b.ready & ~mk),
+            wq.w_data.eq(b.payload.d),
+            bq.w_en.eq(b.valid & b.ready),
+            bq.w_data.eq(b.payload.d),
+            axi.awvalid.eq(awq.r_rdy),
+            axi.awaddr.eq(awq.r_data[:DRAM_ADDR_BITS]),
+            axi.awlen.eq(awq.r_data[DRAM_ADDR_BITS:]),
+            awq.r_en.eq(axi.awready),
+        ]
+
+        # W side: read one window per beat into a small buffer that the bus drains;
+        # a read is issued only when its data is sure to find room.
+        wbuf_depth = 4
+        m.submodules.store_wbuf = wbuf = SyncFIFO(width=w * 8 + w + 1, depth=wbuf_depth)
+        d = data.View(dlay, wq.r_data)
+        k = Signal(8)
+        ptr = Signal(sp.addr.shape())
+        pending = Signal()  # a read was accepted last cycle: its data arrives now
+        meta = Signal(w + 1)  # strobe and wlast of that read
+        beat_last = k == d.len
+        room = (wbuf.level + pending) < wbuf_depth
+        ask = Signal()
+        m.d.comb += [
+            sp.valid.eq(wq.r_rdy & room),
+            sp.we.eq(0),
+            sp.addr.eq(Mux(k == 0, d.sp_first, ptr)),
+            sp.wdata.eq(0),
+            sp.wstrb.eq(0),
+            ask.eq(sp.valid & sp.ready),
+            wq.r_en.eq(ask & beat_last),
+            wbuf.w_en.eq(sp.rvalid),
+            wbuf.w_data.eq(Cat(sp.rdata, meta)),
+        ]
+        m.d.sync += pending.eq(ask)
+        with m.If(ask):
+            m.d.sync += [
+                k.eq(Mux(beat_last, 0, k + 1)),
+                ptr.eq(Mux(k == 0, d.sp_next, ptr + w)),
+                meta.eq(Cat(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1)),
+                            beat_last)),
+            ]
+        wmoved = Signal()
+        m.d.comb += [
+            axi.wvalid.eq(wbuf.r_rdy),
+            axi.wdata.eq(wbuf.r_data[:w * 8]),
+            axi.wstrb.eq(wbuf.r_data[w * 8:w * 9]),
+            axi.wlast.eq(wbuf.r_data[w * 9]),
+            wbuf.r_en.eq(axi.wready),
+            wmoved.eq(axi.wvalid & axi.wready),
+        ]
+
+        # B side: one response per burst, in order
+        e = data.View(dlay, bq.r_data)
+        err = Signal()
+        err_addr = Signal(DRAM_ADDR_BITS)
+        is_err = axi.bresp[1]
+        marker = bq.r_rdy & e.marker
+        resp = Signal()
+        m.d.comb += [
+            axi.bready.eq(bq.r_rdy & ~e.marker),
+            resp.eq(axi.bvalid & axi.bready),
+            bq.r_en.eq(marker | resp),
+        ]
+        with m.If(resp & is_err & ~err):
+            m.d.sync += [err.eq(1), err_addr.eq(e.row)]
+        drop = err | is_err
+        done = Signal()
+        m.d.comb += done.eq(marker | (resp & e.cmd_last))
+        m.d.sync += [
+            self.store_done.valid.eq(done),
+            self.write_bytes.eq(Mux(resp & e.row_last & ~drop, e.nbytes, 0)),
+        ]
+        with m.If(done):
+            m.d.sync += [
+                self.store_done.payload.error.eq(drop | marker),
+                self.store_done.payload.addr.eq(Mux(err, err_addr, e.row)),
+                err.eq(0),
+            ]
+
+        inflight = self._inflight(m, "store_inflight", depth,
+                                  self.store_cmd.valid & self.store_cmd.ready, done)
+        m.d.comb += [
+            bursts.abort.eq(err & (inflight == 1) & bursts.active),
+            self.store_busy.eq(inflight != 0),
+            self.store_stall.eq((inflight != 0) & ~wmoved),
+        ]
+
+
+class DMAShell(wiring.Component):
+    """A :class:`DMA` that can be the toplevel of a Verilog conversion.
+
+    Amaranth 0.5 cannot turn an ``always_ready`` stream member into ports (its
+    ``ready`` is a constant), so here ``load_done``/``store_done`` are plain
+    ``valid``/``payload`` pairs. Every other member is the DMA's own.
+
+    Parameters
+    ----------
+    config : NPUConfig
+    fifo_depth : int
+        As for :class:`DMA`.
+
+    Members
+    -------
+    load_done, store_done : Out(Signature({"valid": Out(1), "payload": Out(DMA_DONE_LAYOUT)}))
+        The completions, valid for one cycle each.
+    others
+        As :class:`DMA`.
+    """
+
+    def __init__(self, config: NPUConfig, *, fifo_depth: int = 8):
+        self.dma = DMA(config, fifo_depth=fifo_depth)
+        done = wiring.Signature({"valid": Out(1), "payload": Out(DMA_DONE_LAYOUT)})
+        members = dict(self.dma.signature.members)
+        members["load_done"] = Out(done)
+        members["store_done"] = Out(done)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dma = dma = self.dma
+        for name in ("load_cmd", "store_cmd"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(dma, name))
+        for name in ("load_sp", "store_sp", "axi"):
+            wiring.connect(m, getattr(dma, name), wiring.flipped(getattr(self, name)))
+        for name in ("load_done", "store_done"):
+            ours, theirs = getattr(self, name), getattr(dma, name)
+            m.d.comb += [ours.valid.eq(theirs.valid), ours.payload.eq(theirs.payload)]
+        for name in ("read_bytes", "write_bytes", "load_busy", "store_busy",
+                     "load_stall", "store_stall"):
+            m.d.comb += getattr(self, name).eq(getattr(dma, name))
+        return m

@@ -1,0 +1,183 @@
+"""The scratchpad partition table: double-buffered with the instruction banks.
+
+Each instruction bank has ``pt_sets`` tables of ``partitions`` entries
+``(base, size)`` in bytes; a program selects a set with ``ptsel`` and every
+scratchpad operand names a partition ``p`` and a byte offset inside it. The
+semantics are those of ``firmware.golden.Machine._sp_range`` and the ``PT_*``
+registers of ``firmware.regs``.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, C, Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from firmware.config import NPUConfig
+from firmware.isa import ErrorCode
+
+from .ports import sp_addr_bits
+
+__all__ = ["PT_BANKS", "PartitionTable", "pt_check_signature"]
+
+PT_BANKS = 2
+"""Tables are double-buffered with the two instruction banks."""
+
+_PART_BITS, _SET_BITS = 3, 2  # ISA field widths (at most 8 partitions, 4 sets)
+
+
+def pt_check_signature(config: NPUConfig) -> wiring.Signature:
+    """One range check against the active partition table.
+
+    Members (requester view)
+    ------------------------
+    p : Out(3)
+        Partition index.
+    offset : Out(32)
+        Byte offset of the first byte inside the partition.
+    nbytes : Out(40)
+        Length of the span in bytes (at least 1).
+    addr : In(sp_addr_bits)
+        Absolute scratchpad byte address ``base + offset`` (meaningful only when
+        ``error`` is NONE).
+    error : In(4)
+        ``firmware.isa.ErrorCode``: NONE, BAD_OPERAND when ``p >= partitions``,
+        PARTITION_BOUNDS when the entry is disabled (size 0), leaves the
+        scratchpad (``base + size > sp_bytes``) or the span leaves the partition
+        (``offset + nbytes > size``), checked in that order.
+
+    ``addr`` and ``error`` follow the inputs combinationally.
+    """
+    return wiring.Signature({
+        "p": Out(_PART_BITS),
+        "offset": Out(32),
+        "nbytes": Out(40),
+        "addr": In(sp_addr_bits(config)),
+        "error": In(4),
+    })
+
+
+class PartitionTable(wiring.Component):
+    """``2 x pt_sets x partitions`` entries of (base, size) with range checkers.
+
+    Every entry resets to (0, 0), i.e. disabled. A write takes effect at the
+    end of its cycle; readback and checks see the table as it was at the start
+    of the cycle. Writes to a set or partition the build does not have are
+    ignored, and read back as (0, 0). The table writes whichever bank it is told
+    to: refusing writes to the active bank is the CSR block's job (it flags them).
+    A set the build does not have behaves as a table of disabled entries.
+
+    Parameters
+    ----------
+    config : NPUConfig
+        The NPU build (``partitions``, ``pt_sets``, ``sp_bytes``).
+    checks : int
+        Number of independent range-check ports, at least 1.
+
+    Members
+    -------
+    w_en, w_bank, w_set, w_part : In(1), In(1), In(2), In(3)
+        Write entry ``w_part`` of set ``w_set`` of bank ``w_bank`` this cycle.
+    w_base, w_size : In(32)
+        The entry's new base and size in bytes (``PT_BASE``, ``PT_SIZE``).
+    r_bank, r_set, r_part : In(1), In(2), In(3)
+        Entry to read back (for the CSR block).
+    r_base, r_size : Out(32)
+        That entry, combinationally.
+    bank : In(1)
+        The active instruction bank: its tables are the ones checked.
+    set : In(2)
+        The active set (``ptsel``) inside that bank.
+    checks : In(pt_check_signature(config)).array(checks)
+        The range-check ports (see :func:`pt_check_signature`).
+    """
+
+    def __init__(self, config: NPUConfig, checks: int = 1):
+        if not isinstance(config, NPUConfig):
+            raise TypeError(f"config must be an NPUConfig, not {config!r}")
+        if not isinstance(checks, int) or isinstance(checks, bool) or checks < 1:
+            raise ValueError(f"checks={checks!r}: must be a positive integer")
+        self.config = config
+        super().__init__({
+            "w_en": In(1),
+            "w_bank": In(1),
+            "w_set": In(_SET_BITS),
+            "w_part": In(_PART_BITS),
+            "w_base": In(32),
+            "w_size": In(32),
+            "r_bank": In(1),
+            "r_set": In(_SET_BITS),
+            "r_part": In(_PART_BITS),
+            "r_base": Out(32),
+            "r_size": Out(32),
+            "bank": In(1),
+            "set": In(_SET_BITS),
+            "checks": In(pt_check_signature(config)).array(checks),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        zero = C(0, 32)
+
+        # table[bank][set][part], padded with constant zero entries to the full
+        # 2 x 4 x 8 index space so that any index selects a defined (disabled) entry
+        base = [[[zero] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
+                for _ in range(PT_BANKS)]
+        size = [[[zero] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
+                for _ in range(PT_BANKS)]
+        for b in range(PT_BANKS):
+            for s in range(cfg.pt_sets):
+                for p in range(cfg.partitions):
+                    eb = Signal(32, name=f"base_b{b}_s{s}_p{p}")
+                    es = Signal(32, name=f"size_b{b}_s{s}_p{p}")
+                    base[b][s][p], size[b][s][p] = eb, es
+                    with m.If(self.w_en & (self.w_bank == b) & (self.w_set == s)
+                              & (self.w_part == p)):
+                        m.d.sync += [eb.eq(self.w_base), es.eq(self.w_size)]
+
+        def flat(table):  # index Cat(part, set, bank)
+            return Array(table[b][s][p] for b in range(PT_BANKS)
+                         for s in range(1 << _SET_BITS) for p in range(1 << _PART_BITS))
+
+        all_base, all_size = flat(base), flat(size)
+        m.d.comb += [
+            self.r_base.eq(all_base[Cat(self.r_part, self.r_set, self.r_bank)]),
+            self.r_size.eq(all_size[Cat(self.r_part, self.r_set, self.r_bank)]),
+        ]
+
+        # The active table and its per-entry verdicts are shared by all checkers.
+        act_base, act_size, act_bad = [], [], []
+        tables = Cat(self.set, self.bank)  # index b * 4 + s
+        for p in range(cfg.partitions):
+            ab = Signal(32, name=f"act_base_p{p}")
+            asz = Signal(32, name=f"act_size_p{p}")
+            bad = Signal(2, name=f"act_bad_p{p}")  # bit 0: disabled, bit 1: leaves the SP
+            m.d.comb += [
+                ab.eq(Array(base[b][s][p] for b in range(PT_BANKS)
+                            for s in range(1 << _SET_BITS))[tables]),
+                asz.eq(Array(size[b][s][p] for b in range(PT_BANKS)
+                             for s in range(1 << _SET_BITS))[tables]),
+                bad[0].eq(asz == 0),
+                bad[1].eq(ab + asz > cfg.sp_bytes),
+            ]
+            act_base.append(ab)
+            act_size.append(asz)
+            act_bad.append(bad)
+        # padded to the full 3-bit index (such p are BAD_OPERAND anyway)
+        pad = (1 << _PART_BITS) - cfg.partitions
+        act_base = Array(act_base + [zero] * pad)
+        act_size = Array(act_size + [zero] * pad)
+        act_bad = Array(act_bad + [C(0, 2)] * pad)
+
+        for chk in self.checks:
+            eb, es, bad = act_base[chk.p], act_size[chk.p], act_bad[chk.p]
+            m.d.comb += chk.addr.eq(eb + chk.offset)
+            # Same order as golden _sp_range: existence, enabled, inside the SP, span.
+            with m.If(chk.p >= cfg.partitions):
+                m.d.comb += chk.error.eq(ErrorCode.BAD_OPERAND)
+            with m.Elif(bad.any() | (chk.offset + chk.nbytes > es)):
+                m.d.comb += chk.error.eq(ErrorCode.PARTITION_BOUNDS)
+            with m.Else():
+                m.d.comb += chk.error.eq(ErrorCode.NONE)
+        return m

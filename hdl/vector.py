@@ -1,0 +1,542 @@
+"""The vector unit: configuration registers, bias add, requantization, element-wise add,
+clip, max-pool and argmax (the ``cfg`` and ``v*`` instructions of the compute queue).
+
+Semantics are those of the golden model (``firmware.golden.Machine._op_cfg`` ...
+``_op_vargmax``) and ``firmware.quant``; commands arrive resolved
+(:func:`hdl.ports.vector_command_layout`).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from firmware.config import NPUConfig
+from firmware.isa import CFG_RESET, CfgField
+
+from .ports import (
+    M_BITS,
+    N_BITS,
+    STRIDE_BITS,
+    VectorOp,
+    acc_addr_bits,
+    acc_port_signature,
+    command_stream,
+    sp_addr_bits,
+    sp_window_signature,
+    sp_word_bytes,
+    vector_command_layout,
+)
+
+__all__ = ["VectorUnit", "CFG_SHAPES"]
+
+CFG_SHAPES = {
+    CfgField.QMUL: signed(32),
+    CfgField.QSHIFT: 6,
+    CfgField.QZP: signed(8),
+    CfgField.CLIP_LO: signed(8),
+    CfgField.CLIP_HI: signed(8),
+    CfgField.ADD_MUL_A: signed(32),
+    CfgField.ADD_MUL_B: signed(32),
+    CfgField.ADD_ZP_A: signed(8),
+    CfgField.ADD_ZP_B: signed(8),
+    CfgField.IN_STRIDE: 20,
+    CfgField.OUT_STRIDE: 20,
+    CfgField.GEMM_STRIDE: 20,
+    CfgField.POOL_COUNT: 8,
+    CfgField.POOL_STRIDE: 20,
+    CfgField.POOL_ISTRIDE: 20,
+}
+"""Shape of each configuration register: enough bits for its ``firmware.isa.CFG_RANGE``."""
+
+# Read responses are buffered in queues. A read is only issued when its response
+# is sure to find room (queued + in flight < depth), because responses cannot be
+# refused. Three entries sustain one read per cycle; the scratchpad queues are
+# deeper so that one of the two ADD sources can run up to three windows ahead of
+# the other, off the banks the other one needs.
+_ACC_QUEUE_DEPTH = 3
+_SP_QUEUE_DEPTH = 6
+
+
+class _Walker:
+    """Address counters walking ``rows x chunks x taps`` beats (taps innermost).
+
+    Beat ``(i, k, t)`` is at ``base + i*rstride + k*W + t*tstride``; ``rem`` is
+    ``n - k*W``, the number of elements left in the row from this chunk on.
+    """
+
+    def __init__(self, name: str, addr_bits: int, step: int):
+        self.step = step
+        self.active = Signal(name=f"{name}_active")
+        self.addr = Signal(addr_bits, name=f"{name}_addr")
+        self.chunk = Signal(addr_bits, name=f"{name}_chunk")
+        self.row = Signal(addr_bits, name=f"{name}_row")
+        self.i = Signal(M_BITS, name=f"{name}_i")
+        self.k = Signal(N_BITS, name=f"{name}_k")
+        self.t = Signal(8, name=f"{name}_t")
+        self.rem = Signal(N_BITS, name=f"{name}_rem")
+        self.i_last = Signal(M_BITS, name=f"{name}_i_last")
+        self.k_last = Signal(N_BITS, name=f"{name}_k_last")
+        self.t_last = Signal(8, name=f"{name}_t_last")
+        self.n = Signal(N_BITS, name=f"{name}_n")
+        self.rstride = Signal(STRIDE_BITS, name=f"{name}_rstride")
+        self.tstride = Signal(STRIDE_BITS, name=f"{name}_tstride")
+
+    @property
+    def first_tap(self):
+        return self.t == 0
+
+    @property
+    def last_tap(self):
+        return self.t == self.t_last
+
+    @property
+    def final(self):
+        return (self.i == self.i_last) & (self.k == self.k_last) & (self.t == self.t_last)
+
+    def load(self, m, *, base, rows, n, chunks=None, taps=1, rstride=0, tstride=0):
+        """Start a walk (``rows``/``chunks``/``taps`` >= 1; ``chunks`` defaults to
+        ``ceil(n / W)``)."""
+        shift = exact_log2(self.step)
+        k_last = ((n - 1) >> shift) if chunks is None else (chunks - 1)
+        m.d.sync += [
+            self.active.eq(1),
+            self.addr.eq(base), self.chunk.eq(base), self.row.eq(base),
+            self.i.eq(0), self.k.eq(0), self.t.eq(0), self.rem.eq(n), self.n.eq(n),
+            self.i_last.eq(rows - 1), self.k_last.eq(k_last), self.t_last.eq(taps - 1),
+            self.rstride.eq(rstride), self.tstride.eq(tstride),
+        ]
+
+    def advance(self, m):
+        """Move to the next beat (the walk ends after the final one)."""
+        with m.If(self.t != self.t_last):
+            m.d.sync += [self.t.eq(self.t + 1), self.addr.eq(self.addr + self.tstride)]
+        with m.Elif(self.k != self.k_last):
+            nxt = self.chunk + self.step
+            m.d.sync += [
+                self.t.eq(0), self.k.eq(self.k + 1), self.rem.eq(self.rem - self.step),
+                self.chunk.eq(nxt), self.addr.eq(nxt),
+            ]
+        with m.Elif(self.i != self.i_last):
+            nxt = self.row + self.rstride
+            m.d.sync += [
+                self.t.eq(0), self.k.eq(0), self.i.eq(self.i + 1), self.rem.eq(self.n),
+                self.row.eq(nxt), self.chunk.eq(nxt), self.addr.eq(nxt),
+            ]
+        with m.Else():
+            m.d.sync += self.active.eq(0)
+
+
+class VectorUnit(wiring.Component):
+    """The NPU's vector unit: executes resolved ``cfg`` and vector commands in order.
+
+    One command executes at a time: a command is accepted only once the previous
+    one is complete, so every command sees the scratchpad, the accumulator and the
+    configuration registers exactly as the commands before it left them. Inside a
+    command the unit is pipelined: it reads one accumulator row per cycle for
+    ``BIAS``/``REQ`` and one ``W``-byte window per cycle (per source) for
+    ``ADD``/``CLIP``/``MAX``/``ARGMAX`` while the scratchpad grants its requests.
+
+    Operations (``VectorOp``; ``istride`` is ``cfg.in_stride`` or ``n``, ``ostride``
+    is ``cfg.out_stride`` or ``n``; the clamp is ``min(max(y, clip_lo), clip_hi)``):
+
+    * ``CFG``: ``cfg[field] = value`` (the value is range-checked upstream).
+    * ``BIAS``: ``acc[acc+i][j] += int32le(sp[a+4j : a+4j+4])`` for ``i < m``,
+      ``j < n`` (``n <= cols``), wrapping at 32 bits.
+    * ``REQ``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(acc[acc+i][j] * qmul,
+      qshift))`` with an exact 64-bit product and round-half-to-even shift.
+    * ``ADD``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(add_mul_a*(x - add_zp_a)
+      + add_mul_b*(y - add_zp_b), qshift))`` with ``x = sp[a + i*istride + j]``,
+      ``y = sp[b + i*istride + j]``.
+    * ``CLIP``: ``sp[d + i*ostride + j] = clamp(sp[a + i*istride + j])``.
+    * ``MAX``: ``sp[d + i*ostride + j] = max over t < pool_count of
+      sp[a + i*pool_istride + t*pool_stride + j]`` (no clamp, ``pool_istride`` 0 is 0).
+    * ``ARGMAX``: ``result`` = index of the first maximum of int8 ``sp[a : a+n]``.
+
+    Fields a command does not use (``m`` of ``ARGMAX``, ``b`` of ``CLIP`` ...) are
+    ignored.
+
+    Overlap: sources are read in order, ahead of the writes, and each output chunk
+    (up to ``W`` bytes of a row) is written after the reads it depends on. In-place
+    operation is therefore supported: ``d == a`` (or ``d == b`` for ``ADD``) with
+    the same row stride for source and destination, not below ``n``. Any other
+    overlap of the destination with a source is undefined (a destination byte that
+    a later output chunk reads may already have been overwritten).
+
+    Parameters
+    ----------
+    config : NPUConfig
+        The NPU configuration (``cols``, ``bus_bytes``, scratchpad and
+        accumulator sizes).
+
+    Members
+    -------
+    cmd : In(command_stream(vector_command_layout(config)))
+        Resolved commands. ``ready`` is high while the unit is idle.
+    run_start : In(1)
+        Start of a run: reset the configuration registers to ``CFG_RESET`` (wins
+        over a ``CFG`` accepted in the same cycle).
+    rd_a, rd_b : Out(sp_window_signature(config))
+        Scratchpad read windows: ``rd_a`` reads ``a`` (all ops), ``rd_b`` reads
+        ``b`` (``ADD``). Requests follow the window protocol (held until granted).
+    wr : Out(sp_window_signature(config))
+        Scratchpad write window (``we`` = 1, lanes selected by ``wstrb``).
+    acc : Out(acc_port_signature(config))
+        Accumulator row port (``BIAS`` reads and writes, ``REQ`` reads).
+    result : Out(32)
+        The ``ARGMAX`` index; valid while ``result_valid`` and held until the next one.
+    result_valid : Out(1)
+        One-cycle pulse together with the ``done`` of an ``ARGMAX``.
+    done : Out(1)
+        One pulse per completed command (``CFG`` included), in command order, the
+        cycle after its last write was accepted (the cycle after acceptance for
+        ``CFG``).
+    busy : Out(1)
+        A vector command is executing (from the cycle after acceptance until it is
+        complete; a ``CFG`` never makes the unit busy).
+    idle : Out(1)
+        ``~busy``: no command executing; a command offered now is accepted.
+    stall : Out(1)
+        Busy and at least one scratchpad request is presented but not granted.
+    gemm_stride : Out(20)
+        The ``GEMM_STRIDE`` configuration register (for the unit that resolves
+        ``gemm`` strides; written by ``CFG`` like the others).
+    """
+
+    def __init__(self, config: NPUConfig):
+        if not isinstance(config, NPUConfig):
+            raise TypeError(f"config must be an NPUConfig, not {config!r}")
+        self.config = config
+        window = sp_window_signature(config)
+        super().__init__({
+            "cmd": In(command_stream(vector_command_layout(config))),
+            "run_start": In(1),
+            "rd_a": Out(window),
+            "rd_b": Out(window),
+            "wr": Out(window),
+            "acc": Out(acc_port_signature(config)),
+            "result": Out(32),
+            "result_valid": Out(1),
+            "done": Out(1),
+            "idle": Out(1),
+            "busy": Out(1),
+            "stall": Out(1),
+            "gemm_stride": Out(20),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        W = sp_word_bytes(cfg)
+        C = cfg.cols
+        spb, accb = sp_addr_bits(cfg), acc_addr_bits(cfg)
+        aw = max(spb, accb)
+        shift_w = exact_log2(W)
+
+        # ---- configuration registers -------------------------------------------------
+        regs = {f: Signal(shape, name=f"cfg_{f.name.lower()}", init=CFG_RESET[f])
+                for f, shape in CFG_SHAPES.items()}
+        m.d.comb += self.gemm_stride.eq(regs[CfgField.GEMM_STRIDE])
+
+        # ---- command acceptance --------------------------------------------------------
+        busy = Signal()
+        start = Signal()  # first cycle of a command: load the walkers
+        complete = Signal()  # the current command finishes this cycle
+        cmd = Signal(vector_command_layout(cfg))  # the command being executed
+        op = cmd.op
+
+        m.d.comb += [
+            self.cmd.ready.eq(~busy),
+            self.busy.eq(busy),
+            self.idle.eq(~busy),
+        ]
+        m.d.sync += [start.eq(0), self.done.eq(complete), self.result_valid.eq(0)]
+        accept = self.cmd.valid & self.cmd.ready
+        with m.If(accept):
+            with m.If(self.cmd.payload.op == VectorOp.CFG):
+                m.d.comb += complete.eq(1)
+                with m.Switch(self.cmd.payload.field):
+                    for f, reg in regs.items():
+                        with m.Case(int(f)):
+                            m.d.sync += reg.eq(self.cmd.payload.value)
+            with m.Else():
+                m.d.sync += [cmd.eq(self.cmd.payload), busy.eq(1), start.eq(1)]
+        with m.If(busy & complete):
+            m.d.sync += busy.eq(0)
+        with m.If(self.run_start):
+            m.d.sync += [reg.eq(CFG_RESET[f]) for f, reg in regs.items()]
+
+        n = cmd.n
+        istride = Mux(regs[CfgField.IN_STRIDE] == 0, n, regs[CfgField.IN_STRIDE])
+        ostride = Mux(regs[CfgField.OUT_STRIDE] == 0, n, regs[CfgField.OUT_STRIDE])
+
+        # ---- readers -------------------------------------------------------------------
+        # Reader A walks the source of every op (the bias words then the accumulator
+        # rows for BIAS); reader B walks ``b`` for ADD. Responses, with the tags of
+        # their beat, go into queues: A's scratchpad windows into ``qa``, its
+        # accumulator rows into ``qacc`` (older windows always leave first).
+        tag_layout = data.StructLayout({
+            "first": 1,  # first tap of a MAX window
+            "last": 1,  # last tap of a MAX window: the output chunk is complete
+            "final": 1,  # last beat of the command
+            "row": 1,  # an accumulator row (BIAS after the bias words, REQ)
+            "k": N_BITS,  # chunk index in the row
+            "rem": N_BITS,  # elements left in the row from this chunk on
+            "addr": accb,  # accumulator row (BIAS)
+        })
+        qa_layout = data.StructLayout({"data": W * 8, "tag": tag_layout})
+        qacc_layout = data.StructLayout({"data": C * 32, "tag": tag_layout})
+        m.submodules.qa = qa = SyncFIFO(width=qa_layout.size, depth=_SP_QUEUE_DEPTH)
+        m.submodules.qacc = qacc = SyncFIFO(width=qacc_layout.size, depth=_ACC_QUEUE_DEPTH)
+        m.submodules.qb = qb = SyncFIFO(width=W * 8, depth=_SP_QUEUE_DEPTH)
+
+        wa = _Walker("ra", aw, W)
+        wb = _Walker("rb", spb, W)
+        ww = _Walker("wr", spb, W)
+        a_on_acc = Signal()  # reader A reads accumulator rows, not the scratchpad
+        a_inflight, a_inflight_acc = Signal(), Signal()
+        a_inflight_tag = Signal(tag_layout)
+        b_inflight = Signal()
+
+        with m.If(start):
+            m.d.sync += a_on_acc.eq(0)
+            with m.Switch(op):
+                with m.Case(VectorOp.BIAS):
+                    # First the 4n bias bytes at a, then (on the final bias word) the rows.
+                    wa.load(m, base=cmd.a, rows=1, n=n,
+                            chunks=((n << 2) + (W - 1)) >> shift_w)
+                with m.Case(VectorOp.REQ):
+                    wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
+                    m.d.sync += a_on_acc.eq(1)
+                    ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
+                with m.Case(VectorOp.ADD):
+                    wa.load(m, base=cmd.a, rows=cmd.m, n=n, rstride=istride)
+                    wb.load(m, base=cmd.b, rows=cmd.m, n=n, rstride=istride)
+                    ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
+                with m.Case(VectorOp.CLIP):
+                    wa.load(m, base=cmd.a, rows=cmd.m, n=n, rstride=istride)
+                    ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
+                with m.Case(VectorOp.MAX):
+                    wa.load(m, base=cmd.a, rows=cmd.m, n=n,
+                            taps=regs[CfgField.POOL_COUNT],
+                            rstride=regs[CfgField.POOL_ISTRIDE],
+                            tstride=regs[CfgField.POOL_STRIDE])
+                    ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
+                with m.Case(VectorOp.ARGMAX):
+                    wa.load(m, base=cmd.a, rows=1, n=n)
+
+        # A request goes out only when its response is sure to find room. The sum
+        # below cannot grow while a request waits, so a presented request stays
+        # presented until granted.
+        a_req = wa.active & Mux(a_on_acc, qacc.level + a_inflight < _ACC_QUEUE_DEPTH,
+                                qa.level + a_inflight < _SP_QUEUE_DEPTH)
+        b_req = wb.active & (qb.level + b_inflight < _SP_QUEUE_DEPTH)
+        a_granted = Signal()
+        m.d.comb += [
+            self.rd_a.valid.eq(a_req & ~a_on_acc),
+            self.rd_a.addr.eq(wa.addr),
+            self.acc.ren.eq(a_req & a_on_acc),
+            self.acc.raddr.eq(wa.addr),
+            a_granted.eq(a_req & (a_on_acc | self.rd_a.ready)),
+            self.rd_b.valid.eq(b_req),
+            self.rd_b.addr.eq(wb.addr),
+        ]
+        tag_now = Signal(tag_layout)
+        m.d.comb += [
+            tag_now.first.eq(wa.first_tap),
+            tag_now.last.eq(wa.last_tap),
+            tag_now.final.eq(wa.final & ((op != VectorOp.BIAS) | a_on_acc)),
+            tag_now.row.eq(a_on_acc),
+            tag_now.k.eq(wa.k),
+            tag_now.rem.eq(wa.rem),
+            tag_now.addr.eq(wa.addr),
+        ]
+        m.d.sync += [
+            a_inflight.eq(a_granted),
+            a_inflight_acc.eq(a_on_acc),
+            a_inflight_tag.eq(tag_now),
+            b_inflight.eq(b_req & self.rd_b.ready),
+        ]
+        with m.If(a_granted):
+            with m.If((op == VectorOp.BIAS) & ~a_on_acc & wa.final):
+                wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
+                m.d.sync += a_on_acc.eq(1)
+            with m.Else():
+                wa.advance(m)
+        with m.If(b_req & self.rd_b.ready):
+            wb.advance(m)
+
+        qa_in = data.View(qa_layout, qa.w_data)
+        qacc_in = data.View(qacc_layout, qacc.w_data)
+        m.d.comb += [
+            qa.w_en.eq(a_inflight & ~a_inflight_acc),
+            qa_in.data.eq(self.rd_a.rdata),
+            qa_in.tag.eq(a_inflight_tag),
+            qacc.w_en.eq(a_inflight & a_inflight_acc),
+            qacc_in.data.eq(self.acc.rdata),
+            qacc_in.tag.eq(a_inflight_tag),
+            qb.w_en.eq(b_inflight),
+            qb.w_data.eq(self.rd_b.rdata),
+        ]
+
+        # ---- datapath ---------------------------------------------------------------------
+        # S0 pops the queues, S1 forms operands (and reduces MAX windows, argmax
+        # chunks, bias sums), S2 multiplies, S3 adds, S4 adds the rounding constant,
+        # S5 shifts and saturates, S6 adds the zero point and clamps and presents
+        # the write. All stages advance together (``move``) unless the write waits.
+        head = data.View(qa_layout, qa.r_data)
+        head_acc = data.View(qacc_layout, qacc.r_data)
+        tag = data.View(tag_layout, Mux(qa.r_rdy, head.tag.as_value(), head_acc.tag.as_value()))
+        s6_valid = Signal()
+        move = ~s6_valid | self.wr.ready
+        is_add = op == VectorOp.ADD
+        take = move & (qa.r_rdy | qacc.r_rdy) & (~is_add | qb.r_rdy)
+        m.d.comb += [qa.r_en.eq(take & qa.r_rdy), qacc.r_en.eq(take & ~qa.r_rdy),
+                     qb.r_en.eq(take & is_add)]
+
+        # Per-command constants of the arithmetic path.
+        req, add = op == VectorOp.REQ, is_add
+        coef_a = Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))
+        coef_b = Mux(add, regs[CfgField.ADD_MUL_B], 0)
+        qshift = Mux(req | add, regs[CfgField.QSHIFT], 0)
+        zp = Mux(req | add, regs[CfgField.QZP], 0)
+        lo = Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])
+        hi = Mux(op == VectorOp.MAX, 127, regs[CfgField.CLIP_HI])
+        # (1 << (s-1)) - 1: with bit s of the value added, the floor shift rounds
+        # half to even.
+        half_m1 = Signal(63)
+        m.d.comb += half_m1.eq(Mux(qshift == 0, 0, (Const(1, 64) << (qshift - 1)[:6]) - 1))
+
+        # S1
+        s1_valid, s1_row, s1_am, s1_final = Signal(), Signal(), Signal(), Signal()
+        s1_addr = Signal(accb)
+        # Lanes below ``cols`` also carry accumulator words; the others only bytes.
+        opa = [Signal(signed(32 if j < C else 9), name=f"s1_opa{j}") for j in range(W)]
+        opb = [Signal(signed(9), name=f"s1_opb{j}") for j in range(W)]
+        bias_buf = Signal(C * 32)
+        a_bytes = [head.data[8 * j: 8 * j + 8].as_signed() for j in range(W)]
+        b_bytes = [qb.r_data[8 * j: 8 * j + 8].as_signed() for j in range(W)]
+        acc_words = [head_acc.data[32 * j: 32 * j + 32].as_signed() for j in range(C)]
+        bias_words = [bias_buf[32 * j: 32 * j + 32].as_signed() for j in range(C)]
+
+        with m.If(move):
+            m.d.sync += [
+                s1_valid.eq(take & (
+                    req | add | (op == VectorOp.CLIP) | ((op == VectorOp.MAX) & tag.last))),
+                s1_row.eq(take & (op == VectorOp.BIAS) & tag.row),
+                s1_am.eq(take & (op == VectorOp.ARGMAX)),
+                s1_final.eq(tag.final),
+                s1_addr.eq(tag.addr),
+            ]
+        with m.If(take):
+            for j in range(W):
+                with m.Switch(op):
+                    with m.Case(VectorOp.REQ):
+                        if j < C:
+                            m.d.sync += opa[j].eq(acc_words[j])
+                    with m.Case(VectorOp.BIAS):
+                        if j < C:
+                            m.d.sync += opa[j].eq(acc_words[j] + bias_words[j])
+                    with m.Case(VectorOp.ADD):
+                        m.d.sync += [opa[j].eq(a_bytes[j] - regs[CfgField.ADD_ZP_A]),
+                                     opb[j].eq(b_bytes[j] - regs[CfgField.ADD_ZP_B])]
+                    with m.Case(VectorOp.CLIP):
+                        m.d.sync += opa[j].eq(a_bytes[j])
+                    with m.Case(VectorOp.MAX):
+                        keep = ~tag.first & (opa[j] > a_bytes[j])
+                        m.d.sync += opa[j].eq(Mux(keep, opa[j], a_bytes[j]))
+                with m.If(~add):
+                    m.d.sync += opb[j].eq(0)
+            # The bias words arrive W bytes at a time, chunk k holding bytes kW..kW+W-1.
+            with m.If((op == VectorOp.BIAS) & ~tag.row):
+                for kk in range(-(-4 * C // W)):
+                    with m.If(tag.k == kk):
+                        for j in range(W):
+                            byte = kk * W + j
+                            if byte < 4 * C:
+                                m.d.sync += bias_buf[8 * byte: 8 * byte + 8].eq(
+                                    head.data[8 * j: 8 * j + 8])
+
+        # BIAS writes the row back from S1 (the accumulator port never waits).
+        m.d.comb += [
+            self.acc.wen.eq(s1_row),
+            self.acc.waddr.eq(s1_addr),
+            self.acc.wdata.eq(Cat(opa[j][:32] for j in range(C))),
+            self.acc.wmask.eq(Cat(cmd.n > j for j in range(C))),
+        ]
+
+        # ARGMAX: reduce the chunk (first lane wins ties) in S1, merge in S2.
+        am_val = Signal(signed(8))
+        am_idx = Signal(N_BITS)
+        am_first = Signal()
+        best_val = Signal(signed(8))
+        best_idx = Signal(N_BITS)
+        cands = [(tag.rem > j, a_bytes[j], Const(j, shift_w or 1)) for j in range(W)]
+        while len(cands) > 1:
+            merged = []
+            for (lv, lval, lidx), (rv, rval, ridx) in zip(cands[0::2], cands[1::2],
+                                                          strict=True):
+                right = rv & (~lv | (rval > lval))
+                merged.append((lv | rv, Mux(right, rval, lval), Mux(right, ridx, lidx)))
+            cands = merged
+        with m.If(move & take):
+            m.d.sync += [am_val.eq(cands[0][1]), am_idx.eq((tag.k << shift_w) | cands[0][2]),
+                         am_first.eq(tag.k == 0)]
+        new_better = am_first | (am_val > best_val)
+        new_val = Mux(new_better, am_val, best_val)
+        new_idx = Mux(new_better, am_idx, best_idx)
+        with m.If(s1_am & move):
+            m.d.sync += [best_val.eq(new_val), best_idx.eq(new_idx)]
+            with m.If(s1_final):
+                m.d.comb += complete.eq(1)
+                m.d.sync += [self.result.eq(new_idx), self.result_valid.eq(1)]
+        with m.If(s1_row & s1_final):
+            m.d.comb += complete.eq(1)
+
+        # S2: products.
+        s2_valid = Signal()
+        pa = [Signal(signed(64 if j < C else 41), name=f"s2_pa{j}") for j in range(W)]
+        pb = [Signal(signed(41), name=f"s2_pb{j}") for j in range(W)]
+        # S3: sums. S4: plus rounding constant. S5: shifted and saturated.
+        s3_valid, s4_valid, s5_valid = Signal(), Signal(), Signal()
+        v = [Signal(signed(65 if j < C else 42), name=f"s3_v{j}") for j in range(W)]
+        r = [Signal(signed(66), name=f"s4_r{j}") for j in range(W)]
+        y = [Signal(signed(10), name=f"s5_y{j}") for j in range(W)]
+        out = [Signal(8, name=f"s6_out{j}") for j in range(W)]
+        with m.If(move):
+            m.d.sync += [s2_valid.eq(s1_valid), s3_valid.eq(s2_valid),
+                         s4_valid.eq(s3_valid), s5_valid.eq(s4_valid), s6_valid.eq(s5_valid)]
+            for j in range(W):
+                lsb = (v[j] >> qshift)[0]
+                shifted = r[j] >> qshift
+                z = y[j] + zp
+                zl = Mux(z < lo, lo, z)
+                m.d.sync += [
+                    pa[j].eq(opa[j] * coef_a),
+                    pb[j].eq(opb[j] * coef_b),
+                    v[j].eq(pa[j] + pb[j]),
+                    r[j].eq(v[j] + Mux(qshift == 0, 0, half_m1 + lsb)),
+                    y[j].eq(Mux(shifted > 511, 511, Mux(shifted < -512, -512, shifted))),
+                    out[j].eq(Mux(zl > hi, hi, zl)),
+                ]
+
+        # ---- writer -------------------------------------------------------------------------
+        m.d.comb += [
+            self.wr.valid.eq(s6_valid),
+            self.wr.we.eq(1),
+            self.wr.addr.eq(ww.addr),
+            self.wr.wdata.eq(Cat(out)),
+            self.wr.wstrb.eq(Cat(ww.rem > j for j in range(W))),
+        ]
+        with m.If(self.wr.valid & self.wr.ready):
+            ww.advance(m)
+            with m.If(ww.final):
+                m.d.comb += complete.eq(1)
+
+        m.d.comb += self.stall.eq(busy & (
+            (self.rd_a.valid & ~self.rd_a.ready) | (self.rd_b.valid & ~self.rd_b.ready)
+            | (self.wr.valid & ~self.wr.ready)))
+        return m
