@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) -m host.demo
