@@ -12,27 +12,13 @@ same harness and checks as ``tests/test_array.py`` (results against numpy).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from firmware.config import CONFIGS
-from verif.sim import REPO_ROOT, run_cocotb, sim_build_dir, to_verilog
-
-TESTBENCH = REPO_ROOT / "tests" / "cocotb_array.py"
-
-
-def _testbench():
-    """Import the shared testbench module (harness, programs) from tests/."""
-    module = sys.modules.get("cocotb_array")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("cocotb_array", TESTBENCH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["cocotb_array"] = module
-        spec.loader.exec_module(module)
-    return module
+from verif import array_tb as tb
+from verif.sim import run_cocotb, sim_build_dir, to_verilog
 
 
 def run(tiles: int = 16, grant: str = "always") -> dict:
@@ -44,7 +30,7 @@ def run(tiles: int = 16, grant: str = "always") -> dict:
         Number of (wload; gemm m=256) pairs.
     grant : str
         Scratchpad grant pattern: ``"always"`` (the figure of merit), ``"random"``
-        or ``"bursty"`` (see ``tests/cocotb_array.grants``).
+        or ``"bursty"`` (see ``verif.array_tb.grants``).
 
     Returns
     -------
@@ -55,13 +41,12 @@ def run(tiles: int = 16, grant: str = "always") -> dict:
     """
     if tiles < 1:
         raise ValueError(f"tiles must be >= 1, not {tiles!r}")
-    tb = _testbench()
     config = CONFIGS["default"]
     build = sim_build_dir(tb.TOPLEVEL)
     src = to_verilog(tb.ArrayHarness(config), tb.TOPLEVEL, build / f"{tb.TOPLEVEL}.v")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        run_cocotb(tb.TOPLEVEL, [src], TESTBENCH, build, testcase="stream_utilization",
+        run_cocotb(tb.TOPLEVEL, [src], "verif.array_tb", build, testcase="stream_utilization",
                    extra_env={"ARRAY_BENCH_OUT": str(out), "ARRAY_BENCH_TILES": str(tiles),
                               "ARRAY_BENCH_GRANT": grant},
                    test_dir=Path(tmp))

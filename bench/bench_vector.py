@@ -17,40 +17,14 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from amaranth.hdl import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.sim import Simulator
 
 from firmware.config import CONFIGS, NPUConfig
 from firmware.isa import CfgField
-from hdl.accumulator import Accumulator
-from hdl.ports import VectorOp, command_stream, sp_window_signature, vector_command_layout
-from hdl.vector import VectorUnit
+from hdl.ports import VectorOp, vector_command_layout
+from verif.vector_tb import VectorHarness
 
 __all__ = ["run", "measure"]
-
-
-class _Top(wiring.Component):
-    def __init__(self, config: NPUConfig):
-        self.config = config
-        window = sp_window_signature(config)
-        super().__init__({
-            "cmd": In(command_stream(vector_command_layout(config))),
-            "rd_a": Out(window), "rd_b": Out(window), "wr": Out(window),
-            "done": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.unit = unit = VectorUnit(self.config)
-        m.submodules.accbuf = accbuf = Accumulator(self.config)
-        connect(m, flipped(self.cmd), unit.cmd)
-        for port in ("rd_a", "rd_b", "wr"):
-            connect(m, getattr(unit, port), flipped(getattr(self, port)))
-        connect(m, unit.acc, accbuf.vector)
-        m.d.comb += [accbuf.sel.eq(1), self.done.eq(unit.done)]
-        return m
 
 
 def _workload(config: NPUConfig) -> list[tuple[str, list[dict], int]]:
@@ -82,7 +56,7 @@ def _workload(config: NPUConfig) -> list[tuple[str, list[dict], int]]:
 def measure(config: NPUConfig, cmds: list[dict], grant: float = 1.0, seed: int = 0,
             banked: bool = False) -> int:
     """Cycles from acceptance to ``done`` of the last of ``cmds``."""
-    top = _Top(config)
+    top = VectorHarness(config)
     layout = vector_command_layout(config)
     W = config.bus_bytes
     mem = np.random.default_rng(seed).integers(0, 256, config.sp_bytes + W, dtype=np.uint8)
@@ -93,6 +67,7 @@ def measure(config: NPUConfig, cmds: list[dict], grant: float = 1.0, seed: int =
         return int.from_bytes(mem[addr: addr + W].tobytes(), "little")
 
     async def bench(ctx):
+        ctx.set(top.acc_sel, 1)  # the vector unit owns the accumulator
         responses = {}
         issued = dones = cycle = 0
         start = None

@@ -4,7 +4,7 @@ Broad random runs use Amaranth's simulator on both configurations; one random ru
 goes through Verilator + cocotb on the default configuration. Every run has a
 scratchpad model that refuses requests at random, the real accumulator, and checks
 the results, the ``macs`` counts, the done pulses and ``idle``/``busy``/``stall``
-(see ``cocotb_array.check_trace``).
+(see ``verif.array_tb.check_trace``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ import numpy as np
 import pytest
 from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
-from cocotb_array import (
+
+from firmware.config import CONFIGS, NPUConfig
+from hdl.array import GemmEngine, ProcessingElement
+from hdl.ports import ArrayOp
+from verif.array_tb import (
     TOPLEVEL,
     ArrayHarness,
     Command,
@@ -33,13 +37,9 @@ from cocotb_array import (
     unpack_row,
     window,
 )
-
-from firmware.config import CONFIGS, NPUConfig
-from hdl.array import GemmEngine, ProcessingElement
-from hdl.ports import ArrayOp
 from verif.sim import run_cocotb, sim_build_dir, to_verilog
 
-COCOTB_MODULE = Path(__file__).with_name("cocotb_array.py")
+COCOTB_MODULE = "verif.array_tb"
 
 
 def simulate(config: NPUConfig, prog: list[Command], sp: np.ndarray, rng: random.Random,

@@ -4,23 +4,28 @@ Broad random tests run in Amaranth's simulator on both configurations: every
 operation with random shapes, strides, configuration values (ties, saturation,
 shift 0 and 63, negative zero points) and data, behind scratchpad ports that
 refuse requests at random and the real accumulator. One random command sequence
-also runs under Verilator + cocotb. The bench itself lives in ``cocotb_vector``.
+also runs under Verilator + cocotb. The bench itself lives in ``verif.vector_tb``.
 """
 
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module
-from amaranth.lib import data, wiring
-from amaranth.lib.wiring import In, Out, connect, flipped
+from amaranth.lib import data
 from amaranth.sim import Simulator
-from cocotb_vector import (
+
+from firmware.config import CONFIGS, NPUConfig
+from firmware.isa import CFG_RANGE, CFG_RESET, CfgField
+from hdl.ports import (
+    VectorOp,
+)
+from verif.sim import run_cocotb, sim_build_dir, to_verilog
+from verif.vector_tb import (
     ACC_WINDOW,
     Stimulus,
+    VectorHarness,
     cfg_cmd,
     check,
     command,
@@ -32,59 +37,11 @@ from cocotb_vector import (
     run_commands,
 )
 
-from firmware.config import CONFIGS, NPUConfig
-from firmware.isa import CFG_RANGE, CFG_RESET, CfgField
-from hdl.accumulator import Accumulator
-from hdl.ports import (
-    VectorOp,
-    acc_port_signature,
-    command_stream,
-    sp_window_signature,
-    vector_command_layout,
-)
-from hdl.vector import VectorUnit
-from verif.sim import run_cocotb, sim_build_dir, to_verilog
-
-COCOTB_MODULE = Path(__file__).with_name("cocotb_vector.py")
-
-
-class VectorHarness(wiring.Component):
-    """The vector unit on the real accumulator, with the accumulator's GEMM-side port
-    (``acc_bd``, selected by ``acc_sel`` = 0) as the bench's backdoor."""
-
-    def __init__(self, config: NPUConfig):
-        self.config = config
-        window = sp_window_signature(config)
-        super().__init__({
-            "cmd": In(command_stream(vector_command_layout(config))),
-            "run_start": In(1),
-            "rd_a": Out(window), "rd_b": Out(window), "wr": Out(window),
-            "result": Out(32), "result_valid": Out(1), "done": Out(1),
-            "idle": Out(1), "busy": Out(1), "stall": Out(1), "gemm_stride": Out(20),
-            "acc_sel": In(1),
-            "acc_bd": In(acc_port_signature(config)),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.unit = unit = VectorUnit(self.config)
-        m.submodules.accbuf = accbuf = Accumulator(self.config)
-        connect(m, flipped(self.cmd), unit.cmd)
-        for port in ("rd_a", "rd_b", "wr"):
-            connect(m, getattr(unit, port), flipped(getattr(self, port)))
-        connect(m, unit.acc, accbuf.vector)
-        connect(m, flipped(self.acc_bd), accbuf.array)
-        m.d.comb += [
-            unit.run_start.eq(self.run_start), accbuf.sel.eq(self.acc_sel),
-            self.result.eq(unit.result), self.result_valid.eq(unit.result_valid),
-            self.done.eq(unit.done), self.idle.eq(unit.idle), self.busy.eq(unit.busy),
-            self.stall.eq(unit.stall), self.gemm_stride.eq(unit.gemm_stride),
-        ]
-        return m
+COCOTB_MODULE = "verif.vector_tb"
 
 
 class AmaranthIo:
-    """``io`` for :func:`cocotb_vector.run_commands` on an Amaranth testbench context."""
+    """``io`` for :func:`verif.vector_tb.run_commands` on an Amaranth testbench context."""
 
     def __init__(self, ctx, dut):
         self.ctx = ctx

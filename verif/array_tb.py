@@ -1,6 +1,6 @@
 """GEMM engine testbench pieces shared by both simulators, and its cocotb side.
 
-Not collected by pytest (the name does not start with ``test_``). The plain-Python
+In the verif package (pytest does not collect it). The plain-Python
 parts (harness, command generator, numpy reference, trace checker) are used by
 ``tests/test_array.py`` under Amaranth's simulator and by ``bench/bench_array.py``;
 the ``@cocotb.test`` functions run inside Verilator on the :class:`ArrayHarness`

@@ -1,11 +1,11 @@
 """Vector-unit test bench shared by Amaranth's simulator and Verilator/cocotb.
 
-``tests/test_vector.py`` imports the stimulus, the scratchpad model, the
-golden-model reference and the simulator-independent driver from here; under
-Verilator this module is also the cocotb test module (run by
-``test_vector.py::test_random_sequence_verilator``; not collected by pytest).
+``tests/test_vector.py`` imports the harness, the stimulus, the scratchpad model,
+the golden-model reference and the simulator-independent driver from here, and
+``bench/bench_vector.py`` the harness; under Verilator this module is also the
+cocotb test module (run by ``test_vector.py::test_random_sequence_verilator``).
 
-The design under test is ``VectorHarness`` (defined in ``test_vector.py``): the
+The design under test is :class:`VectorHarness`: the
 :class:`hdl.vector.VectorUnit` joined to the real :class:`hdl.accumulator.Accumulator`,
 whose GEMM-side port (``acc_sel`` = 0) is the bench's backdoor to the accumulator.
 Commands are generated in their resolved form (absolute addresses, as the
@@ -21,11 +21,22 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
 
 from firmware.config import CONFIGS, NPUConfig
 from firmware.golden import Machine
 from firmware.isa import CFG_RANGE, CFG_RESET, CfgField, make
-from hdl.ports import VectorOp, vector_command_layout
+from hdl.accumulator import Accumulator
+from hdl.ports import (
+    VectorOp,
+    acc_port_signature,
+    command_stream,
+    sp_window_signature,
+    vector_command_layout,
+)
+from hdl.vector import VectorUnit
 
 PORTS = ("rd_a", "rd_b", "wr")
 ARGMAX_REGS = tuple(range(5, 16))  # r5..r15 receive argmax results in the golden program
@@ -33,6 +44,41 @@ ACC_WINDOW = 48  # tests use accumulator rows below this (cheap backdoor read-ba
 
 
 # ---- commands ---------------------------------------------------------------------------
+
+
+class VectorHarness(wiring.Component):
+    """The vector unit on the real accumulator, with the accumulator's GEMM-side port
+    (``acc_bd``, selected by ``acc_sel`` = 0) as the bench's backdoor."""
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        window = sp_window_signature(config)
+        super().__init__({
+            "cmd": In(command_stream(vector_command_layout(config))),
+            "run_start": In(1),
+            "rd_a": Out(window), "rd_b": Out(window), "wr": Out(window),
+            "result": Out(32), "result_valid": Out(1), "done": Out(1),
+            "idle": Out(1), "busy": Out(1), "stall": Out(1), "gemm_stride": Out(20),
+            "acc_sel": In(1),
+            "acc_bd": In(acc_port_signature(config)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.unit = unit = VectorUnit(self.config)
+        m.submodules.accbuf = accbuf = Accumulator(self.config)
+        connect(m, flipped(self.cmd), unit.cmd)
+        for port in ("rd_a", "rd_b", "wr"):
+            connect(m, getattr(unit, port), flipped(getattr(self, port)))
+        connect(m, unit.acc, accbuf.vector)
+        connect(m, flipped(self.acc_bd), accbuf.array)
+        m.d.comb += [
+            unit.run_start.eq(self.run_start), accbuf.sel.eq(self.acc_sel),
+            self.result.eq(unit.result), self.result_valid.eq(unit.result_valid),
+            self.done.eq(unit.done), self.idle.eq(unit.idle), self.busy.eq(unit.busy),
+            self.stall.eq(unit.stall), self.gemm_stride.eq(unit.gemm_stride),
+        ]
+        return m
 
 
 def command(op: VectorOp, **fields) -> dict:
