@@ -1,8 +1,9 @@
-"""``make bench-datapath``: datapath figures measured in RTL simulation (Verilator).
+"""``make bench-datapath``: datapath figures measured in RTL simulation.
 
-* array MAC utilization streaming a long tile sequence with weight double-buffering,
-* vector-unit elements per cycle,
-* DMA bytes per cycle against the bus width, with and without backpressure.
+* array MAC utilization streaming a long tile sequence with weight double-buffering
+  (Verilator),
+* vector-unit elements per cycle (Amaranth's simulator),
+* DMA bytes per cycle against the bus width, with and without backpressure (Verilator).
 """
 
 from __future__ import annotations

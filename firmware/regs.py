@@ -182,6 +182,43 @@ def addresses(config: NPUConfig | None = None) -> dict[str, int]:
     return {r.name: r.addr for r in registers(config)}
 
 
+def field_mask(register: str, field: str) -> int:
+    """Mask of ``field`` in ``register`` (e.g. ``field_mask("STATUS", "busy")``).
+
+    Host code takes bit positions from here, never from hand-copied constants.
+    """
+    for f in _fields(register):
+        if f.name == field:
+            return ((1 << f.bits) - 1) << f.lo
+    raise KeyError(f"{register} has no field {field!r}")
+
+
+def _fields(register: str) -> tuple[BitField, ...]:
+    for r in registers():
+        if r.name == register:
+            return r.fields
+    raise KeyError(f"no register {register!r}")
+
+
+def pack_fields(register: str, **values: int) -> int:
+    """The register value with the named fields set (others zero)."""
+    fields = {f.name: f for f in _fields(register)}
+    word = 0
+    for name, v in values.items():
+        if name not in fields:
+            raise KeyError(f"{register} has no field {name!r}")
+        f = fields[name]
+        if not 0 <= v < 1 << f.bits:
+            raise ValueError(f"{register}.{name} = {v} does not fit {f.bits} bits")
+        word |= v << f.lo
+    return word
+
+
+def unpack_fields(register: str, value: int) -> dict[str, int]:
+    """Every field of ``register`` read out of ``value``."""
+    return {f.name: (value >> f.lo) & ((1 << f.bits) - 1) for f in _fields(register)}
+
+
 def caps_to_config(values: dict[str, int]) -> NPUConfig:
     """Rebuild the NPUConfig from CAPS_* register values read off a device."""
     kwargs = {f.name: values[f"CAPS_{f.name.upper()}"] for f in dataclasses.fields(NPUConfig)}

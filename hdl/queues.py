@@ -75,10 +75,41 @@ def compute_entry_layout(config: NPUConfig) -> data.StructLayout:
     })
 
 
-def _fifo(m, name, layout, depth):
-    f = fifo.SyncFIFOBuffered(width=data.Layout.cast(layout).size, depth=depth)
-    m.submodules[name] = f
-    return f
+def _entry_fifo(m, entry, layout, depth):
+    """The queue's entry FIFO, filled from the dispatch stream ``entry``.
+
+    Returns the FIFO and a view of its head entry.
+    """
+    q = fifo.SyncFIFOBuffered(width=data.Layout.cast(layout).size, depth=depth)
+    m.submodules.fifo = q
+    m.d.comb += [q.w_data.eq(entry.payload), q.w_en.eq(entry.valid), entry.ready.eq(q.w_rdy)]
+    return q, data.View(layout, q.r_data)
+
+
+def _dma_queue_front(m, q, head, cur, flush, pops, tokens, take, first_state):
+    """IDLE state of a DMA queue: drop the head when flushing, otherwise take it into
+    ``cur`` once its pop (if any) has a token, and go to ``first_state``."""
+    with m.State("IDLE"):
+        with m.If(q.r_rdy & flush):
+            m.d.comb += q.r_en.eq(1)
+        with m.Elif(q.r_rdy & (~pops | tokens.available)):
+            m.d.comb += [q.r_en.eq(1), take.eq(pops)]
+            m.d.sync += cur.eq(head)
+            m.next = first_state
+
+
+def _dma_issue_and_wait(m, busy, dma_cmd, dma_done, on_done):
+    """ISSUE and WAIT states of a DMA queue: hand the command to the DMA, wait for
+    its completion, run ``on_done()`` (comb statements) in that cycle, go IDLE."""
+    with m.State("ISSUE"):
+        m.d.comb += [busy.eq(1), dma_cmd.valid.eq(1)]
+        with m.If(dma_cmd.ready):
+            m.next = "WAIT"
+    with m.State("WAIT"):
+        m.d.comb += busy.eq(1)
+        with m.If(dma_done.valid):
+            on_done()
+            m.next = "IDLE"
 
 
 class _TokenCounter:
@@ -145,21 +176,16 @@ class LoadQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         layout = load_entry_layout(self.config)
-        q = _fifo(m, "fifo", layout, self.config.queue_depth)
-        m.d.comb += [
-            q.w_data.eq(self.entry.payload), q.w_en.eq(self.entry.valid),
-            self.entry.ready.eq(q.w_rdy),
-        ]
-        head = data.View(layout, q.r_data)
+        q, head = _entry_fifo(m, self.entry, layout, self.config.queue_depth)
         cur = Signal(layout)
         pops = head.tokens & Token.POP_NEXT != 0
         take = Signal()
         tokens = _TokenCounter(m, "c2l", self.tok_in, take, self.run_start)
 
         cmd = cur.cmd
-        _drive_key(m, self.tag_key, cmd)
-        _drive_key(m, self.tag_set_key, cmd)
         m.d.comb += [
+            # The tag key has the DMA command's fields in its order (hdl.tags).
+            self.tag_key.eq(cmd.as_value()), self.tag_set_key.eq(cmd.as_value()),
             self.tag_slot.eq(cur.slot),
             self.tag_set_slot.eq(cur.slot),
             self.tag_inv_slot.eq(cur.slot),
@@ -169,14 +195,18 @@ class LoadQueue(wiring.Component):
         ]
         push = cur.tokens & Token.PUSH_NEXT != 0
 
+        def done():
+            err = self.dma_done.payload.error
+            m.d.comb += [
+                self.read_error.eq(err),
+                self.tag_set_en.eq(~err & (cur.slot != 0)),
+                self.miss.eq(~err & (cur.slot != 0)),
+                # Push even after an error, so the other queues drain.
+                self.tok_out.eq(push),
+            ]
+
         with m.FSM():
-            with m.State("IDLE"):
-                with m.If(q.r_rdy & self.flush):
-                    m.d.comb += q.r_en.eq(1)
-                with m.Elif(q.r_rdy & (~pops | tokens.available)):
-                    m.d.comb += [q.r_en.eq(1), take.eq(pops)]
-                    m.d.sync += cur.eq(head)
-                    m.next = "CHECK"
+            _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "CHECK")
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
                 with m.If((cur.slot != 0) & self.tag_hit):
@@ -185,32 +215,9 @@ class LoadQueue(wiring.Component):
                 with m.Else():
                     m.d.comb += self.tag_inv_en.eq(cur.slot != 0)
                     m.next = "ISSUE"
-            with m.State("ISSUE"):
-                m.d.comb += [self.busy.eq(1), self.dma_cmd.valid.eq(1)]
-                with m.If(self.dma_cmd.ready):
-                    m.next = "WAIT"
-            with m.State("WAIT"):
-                m.d.comb += self.busy.eq(1)
-                with m.If(self.dma_done.valid):
-                    err = self.dma_done.payload.error
-                    m.d.comb += [
-                        self.read_error.eq(err),
-                        self.tag_set_en.eq(~err & (cur.slot != 0)),
-                        self.miss.eq(~err & (cur.slot != 0)),
-                        # Push even after an error, so the other queues drain.
-                        self.tok_out.eq(push),
-                    ]
-                    m.next = "IDLE"
+            _dma_issue_and_wait(m, self.busy, self.dma_cmd, self.dma_done, done)
         m.d.comb += self.idle.eq(~q.r_rdy & ~self.busy)
         return m
-
-
-def _drive_key(m, key, cmd):
-    """Drive ``key`` (the tag store's key layout) from a DMA command."""
-    fields = {"dram": cmd.dram, "rows": cmd.rows, "nbytes": cmd.nbytes,
-              "stride": cmd.stride, "sp": cmd.sp, "base": cmd.sp}
-    for name, _ in data.Layout.cast(key.shape()):
-        m.d.comb += key[name].eq(fields[name])
 
 
 class StoreQueue(wiring.Component):
@@ -240,12 +247,7 @@ class StoreQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         layout = store_entry_layout(self.config)
-        q = _fifo(m, "fifo", layout, self.config.queue_depth)
-        m.d.comb += [
-            q.w_data.eq(self.entry.payload), q.w_en.eq(self.entry.valid),
-            self.entry.ready.eq(q.w_rdy),
-        ]
-        head = data.View(layout, q.r_data)
+        q, head = _entry_fifo(m, self.entry, layout, self.config.queue_depth)
         cur = Signal(layout)
         pops = head.tokens & Token.POP_PREV != 0
         take = Signal()
@@ -255,26 +257,15 @@ class StoreQueue(wiring.Component):
             self.dma_cmd.payload.eq(cur.cmd),
             self.error_pc.eq(cur.pc), self.error_addr.eq(self.dma_done.payload.addr),
         ]
+        def done():
+            m.d.comb += [
+                self.write_error.eq(self.dma_done.payload.error),
+                self.tok_out.eq(push),  # also after an error, so the other queues drain
+            ]
+
         with m.FSM():
-            with m.State("IDLE"):
-                with m.If(q.r_rdy & self.flush):
-                    m.d.comb += q.r_en.eq(1)
-                with m.Elif(q.r_rdy & (~pops | tokens.available)):
-                    m.d.comb += [q.r_en.eq(1), take.eq(pops)]
-                    m.d.sync += cur.eq(head)
-                    m.next = "ISSUE"
-            with m.State("ISSUE"):
-                m.d.comb += [self.busy.eq(1), self.dma_cmd.valid.eq(1)]
-                with m.If(self.dma_cmd.ready):
-                    m.next = "WAIT"
-            with m.State("WAIT"):
-                m.d.comb += self.busy.eq(1)
-                with m.If(self.dma_done.valid):
-                    m.d.comb += [
-                        self.write_error.eq(self.dma_done.payload.error),
-                        self.tok_out.eq(push),
-                    ]
-                    m.next = "IDLE"
+            _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "ISSUE")
+            _dma_issue_and_wait(m, self.busy, self.dma_cmd, self.dma_done, done)
         m.d.comb += self.idle.eq(~q.r_rdy & ~self.busy)
         return m
 
@@ -332,12 +323,7 @@ class ComputeQueue(wiring.Component):
         m = Module()
         cfg = self.config
         layout = compute_entry_layout(cfg)
-        q = _fifo(m, "fifo", layout, cfg.queue_depth)
-        m.d.comb += [
-            q.w_data.eq(self.entry.payload), q.w_en.eq(self.entry.valid),
-            self.entry.ready.eq(q.w_rdy),
-        ]
-        head = data.View(layout, q.r_data)
+        q, head = _entry_fifo(m, self.entry, layout, cfg.queue_depth)
 
         # In-flight instructions, in program order: (kind, push flags).
         inflight_layout = data.StructLayout({"kind": _Kind, "push_prev": 1, "push_next": 1})

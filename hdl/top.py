@@ -10,8 +10,9 @@ Run and swap protocol
   ends (back-to-back runs, nothing lost or doubled).
 * SWAP marks a swap pending. It lands at the next run boundary: immediately when
   idle, otherwise in the cycle the running program finishes, before a remembered
-  START begins. A run therefore executes entirely on one bank (never torn), and a
-  swap adds no cycle between runs. The partition tables belong to the banks and
+  START begins. A run therefore executes entirely on one bank (never torn), and by
+  construction a swap adds no cycle between runs (the swap-stall figure of
+  ``make bench-npu`` is not measured yet). The partition tables belong to the banks and
   swap with them. The old bank stays intact: rollback is one more swap.
 * The host writes instructions, partition tables and bank versions only into the
   shadow bank; the CSR block refuses and flags writes aimed at the active bank.

@@ -218,14 +218,21 @@ class GraphBuilder:
         weight = np.asarray(weight)
         zx = self._q(x).zero_point if self.tensor(x).quant else 0
         b = fold_bias(bias, zx, weight.astype(np.int64).sum(axis=-2))
-        quant = None
+        requant, quant = self._output_requant(x, w_scale, out_scale, out_zp, relu, clip,
+                                              requant)
+        return self._emit(QGemm("", [x], [], weight=weight, bias=b, requant=requant,
+                                device=device), "gemm", quant)[0]
+
+    def _output_requant(self, x, w_scale, out_scale, out_zp, relu, clip, requant):
+        """The requantization of a GEMM/conv output and the output's quantization:
+        derived from ``out_scale`` unless an explicit ``requant`` is given."""
         if requant is None and out_scale is not None:
             requant = requant_for(self._q(x).scale * w_scale / out_scale, out_zp, relu, clip,
                                   out_scale)
-        if requant is not None:
-            quant = QParams(out_scale, requant.zp) if out_scale else None
-        return self._emit(QGemm("", [x], [], weight=weight, bias=b, requant=requant,
-                                device=device), "gemm", quant)[0]
+        quant = None
+        if requant is not None and out_scale:
+            quant = QParams(out_scale, requant.zp)
+        return requant, quant
 
     def qconv(self, x: str, weight, bias=None, *, strides=(1, 1), pads=(0, 0, 0, 0),
               w_scale: float = 1.0, out_scale: float | None = None, out_zp: int = 0,
@@ -235,12 +242,8 @@ class GraphBuilder:
         weight = np.asarray(weight)
         zx = self._q(x).zero_point if self.tensor(x).quant else 0
         b = fold_bias(bias, zx, weight.astype(np.int64).sum(axis=(1, 2, 3)))
-        quant = None
-        if requant is None and out_scale is not None:
-            requant = requant_for(self._q(x).scale * w_scale / out_scale, out_zp, relu, clip,
-                                  out_scale)
-        if requant is not None:
-            quant = QParams(out_scale, requant.zp) if out_scale else None
+        requant, quant = self._output_requant(x, w_scale, out_scale, out_zp, relu, clip,
+                                              requant)
         node = QConv("", [x], [], weight=weight, bias=b, strides=tuple(strides),
                      pads=tuple(pads), pad_value=zx, requant=requant, device=device)
         return self._emit(node, "conv", quant)[0]

@@ -20,7 +20,15 @@ import numpy as np
 from firmware import isa
 from firmware.config import NPUConfig
 from firmware.golden import Machine
-from firmware.regs import HW_VERSION, ID_MAGIC, TRACE_FIELDS, addresses, counter_names
+from firmware.regs import (
+    HW_VERSION,
+    ID_MAGIC,
+    TRACE_FIELDS,
+    addresses,
+    counter_names,
+    pack_fields,
+    unpack_fields,
+)
 
 
 class Device(abc.ABC):
@@ -86,12 +94,13 @@ class GoldenDevice(Device):
         if name == "ID":
             return ID_MAGIC
         if name == "VERSION":
-            return (isa.ISA_VERSION << 16) | HW_VERSION
+            return pack_fields("VERSION", isa=isa.ISA_VERSION, hw=HW_VERSION)
         if name.startswith("CAPS_"):
             return getattr(cfg, name[5:].lower())
         if name == "STATUS":
-            return ((mc.active_bank << 1) | ((self.last_error[0] != 0) << 3)
-                    | (self.refused << 4) | ((mc.counters["trace_overflows"] != 0) << 5))
+            return pack_fields("STATUS", active_bank=mc.active_bank,
+                               error=int(self.last_error[0] != 0), refused=int(self.refused),
+                               trace_overflow=int(mc.counters["trace_overflows"] != 0))
         if name == "ERROR":
             return self.last_error[0]
         if name == "ERROR_PC":
@@ -109,10 +118,10 @@ class GoldenDevice(Device):
         if name.startswith("ARG"):
             return self.args[int(name[3:])]
         if name == "IMEM_ADDR":
-            return self.imem_index | (self.imem_bank << 31)
+            return pack_fields("IMEM_ADDR", index=self.imem_index, bank=self.imem_bank)
         if name == "PT_SELECT":
             bank, s, p = self.pt_sel
-            return p | (s << 8) | (bank << 31)
+            return pack_fields("PT_SELECT", partition=p, set=s, bank=bank)
         if name in ("PT_BASE", "PT_SIZE"):
             bank, s, p = self.pt_sel
             base, size = mc.ptables[bank][s][p]
@@ -148,21 +157,22 @@ class GoldenDevice(Device):
         mc = self.machine
         value &= 0xFFFF_FFFF
         if name == "CTRL":
-            if value & 2:  # swap lands at once: no run is in progress
+            cmd = unpack_fields("CTRL", value)
+            if cmd["swap"]:  # lands at once: no run is in progress
                 mc.swap()
-            if value & 4:
+            if cmd["counter_reset"]:
                 mc.reset_counters()
-            if value & 8:
+            if cmd["tag_invalidate"]:
                 mc.invalidate_tags()
-            if value & 16:
+            if cmd["trace_clear"]:
                 mc.trace.clear()
-            if value & 1:
+            if cmd["start"]:
                 self._run()
         elif name == "IRQ_ENABLE":
-            self.irq_enable = value & 3
+            self.irq_enable = value & pack_fields("IRQ_ENABLE", done=1, error=1)
         elif name == "IRQ_STATUS":
             self.irq_status &= ~value
-            if value & 4:
+            if unpack_fields("IRQ_STATUS", value)["refused"]:
                 self.refused = False
         elif name == "CYCLE_BUDGET":
             self.cycle_budget = value
@@ -174,7 +184,8 @@ class GoldenDevice(Device):
         elif name.startswith("ARG"):
             self.args[int(name[3:])] = value
         elif name == "IMEM_ADDR":
-            self.imem_index, self.imem_bank = value & 0xFFFF, value >> 31
+            f = unpack_fields("IMEM_ADDR", value)
+            self.imem_index, self.imem_bank = f["index"], f["bank"]
         elif name == "IMEM_DATA_LO":
             self.imem_lo = value
         elif name == "IMEM_DATA_HI":
@@ -183,7 +194,8 @@ class GoldenDevice(Device):
                     mc.imem[self.imem_bank][self.imem_index] = (value << 32) | self.imem_lo
                 self.imem_index = (self.imem_index + 1) & 0xFFFF
         elif name == "PT_SELECT":
-            self.pt_sel = (value >> 31, (value >> 8) & 3, value & 7)
+            f = unpack_fields("PT_SELECT", value)
+            self.pt_sel = (f["bank"], f["set"], f["partition"])
         elif name == "PT_BASE":
             self.pt_base = value
         elif name == "PT_SIZE":
@@ -197,14 +209,14 @@ class GoldenDevice(Device):
     def _refuse(self, bank: int) -> bool:
         if bank == self.machine.active_bank:
             self.refused = True
-            self.irq_status |= 4
+            self.irq_status |= pack_fields("IRQ_STATUS", refused=1)
             return True
         return False
 
     def _run(self):
         res = self.machine.run(args=self.args, max_cycles=self.cycle_budget or None)
         self.last_error = (int(res.error), res.pc, res.error_addr)
-        self.irq_status |= 1 | (2 if res.error else 0)
+        self.irq_status |= pack_fields("IRQ_STATUS", done=1, error=int(res.error != 0))
 
     # ---- memory and interrupt --------------------------------------------------------
     def read_mem(self, addr: int, size: int) -> bytes:

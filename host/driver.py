@@ -14,15 +14,32 @@ from firmware import isa
 from firmware.config import NPUConfig
 from firmware.golden import TraceRecord
 from firmware.isa import ErrorCode
-from firmware.regs import ID_MAGIC, TRACE_FIELDS, addresses, caps_to_config, counter_names
+from firmware.regs import (
+    ID_MAGIC,
+    TRACE_FIELDS,
+    addresses,
+    caps_to_config,
+    counter_names,
+    field_mask,
+    pack_fields,
+)
 
 from .device import Device
 
-CTRL_START, CTRL_SWAP, CTRL_COUNTER_RESET, CTRL_TAG_INVALIDATE, CTRL_TRACE_CLEAR = (
-    1, 2, 4, 8, 16)
-STATUS_BUSY, STATUS_BANK, STATUS_SWAP_PENDING, STATUS_ERROR, STATUS_REFUSED = (
-    1, 2, 4, 8, 16)
-IRQ_DONE, IRQ_ERROR, IRQ_REFUSED = 1, 2, 4
+CTRL_START = field_mask("CTRL", "start")
+CTRL_SWAP = field_mask("CTRL", "swap")
+CTRL_COUNTER_RESET = field_mask("CTRL", "counter_reset")
+CTRL_TAG_INVALIDATE = field_mask("CTRL", "tag_invalidate")
+CTRL_TRACE_CLEAR = field_mask("CTRL", "trace_clear")
+STATUS_BUSY = field_mask("STATUS", "busy")
+STATUS_BANK = field_mask("STATUS", "active_bank")
+STATUS_SWAP_PENDING = field_mask("STATUS", "swap_pending")
+STATUS_ERROR = field_mask("STATUS", "error")
+STATUS_REFUSED = field_mask("STATUS", "refused")
+STATUS_TRACE_OVERFLOW = field_mask("STATUS", "trace_overflow")
+IRQ_DONE = field_mask("IRQ_STATUS", "done")
+IRQ_ERROR = field_mask("IRQ_STATUS", "error")
+IRQ_REFUSED = field_mask("IRQ_STATUS", "refused")
 
 
 class DeviceError(RuntimeError):
@@ -67,8 +84,8 @@ class NPUDriver:
         self.config: NPUConfig = caps_to_config(caps)
         self.addr = addresses(self.config)
         self._counters = counter_names(self.config)
-        self.write(
-            "IRQ_ENABLE", IRQ_DONE | IRQ_ERROR)
+        self.write("IRQ_ENABLE", field_mask("IRQ_ENABLE", "done")
+                   | field_mask("IRQ_ENABLE", "error"))
 
     # ---- registers --------------------------------------------------------------------
     def read(self, name: str) -> int:
@@ -82,7 +99,7 @@ class NPUDriver:
 
     @property
     def active_bank(self) -> int:
-        return (self.status() >> 1) & 1
+        return int(bool(self.status() & STATUS_BANK))
 
     @property
     def shadow_bank(self) -> int:
@@ -105,7 +122,7 @@ class NPUDriver:
         if len(words) < depth:
             words = words + [0]
         bank = self.shadow_bank
-        self.write("IMEM_ADDR", (bank << 31))
+        self.write("IMEM_ADDR", pack_fields("IMEM_ADDR", index=0, bank=bank))
         for w in words:
             self.write("IMEM_DATA_LO", w & 0xFFFF_FFFF)
             self.write("IMEM_DATA_HI", w >> 32)
@@ -128,7 +145,7 @@ class NPUDriver:
         bank = self.shadow_bank
         table += [(0, 0)] * (self.config.partitions - len(table))
         for p, (base, size) in enumerate(table):
-            self.write("PT_SELECT", p | (pt_set << 8) | (bank << 31))
+            self.write("PT_SELECT", pack_fields("PT_SELECT", partition=p, set=pt_set, bank=bank))
             self.write("PT_BASE", base)
             self.write("PT_SIZE", size)
         self._check_not_refused("partition table")

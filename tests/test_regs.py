@@ -38,3 +38,16 @@ def test_counters_match_golden_model():
     for name, _ in regs.COUNTERS:
         assert name in golden, name
     assert set(golden) - {n for n, _ in regs.COUNTERS} == {"tag_hits", "tag_misses"}
+
+
+def test_field_helpers_follow_the_map():
+    from firmware.regs import field_mask, pack_fields, unpack_fields
+
+    assert field_mask("STATUS", "busy") == 1 and field_mask("IMEM_ADDR", "bank") == 1 << 31
+    word = pack_fields("PT_SELECT", partition=5, set=1, bank=1)
+    assert word == 5 | (1 << 8) | (1 << 31)
+    assert unpack_fields("PT_SELECT", word) == {"partition": 5, "set": 1, "bank": 1}
+    with pytest.raises(KeyError, match="no field"):
+        field_mask("STATUS", "nope")
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_fields("PT_SELECT", partition=8)

@@ -116,8 +116,8 @@ class _Gen:
         ktiles = self.r(1, 2)
         x_off = self.alloc(0, m * k * ktiles)
         w_off = self.alloc(1, k * n * ktiles)
-        b_off = self.alloc(3 if len(self.partitions) > 3 else 1, 4 * n)
-        bp = 3 if len(self.partitions) > 3 else 1
+        bp = 3 if len(self.partitions) > 3 else 1  # bias partition
+        b_off = self.alloc(bp, 4 * n)
         y_off = self.alloc(2, m * n)
         self.load(0, x_off, self.src_addr(m * k * ktiles), m, k * ktiles)
         self.load(1, w_off, self.src_addr(k * n * ktiles), 1, k * n * ktiles, tag=tag)

@@ -20,13 +20,13 @@ import dataclasses
 import hashlib
 import importlib
 import json
-import os
 import random
 
 from firmware.config import CONFIGS, NPUConfig
 from host.device import Device
 
 DRAM_BYTES = 1 << 20
+CLOCK_NS = 10
 
 
 def config_to_env(config: NPUConfig) -> str:
@@ -79,7 +79,7 @@ class NpuTestbench:
         from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
         self.dut = dut
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
         self.csr = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "csr_"), dut.clk, dut.rst)
         self.ram = AxiRam(AxiBus.from_prefix(dut, "axi_"), dut.clk, dut.rst, size=dram_bytes)
         if backpressure:
@@ -121,7 +121,7 @@ class NpuTestbench:
     async def cycles(self) -> int:
         from cocotb.utils import get_sim_time
 
-        return int(get_sim_time(unit="ns")) // 10
+        return int(get_sim_time(unit="ns")) // CLOCK_NS
 
 
 def scenario_function(spec: str):
@@ -139,13 +139,14 @@ def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 
     ``verif.sim.CocotbTestFailure`` when it fails.
     """
     from hdl.top import NPU
-    from verif.sim import run_cocotb, sim_build_dir, to_verilog
+    from verif.sim import run_cocotb, sim_build_dir, source_digest, to_verilog_cached
 
     if isinstance(config, str):
         config = CONFIGS[config]
     name = _config_name(config)
     build = sim_build_dir(f"npu_{name}")
-    source = to_verilog(NPU(config), "npu", build / "npu.v")
+    key = source_digest("hdl", "firmware") + config_to_env(config)
+    source = to_verilog_cached(lambda: NPU(config), "npu", build / "npu.v", key)
     env = {"NPU_SCENARIO": spec, "NPU_CONFIG": config_to_env(config),
            "NPU_SCENARIO_SEED": str(seed), "NPU_BACKPRESSURE": "1" if backpressure else "0",
            **(extra_env or {})}
@@ -162,4 +163,4 @@ def _config_name(config: NPUConfig) -> str:
 
 def _test_dir(spec: str, seed: int, backpressure: bool) -> str:
     tag = spec.rsplit(":", 1)[-1]
-    return f"run_{tag}_{seed}{'_bp' if backpressure else ''}_{os.getpid()}"
+    return f"run_{tag}_{seed}{'_bp' if backpressure else ''}"

@@ -65,6 +65,7 @@ class Pair:
         return st[1]
 
     def compare(self, what: str, check_dram=True):
+        """Compare everything; return the RTL's region trace (read out for the check)."""
         rtl, gold = self.both()
         assert rtl.regs() == gold.regs(), f"{what}: registers\nRTL {rtl.regs()}\n" \
                                           f"golden {gold.regs()}"
@@ -86,6 +87,7 @@ class Pair:
             diff = np.flatnonzero(dr != dg)
             assert diff.size == 0, f"{what}: DRAM differs at {diff.size} bytes, first " \
                                    f"{diff[0]:#x}: RTL {dr[diff[0]]}, golden {dg[diff[0]]}"
+        return tr
 
 
 def program_jobs(seed: int) -> list[Job]:
@@ -236,7 +238,9 @@ def print_program(device, config, seed):
     status = pair.rtl.run(args)
     wall = device.cycle() - t0
     gold = pair.gold.run(args)
-    regs, counters, trace = pair.rtl.regs(), pair.rtl.counters(), pair.rtl.read_trace()
+    assert status == gold, f"RTL {status} != golden {gold}"
+    regs, counters = pair.rtl.regs(), pair.rtl.counters()
+    trace = pair.compare(path.name)
     print(f"\n== {path} on the Verilator NPU ({config.rows}x{config.cols}) ==")
     print(f"status: {status.error.name} at pc {status.pc}  (golden: {gold.error.name})")
     print("registers: " + " ".join(f"r{i}={v:#x}" for i, v in enumerate(regs) if v))
@@ -246,7 +250,4 @@ def print_program(device, config, seed):
     for r in trace:
         print(f"  region {r.region}: cycles {r.end - r.start}, instrs {r.instructions}, "
               f"MACs {r.macs}, DRAM rd {r.dram_read_bytes} wr {r.dram_write_bytes}")
-    assert status == gold, f"RTL {status} != golden {gold}"
-    pair.gold.read_trace()
-    pair.compare(path.name)
     print("RTL equals the golden model (DRAM, registers, exact counters)")

@@ -50,6 +50,8 @@ __all__ = [
     "ensure_verilator_env",
     "sim_build_dir",
     "to_verilog",
+    "to_verilog_cached",
+    "source_digest",
     "run_cocotb",
 ]
 
@@ -239,6 +241,39 @@ def to_verilog(component, name: str, path: os.PathLike | str, **convert_kwargs) 
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)  # atomic: parallel writers never see half a file
+    return path
+
+
+def source_digest(*packages: str) -> str:
+    """Digest of every ``.py`` file of the given top-level packages of the repository."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for pkg in packages:
+        for path in sorted((REPO_ROOT / pkg).rglob("*.py")):
+            h.update(str(path.relative_to(REPO_ROOT)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def to_verilog_cached(make_component, name: str, path: os.PathLike | str, key: str) -> Path:
+    """:func:`to_verilog` of ``make_component()``, skipped when ``key`` is unchanged.
+
+    Elaborating a large design costs many seconds per process; ``key`` should
+    cover everything the Verilog depends on (e.g. :func:`source_digest` of the
+    packages plus the configuration). The key is stored next to the file.
+    """
+    path = Path(path).resolve()
+    stamp = path.with_name(path.name + ".key")
+    try:
+        if path.is_file() and stamp.read_text() == key:
+            return path
+    except OSError:
+        pass
+    to_verilog(make_component(), name, path)
+    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
+    tmp.write_text(key)
+    os.replace(tmp, stamp)
     return path
 
 
