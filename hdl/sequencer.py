@@ -456,11 +456,12 @@ class Sequencer(wiring.Component):
                 fail(in_loop & (end >= loop_end[top]), ErrorCode.LOOP)
                 fail(loop_sp >= ld, ErrorCode.LOOP)
                 m.d.comb += next_pc.eq(Mux(count == 0, end, pc + 1))
+                push_at = loop_sp[:max(1, ceil_log2(ld))]  # the free stack entry
                 with m.If(fire & (count != 0)):
                     m.d.sync += [
-                        loop_start[loop_sp[:max(1, ceil_log2(ld))]].eq(pc + 1),
-                        loop_end[loop_sp[:max(1, ceil_log2(ld))]].eq(end),
-                        loop_rem[loop_sp[:max(1, ceil_log2(ld))]].eq(count),
+                        loop_start[push_at].eq(pc + 1),
+                        loop_end[push_at].eq(end),
+                        loop_rem[push_at].eq(count),
                         loop_sp.eq(loop_sp + 1),
                     ]
             with case("sync"):
