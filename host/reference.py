@@ -207,3 +207,10 @@ def _run_cpu_op(node: CpuOp, xs: list) -> list[np.ndarray]:
             value = (value.astype(np.int16) - 128).astype(np.int8)
         converted.append(value.astype(DTYPES[dtype]))
     return converted
+
+
+def eval_node(node: Node, inputs: list) -> list[np.ndarray]:
+    """Evaluate one node (not ``If``) on IR-domain input values, as the NPU would."""
+    if isinstance(node, If):
+        raise ValueError("eval_node does not run If nodes (their branches need a scope)")
+    return _eval(node, inputs, ChainMap())

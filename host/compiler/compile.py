@@ -1,0 +1,294 @@
+"""IR graph -> one linked NPU program (see :func:`compile_model`)."""
+
+from __future__ import annotations
+
+from firmware import asm
+from firmware.config import NPUConfig
+
+from ..ir import ArgMax, Equal, Graph, If, Node, QConv, QGemm, Subgraph
+from .emit import SEGMENT, Emitter
+from .layout import Layout
+from .lower import (
+    Lowering,
+    Placement,
+    align,
+    conv_blob,
+    device_layout,
+    gemm_blob,
+    is_alias,
+    scope_tensors,
+)
+from .plan import (
+    CompileError,
+    UnitInfo,
+    check_supported,
+    check_unit_shape,
+    initial_units,
+    simplify,
+    stages,
+)
+from .program import CompiledModel
+
+DRAM_ALIGN = 64  # a bus burst never straddles two tensors
+
+
+def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
+                  simplified: bool = False, weight_budget: int | None = None) -> CompiledModel:
+    """Compile ``graph`` for ``config`` into one program.
+
+    Parameters
+    ----------
+    graph : a validated IR graph (import with :func:`host.onnx_import.load_onnx`).
+    config : the hardware profile (read from the device's CAPS by the driver).
+    units : how to cut the graph: :class:`~host.ir.Subgraph` records or lists of
+        node names of the *simplified* graph (``CompiledModel.graph``); default one
+        unit per anchor operator. The adaptive runtime passes merged units here.
+    simplified : ``graph`` is already simplified (a ``CompiledModel.graph``).
+    weight_budget : bytes of scratchpad for resident weights (default half).
+
+    Raises :class:`~host.compiler.plan.CompileError` (a ``ModelError``) naming the
+    node or unit that does not fit, and ``UnsupportedOpError`` for NPU-placed
+    operators the compiler cannot lower.
+    """
+    log: list[str] = []
+    if not simplified:
+        graph, log = simplify(graph)
+    check_supported(graph)
+    if units is None:
+        units = initial_units(graph)
+    subs = [u if isinstance(u, Subgraph) else Subgraph(i + 1, list(u))
+            for i, u in enumerate(units)]
+    return _Compiler(graph, config, subs, log, weight_budget).run()
+
+
+class _Compiler:
+    def __init__(self, graph, config, subs, log, weight_budget):
+        self.g, self.config, self.subs, self.log = graph, config, subs, log
+        self.weight_budget = config.sp_bytes // 2 if weight_budget is None else weight_budget
+        self.tensors = scope_tensors(graph)
+        self.prod: dict[str, Node] = {}
+        self.scope_of: dict[str, Graph] = {}
+        self._index_scopes(graph)
+        self.top_stage = stages(graph)
+
+    def _index_scopes(self, g: Graph):
+        for n in g.nodes:
+            if n.name in self.scope_of:
+                raise CompileError("node name used in two scopes", n.name)
+            self.scope_of[n.name] = g
+            for o in n.outputs:
+                self.prod[o] = n
+            if isinstance(n, If):
+                self._index_scopes(n.then_graph)
+                self._index_scopes(n.else_graph)
+
+    def root(self, t: str) -> str:
+        p = self.prod.get(t)
+        while p is not None and is_alias(p):
+            t = p.inputs[0]
+            p = self.prod.get(t)
+        return t
+
+    # ---- analysis ----------------------------------------------------------------------
+    def run(self) -> CompiledModel:
+        self.units = self._unit_infos()
+        self._storage()
+        self._layouts: dict[str, Layout] = {}
+        place = self._place()
+        e = Emitter()
+        low = Lowering(self.config, e, place, self.tensors, self.root, self.layout)
+        self.low, self.e, self.emitted = low, e, set()
+        self.done_roots: set[str] = set()
+        npu_stages = sorted({s for s in self.top_stage.values() if s % 2})
+        seg_labels = [f"segment_{k}" for k in range(len(npu_stages))]
+        if len(npu_stages) > 1:
+            e.comment("entry: r3 selects the NPU segment (the host runs CPU nodes between)")
+            for k in range(1, len(npu_stages)):
+                e.op(f"br.eq {SEGMENT}, {e.reg(k)}, {seg_labels[k]}")
+        for k, s in enumerate(npu_stages):
+            e.label(seg_labels[k])
+            e.run_start()
+            self._emit_scope(self.g, lambda n, s=s: self.top_stage[n.name] == s)
+            e.op("end")
+        missing = [u.id for u in self.units if u.id not in self.emitted]
+        if missing:
+            raise CompileError(f"units {missing} are not reachable in program order")
+        source = e.text()
+        try:
+            program = asm.assemble(source)
+        except asm.AsmError as err:  # a compiler bug, never the user's model
+            raise RuntimeError(f"the compiler wrote invalid assembly: {err}") from err
+        if len(program) > self.config.imem_depth:
+            raise CompileError(f"the program has {len(program)} instructions; an instruction "
+                               f"bank holds {self.config.imem_depth}")
+        for u, sub in zip(self.units, self.subs, strict=True):
+            sub.inputs, sub.outputs = list(u.inputs), list(u.outputs)
+        layouts = {r: self.layout(r) for r in place.arena}
+        wb = place.weights_bytes
+        parts = [(0, wb), (wb, self.config.sp_bytes - wb)]
+        return CompiledModel(self.g, self.config, program, source, self.subs, place, layouts,
+                             {t: int(r[1:]) for t, r in e.result_regs.items()},
+                             self.top_stage, parts, self.log)
+
+    def _unit_infos(self) -> list[UnitInfo]:
+        infos, owner = [], {}
+        ids = set()
+        for sub in self.subs:
+            if sub.id in ids or not 0 < sub.id < 1 << 16:
+                raise CompileError(f"unit id {sub.id} is duplicated or outside 1..65535")
+            ids.add(sub.id)
+            if not sub.nodes:
+                raise CompileError(f"unit {sub.id} has no nodes")
+            scope = self.scope_of.get(sub.nodes[0])
+            if scope is None:
+                raise CompileError(f"unit {sub.id}: no node {sub.nodes[0]!r} in the graph")
+            nodes = check_unit_shape(scope, sub.nodes)
+            for n in nodes:
+                if n.name in owner:
+                    raise CompileError(f"node in units {owner[n.name]} and {sub.id}", n.name)
+                owner[n.name] = sub.id
+            infos.append(UnitInfo(sub.id, nodes, scope))
+        for _, n in self.g.walk():
+            if n.device == "npu" and not is_alias(n) and not isinstance(n, (If, Equal)) \
+                    and n.name not in owner:
+                raise CompileError("NPU node belongs to no unit", n.name)
+        self.owner = owner
+        return infos
+
+    def _storage(self):
+        """Decide which tensors cross DRAM: everything read outside its producer's unit."""
+        readers: dict[str, set] = {}
+
+        def read(t: str, who):
+            readers.setdefault(self.root(t), set()).add(who)
+
+        for g, n in self.g.walk():
+            if is_alias(n) or isinstance(n, If):
+                continue
+            who = self.owner.get(n.name, "cpu" if n.device == "cpu" else "ctl")
+            for t in n.inputs:
+                read(t, who)
+        for g, n in self.g.walk():
+            if isinstance(n, If):
+                for branch in (n.then_graph, n.else_graph):
+                    for o in branch.outputs:
+                        read(o, "out")
+                for o in n.outputs:
+                    if any(w not in ("cpu", "out", "ctl") for w in readers.get(o, ())):
+                        raise CompileError("an If output read on the NPU (the branches "
+                                           "would have to agree on its buffer)", n.name)
+        for o in self.g.outputs:
+            read(o, "out")
+        self.dram: list[str] = []
+        by_id = {u.id: u for u in self.units}
+        for r, who in readers.items():
+            p = self.prod.get(r)
+            t = self.tensors.get(r)
+            if isinstance(p, ArgMax) and p.device == "npu":
+                bad = [w for w in who if w not in ("ctl", "out", "cpu")]
+                if bad:
+                    raise CompileError("an ArgMax result can only drive branches or leave "
+                                       "the NPU", p.name)
+                continue
+            units_reading = {w for w in who if isinstance(w, int)}
+            if p is not None and p.name in self.owner:
+                home = self.owner[p.name]
+                if who - {home}:
+                    self.dram.append(r)
+                    by_id[home].outputs.append(r)
+                    for uid in units_reading - {home}:
+                        by_id[uid].inputs.append(r)
+            elif units_reading:
+                if t is None or t.is_const:
+                    raise CompileError(f"constant {r!r} used as an activation on the NPU")
+                self.dram.append(r)
+                for uid in units_reading:
+                    by_id[uid].inputs.append(r)
+        for u in self.units:
+            u.inputs.sort(key=list(readers).index)
+            u.results = [n.outputs[0] for n in u.nodes if isinstance(n, ArgMax)]
+
+    def layout(self, t: str) -> Layout:
+        r = self.root(t)
+        if r not in self._layouts:
+            self._layouts[r] = device_layout(self.prod.get(r), self.tensors[r], self.layout)
+        return self._layouts[r]
+
+    def _place(self) -> Placement:
+        place = Placement()
+        at = 0
+        for r in self.dram:
+            place.arena[r] = at
+            at = align(at + self.tensors[r].size, DRAM_ALIGN)
+        place.arena_bytes = at
+        const_at, sp_at, slot = 0, 0, 0
+        for u in self.units:
+            for n in u.nodes:
+                if isinstance(n, QGemm):
+                    x = self.tensors[n.inputs[0]]
+                    rows = x.size // n.weight.shape[0]
+                    try:
+                        perm = self.layout(n.inputs[0]).row_permutation(rows)
+                    except ValueError as err:
+                        raise CompileError(str(err), n.name) from None
+                    blob = gemm_blob(n, self.config, perm)
+                elif isinstance(n, QConv):
+                    blob = conv_blob(n, self.config)
+                else:
+                    continue
+                blob.dram = const_at
+                const_at = align(const_at + len(blob.data), DRAM_ALIGN)
+                size = align(len(blob.data))
+                if slot < self.config.tag_slots and sp_at + size <= self.weight_budget:
+                    slot += 1
+                    blob.slot, blob.sp = slot, sp_at
+                    sp_at += size
+                place.blobs[n.name] = blob
+        place.const_bytes = const_at
+        place.weights_bytes = sp_at
+        return place
+
+    # ---- emission ------------------------------------------------------------------------
+    def _emit_scope(self, g: Graph, take=lambda n: True):
+        by_node = {n.name: u for u in self.units for n in u.nodes}
+        for n in g.nodes:
+            if not take(n):
+                continue
+            u = by_node.get(n.name)
+            if u is not None and u.id not in self.emitted:
+                self._emit_unit(u)
+            elif isinstance(n, If) and n.device == "npu":
+                self._emit_if(n)
+
+    def _emit_unit(self, u: UnitInfo):
+        for r in u.inputs:
+            p = self.prod.get(r)
+            if p is not None and p.name in self.owner and r not in self.done_roots:
+                raise CompileError(f"unit {u.id} reads {r!r} before unit "
+                                   f"{self.owner[p.name]} writes it (units must be "
+                                   "contiguous in program order)")
+        start = len(self.e.lines)
+        resources = self.low.unit(u)
+        sub = next(s for s in self.subs if s.id == u.id)
+        sub.instructions = [ln.strip() for ln in self.e.lines[start:]]
+        sub.resources = {**resources, "instructions": sum(
+            1 for ln in sub.instructions if not ln.startswith(";") and not ln.endswith(":"))}
+        self.done_roots.update(u.outputs)
+        self.emitted.add(u.id)
+
+    def _emit_if(self, n: If):
+        e = self.e
+        eq = self.prod[n.inputs[0]]
+        src = self.root(eq.inputs[0])
+        if src not in e.result_regs:
+            raise CompileError(f"the branch condition reads {src!r} before the NPU "
+                               "computes it", n.name)
+        reg = e.result_regs[src]
+        other, end = e.new_label("else"), e.new_label("endif")
+        e.comment(f"{n.name}: if {src} == {eq.value}")
+        e.op(f"br.ne {reg}, {e.reg(eq.value)}, {other}")
+        self._emit_scope(n.then_graph)
+        e.op(f"jmp {end}")
+        e.label(other)
+        self._emit_scope(n.else_graph)
+        e.label(end)

@@ -1,0 +1,149 @@
+"""An assembly writer for generated code: labels, scratch registers, cfg tracking.
+
+The compiler writes assembly text, not words: ``firmware.asm`` assembles it, so
+generated programs get the same checks, labels and disassembly as hand-written
+ones, and ``npu disasm`` shows readable source with the compiler's comments.
+"""
+
+from __future__ import annotations
+
+from firmware import isa
+
+CONST_BASE = "r1"  # DRAM address of the model's constants (weights, biases)
+ARENA_BASE = "r2"  # DRAM address of this inference's activation arena
+SEGMENT = "r3"  # which NPU segment to run (models with CPU nodes in the middle)
+SCRATCH = ("r8", "r9", "r10", "r11", "r12", "r13")
+RESULT_REGS = ("r15", "r14", "r7", "r6", "r5", "r4")  # vargmax results the host reads
+CFG_RESET = {f.name.lower(): reset for f, (reset, _, _) in isa.CFG_RANGE.items()}
+
+
+class Emitter:
+    """Accumulates assembly lines for one program.
+
+    Tracks the values of the ``cfg`` registers and of scratch registers, so it
+    emits ``cfg``/``li`` only when a value changes; both are forgotten at every
+    label (a merge point of control flow) and at the start of a run.
+    """
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._labels = 0
+        self.cfg = dict(CFG_RESET)
+        self._reg_value: dict[str, int] = {}
+        self._next_scratch = 0
+        self.result_regs: dict[str, str] = {}  # tensor name -> register
+        self._pending_pop = False
+        self._last_compute: int | None = None
+        self.counts = {"load": 0, "store": 0, "compute": 0, "seq": 0}
+
+    # ---- text ---------------------------------------------------------------------------
+    def comment(self, text: str):
+        self.lines.append(f"    ; {text}")
+
+    def op(self, text: str, *, pop: str = "", push: str = "", queue: str = "seq"):
+        """Emit an instruction; ``pop``/``push`` are "", "prev", "next" or "prev,next".
+
+        A compute instruction takes a pending :meth:`pop_next_compute` token.
+        """
+        if queue == "compute":
+            if self._pending_pop:
+                pop = ",".join(p for p in (pop, "prev") if p)
+                self._pending_pop = False
+            self._last_compute = len(self.lines)
+        self.counts[queue] += 1
+        flags = [f"pop={p}" for p in pop.split(",") if p]
+        flags += [f"push={p}" for p in push.split(",") if p]
+        self.lines.append("    " + ", ".join([text, *flags]) if flags else "    " + text)
+
+    def compute(self, text: str, **kw):
+        self.op(text, queue="compute", **kw)
+
+    def pop_next_compute(self):
+        """The next compute instruction waits for a load>compute token."""
+        self._pending_pop = True
+
+    def push_after_last_compute(self, direction: str):
+        """Send a token (``"next"``: to the store queue) when the last compute
+        instruction emitted so far completes."""
+        if self._last_compute is None:
+            raise ValueError("no compute instruction to push a token from")
+        line = self.lines[self._last_compute]
+        if f"push={direction}" in line:
+            raise ValueError(f"two tokens from one instruction: {line.strip()}")
+        self.lines[self._last_compute] = f"{line}, push={direction}"
+
+    def new_label(self, stem: str) -> str:
+        self._labels += 1
+        return f"{stem}_{self._labels}"
+
+    def label(self, name: str):
+        """Place a label; control can arrive here from elsewhere, so forget state."""
+        self.lines.append(f"{name}:")
+        self.forget()
+
+    def forget(self):
+        self.cfg = {k: None for k in self.cfg}
+        self._reg_value.clear()
+
+    def run_start(self):
+        """State at the start of a run: cfg at reset, registers unknown."""
+        self.cfg = dict(CFG_RESET)
+        self._reg_value.clear()
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+    # ---- state-tracked helpers ------------------------------------------------------
+    def set_cfg(self, name: str, value: int, *, pop: str = "", push: str = ""):
+        """``cfg.name value`` unless it already holds it (always, with token flags)."""
+        if self.cfg.get(name) == value and not pop and not push:
+            return
+        self.compute(f"cfg.{name} {int(value)}", pop=pop, push=push)
+        self.cfg[name] = value
+
+    def reg(self, value: int, base: str = "r0") -> str:
+        """A register holding ``base + value`` (``r0`` for 0 with base r0)."""
+        value = int(value) & 0xFFFF_FFFF
+        if value == 0:
+            return base
+        key = (base, value)
+        for r, v in self._reg_value.items():
+            if v == key:
+                return r
+        r = SCRATCH[self._next_scratch % len(SCRATCH)]
+        self._next_scratch += 1
+        if base == "r0":
+            self.op(f"li {r}, {value}")
+        else:
+            self.op(f"addi {r}, {base}, {value if value < 1 << 31 else value - (1 << 32)}")
+        self._reg_value[r] = key
+        return r
+
+    def scratch(self, count: int) -> list[str]:
+        """``count`` scratch registers the caller owns until its next :meth:`reg` call.
+
+        They are forgotten by the value cache (the caller writes them).
+        """
+        if count > len(SCRATCH):
+            raise ValueError(f"{count} scratch registers asked, {len(SCRATCH)} exist")
+        regs = list(SCRATCH[:count])
+        for r in regs:
+            self._reg_value.pop(r, None)
+        self._next_scratch = count
+        return regs
+
+    def loop_end(self, label: str):
+        """Place a loop's end label: only the loop reaches it, so state stays known
+        (the loop body must not change what the caches track)."""
+        self.lines.append(f"{label}:")
+
+    def clobber(self, reg: str):
+        self._reg_value.pop(reg, None)
+
+    def result_reg(self, tensor: str) -> str:
+        """The register that will hold a scalar result (an ArgMax) for the host."""
+        if tensor not in self.result_regs:
+            if len(self.result_regs) == len(RESULT_REGS):
+                raise ValueError(f"more than {len(RESULT_REGS)} scalar results in one program")
+            self.result_regs[tensor] = RESULT_REGS[len(self.result_regs)]
+        return self.result_regs[tensor]

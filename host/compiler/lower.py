@@ -1,0 +1,608 @@
+"""Compiler back half: tensors to addresses, operators to instructions.
+
+Every unit becomes one region of code::
+
+    region.begin ID
+    load  ...            ; unit inputs from DRAM, weight blobs (tagged: resident)
+    cfg / wload / gemm / vbias / vreq / vclip / vmax / vadd / vargmax ...
+    store ...            ; unit outputs to DRAM
+    region.end ID
+
+Loads run ahead of compute and stores behind it, synchronized only by dependency
+tokens: each node waits for the load group that brings its data, and each stored
+tensor leaves as soon as its last compute instruction completes. Tensors produced
+and consumed inside a unit never cross DRAM (that is what fusing units buys).
+
+Scratchpad: partition ``p0`` holds the resident weight blobs of the whole model
+(one tag slot each, the same in every program of the model, so a swap between
+fusion plans keeps them resident); ``p1`` is the working area each unit
+allocates from its start. Convolution and pooling run channels-last
+(:mod:`.layout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from firmware.config import NPUConfig
+
+from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QConv, QGemm
+from .emit import Emitter
+from .layout import Layout
+from .plan import ALIASES, CompileError, UnitInfo
+
+P_WEIGHTS, P_WORK = "p0", "p1"
+ALIGN = 8
+MAX_ROW_BYTES = 4096  # load/store bytes per row, vector n
+MAX_ROWS = 256  # load/store rows
+
+
+def align(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- weight blobs --------------------------------------------------------------------------
+
+
+@dataclass
+class Blob:
+    """A node's constants packed in the order its code reads them.
+
+    For each output-column tile ``j``: its weight tiles (dense ``k x n`` int8, in
+    reduction order), then its int32 biases. Full column tiles all have the same
+    size, so code can step from one to the next with one register.
+
+    Members
+    -------
+    node : node name.
+    data : the bytes, padded to ``rows * row_bytes``.
+    rows, row_bytes : the one DMA transfer that moves it.
+    tiles : byte offset of each weight tile, by ``(j, i)``.
+    bias : byte offset of column tile ``j``'s biases (empty without bias).
+    dram : offset in the constants region.
+    slot : tag slot (0: not resident, loaded into the working area each time).
+    sp : offset in the weights partition when resident.
+    """
+
+    node: str
+    data: bytes
+    rows: int
+    row_bytes: int
+    tiles: dict
+    bias: dict
+    dram: int = 0
+    slot: int = 0
+    sp: int = 0
+
+    def j_stride(self) -> int:
+        """Bytes from column tile 0 to column tile 1."""
+        return self.tiles.get((1, 0), len(self.data)) - self.tiles[(0, 0)]
+
+
+def _blob(node: str, w2d: np.ndarray, red_tiles: list[tuple[int, int]], bias,
+          cols: int) -> Blob:
+    """Pack ``w2d`` (reduction x outputs) as column tiles of ``red_tiles`` (start, k)."""
+    parts: list[bytes] = []
+    tiles, biases, at = {}, {}, 0
+    nn = w2d.shape[1]
+    for j in range(ceil_div(nn, cols)):
+        for i, (r0, k) in enumerate(red_tiles):
+            raw = np.ascontiguousarray(w2d[r0:r0 + k, j * cols:(j + 1) * cols],
+                                       dtype=np.int8).tobytes()
+            tiles[(j, i)] = at
+            parts.append(raw)
+            at += len(raw)
+        if bias is not None:
+            pad = align(at, 4) - at
+            parts.append(b"\0" * pad)
+            at += pad
+            raw = np.asarray(bias[j * cols:(j + 1) * cols], dtype="<i4").tobytes()
+            biases[j] = at
+            parts.append(raw)
+            at += len(raw)
+        pad = align(at, 4) - at  # keep every column tile's start 4-aligned
+        parts.append(b"\0" * pad)
+        at += pad
+    data = b"".join(parts)
+    rows = max(1, ceil_div(len(data), MAX_ROW_BYTES))
+    if rows > MAX_ROWS:
+        raise CompileError(f"{len(data)} bytes of constants exceed one DMA transfer "
+                           f"({MAX_ROWS} x {MAX_ROW_BYTES})", node)
+    row_bytes = ceil_div(len(data), rows)
+    data += b"\0" * (rows * row_bytes - len(data))
+    return Blob(node, data, rows, row_bytes, tiles, biases)
+
+
+def gemm_tiles(k: int, rows: int) -> list[tuple[int, int]]:
+    """Reduction tiles (start, size) of a K-long reduction on a ``rows``-deep array."""
+    return [(t * rows, min(rows, k - t * rows)) for t in range(ceil_div(k, rows))]
+
+
+def conv_tiles(kh: int, red: int, rows: int) -> list[tuple[int, int]]:
+    """Reduction tiles per kernel row: each row's KW*C window bytes, tiled."""
+    return [(r * red + t0, k) for r in range(kh) for t0, k in gemm_tiles(red, rows)]
+
+
+def gemm_blob(n: QGemm, config: NPUConfig, perm) -> Blob:
+    w = n.weight if perm is None else n.weight[perm, :]
+    return _blob(n.name, w, gemm_tiles(w.shape[0], config.rows), n.bias, config.cols)
+
+
+def conv_blob(n: QConv, config: NPUConfig) -> Blob:
+    """Rows ordered (kh, kw, c): a window row of a channels-last input is contiguous."""
+    oc, c, kh, kw = n.weight.shape
+    w2d = n.weight.transpose(2, 3, 1, 0).reshape(kh * kw * c, oc)
+    return _blob(n.name, w2d, conv_tiles(kh, kw * c, config.rows), n.bias, config.cols)
+
+
+# ---- the program ---------------------------------------------------------------------------
+
+
+@dataclass
+class Placement:
+    """Where every DRAM tensor and constant lives (offsets from r2 / r1)."""
+
+    arena: dict[str, int] = field(default_factory=dict)
+    arena_bytes: int = 0
+    blobs: dict[str, Blob] = field(default_factory=dict)
+    const_bytes: int = 0
+    weights_bytes: int = 0  # size of the resident-weights partition
+
+
+class Lowering:
+    """Generates the code of units into an :class:`Emitter`.
+
+    ``tensor`` maps every visible tensor name to its :class:`~host.ir.Tensor`;
+    ``root`` resolves aliases (Flatten/Reshape) to the tensor holding the bytes;
+    ``layout`` gives each root's device layout.
+    """
+
+    def __init__(self, config: NPUConfig, emit: Emitter, place: Placement, tensor, root,
+                 layout):
+        self.config = config
+        self.e = emit
+        self.place = place
+        self.tensor = tensor
+        self.root = root
+        self.layout = layout
+        self.work_size = config.sp_bytes - place.weights_bytes
+
+    # ---- one unit ---------------------------------------------------------------------
+    def unit(self, u: UnitInfo) -> dict:
+        """Emit unit ``u``; return its resource use."""
+        e = self.e
+        e.op(f"region.begin {u.id}")
+        e.comment("unit " + ", ".join(f"{n.op} {n.name}" for n in u.nodes))
+        self.sp: dict[str, int] = {}
+        self._top = 0
+        self._blob_at: dict[str, tuple[str, int]] = {}
+        stats = {"load_bytes": 0, "store_bytes": 0, "const_bytes": 0, "macs": 0}
+        # Load groups: unit inputs with the first node's constants, then one group
+        # per later node that has constants; each group ends in a token.
+        groups: list[list] = [[("tensor", t) for t in u.inputs]]
+        first_of = {}
+        for i, n in enumerate(u.nodes):
+            blob = self.place.blobs.get(n.name)
+            if blob is not None:
+                if i == 0:
+                    groups[0].append(("blob", blob))
+                else:
+                    groups.append([("blob", blob)])
+                    first_of[n.name] = len(groups) - 1
+        if groups[0]:
+            first_of[u.nodes[0].name] = 0
+        else:
+            groups[0] = []
+        for g in groups:
+            for i, (kind, what) in enumerate(g):
+                push = "next" if i == len(g) - 1 else ""
+                if kind == "tensor":
+                    stats["load_bytes"] += self._load_tensor(what, push)
+                else:
+                    stats["const_bytes"] += self._load_blob(what, push)
+        stored = set(u.outputs)
+        for n in u.nodes:
+            if n.name in first_of:
+                e.pop_next_compute()
+            stats["macs"] += self.node(n)
+            for o in n.outputs:
+                r = self.root(o)
+                if r in stored:
+                    e.push_after_last_compute("next")
+                    stats["store_bytes"] += self._store_tensor(r)
+                    stored.discard(r)
+        if stored:
+            raise CompileError(f"unit {u.id}: outputs {sorted(stored)} are never produced")
+        e.op(f"region.end {u.id}")
+        stats["scratchpad_bytes"] = self._top
+        return stats
+
+    # ---- scratchpad allocation ---------------------------------------------------------
+    def alloc(self, nbytes: int, what: str) -> int:
+        at = self._top
+        self._top = align(at + nbytes)
+        if self._top > self.work_size:
+            raise CompileError(f"{what}: the unit needs {self._top} bytes of scratchpad, "
+                               f"the working partition has {self.work_size}")
+        return at
+
+    def at(self, tensor: str) -> int:
+        r = self.root(tensor)
+        if r not in self.sp:
+            raise CompileError(f"tensor {r!r} is not on chip in this unit")
+        return self.sp[r]
+
+    def out(self, tensor: str) -> int:
+        r = self.root(tensor)
+        if r not in self.sp:
+            self.sp[r] = self.alloc(self.tensor[r].size, r)
+        return self.sp[r]
+
+    # ---- DMA ------------------------------------------------------------------------------
+    def _pieces(self, size: int):
+        """(offset, rows, bytes) transfers covering ``size`` contiguous bytes."""
+        out, at = [], 0
+        while at < size:
+            left = size - at
+            if left <= MAX_ROW_BYTES:
+                out.append((at, 1, left))
+                break
+            rows = min(MAX_ROWS, left // MAX_ROW_BYTES)
+            out.append((at, rows, MAX_ROW_BYTES))
+            at += rows * MAX_ROW_BYTES
+        return out
+
+    def _sp_reg(self, offset: int, imm_bits: int) -> tuple[str, int]:
+        if offset < 1 << imm_bits:
+            return "r0", offset
+        return self.e.reg(offset), 0
+
+    def _load_tensor(self, name: str, push: str) -> int:
+        t = self.tensor[name]
+        sp = self.out(name)
+        pieces = self._pieces(t.size)
+        for i, (off, rows, nbytes) in enumerate(pieces):
+            dram = self.e.reg(self.place.arena[name] + off, base="r2")
+            reg, imm = self._sp_reg(sp + off, 11)
+            self.e.op(f"load {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
+                      push=push if i == len(pieces) - 1 else "", queue="load")
+        return t.size
+
+    def _load_blob(self, b: Blob, push: str) -> int:
+        if b.slot:
+            part, sp, tag = P_WEIGHTS, b.sp, f", tag={b.slot}"
+        else:
+            part, sp, tag = P_WORK, self.alloc(len(b.data), f"constants of {b.node}"), ""
+        self._blob_at[b.node] = (part, sp)
+        dram = self.e.reg(b.dram, base="r1")
+        reg, imm = self._sp_reg(sp, 11)
+        self.e.op(f"load {part}, {reg}, {dram}, r0, {b.rows}, {b.row_bytes}, off={imm}{tag}",
+                  push=push, queue="load")
+        return len(b.data)
+
+    def _store_tensor(self, name: str) -> int:
+        t = self.tensor[name]
+        sp = self.at(name)
+        for i, (off, rows, nbytes) in enumerate(self._pieces(t.size)):
+            dram = self.e.reg(self.place.arena[name] + off, base="r2")
+            reg, imm = self._sp_reg(sp + off, 11)
+            self.e.op(f"store {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
+                      pop="prev" if i == 0 else "", queue="store")
+        return t.size
+
+    # ---- operators --------------------------------------------------------------------
+    def node(self, n: Node) -> int:
+        """Emit one node's compute code; return its MAC count."""
+        if isinstance(n, QGemm):
+            return self.qgemm(n)
+        if isinstance(n, QConv):
+            return self.qconv(n)
+        if isinstance(n, MaxPool):
+            self.maxpool(n)
+        elif isinstance(n, Clip):
+            self.clip(n)
+        elif isinstance(n, QAdd):
+            self.qadd(n)
+        elif isinstance(n, ArgMax):
+            self.argmax(n)
+        else:
+            raise CompileError(f"no lowering for {n.op}", n.name)
+        return 0
+
+    def _requant_cfg(self, r):
+        for name, v in (("qmul", r.mult), ("qshift", r.shift), ("qzp", r.zp),
+                        ("clip_lo", r.lo), ("clip_hi", r.hi)):
+            self.e.set_cfg(name, v)
+
+    def _weights(self, n: Node) -> tuple[str, int, Blob]:
+        part, sp = self._blob_at[n.name]
+        return part, sp, self.place.blobs[n.name]
+
+    def _column_tiles(self, n: Node, part: str, wsp: int, blob: Blob, nn: int, m: int,
+                      y_off: int, chain, regs):
+        """For each output-column tile: ``chain`` (the GEMMs into ``m`` accumulator
+        rows), bias, requantization to ``y_off + j*cols`` (row pitch cfg.out_stride).
+
+        Full column tiles run in a hardware loop stepping three registers.
+        """
+        cfg, e = self.config, self.e
+        if m > cfg.acc_rows:
+            raise CompileError(f"{m} output rows exceed the {cfg.acc_rows} accumulator "
+                               "rows (M tiling is not built)", n.name)
+        full, rem = divmod(nn, cfg.cols)
+        stepping = (full + (rem > 0)) * m <= cfg.acc_rows
+        wj, yj, aj = regs
+        e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
+        e.op(f"li {yj}, {y_off}")
+        e.op(f"li {aj}, 0")
+
+        def one(j: int, n_j: int):
+            chain(wj, aj, n_j)
+            if blob.bias:
+                e.compute(f"vbias {part}, {wj}, {aj}, {m}, {n_j}, "
+                          f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
+            e.compute(f"vreq {P_WORK}, {yj}, {aj}, {m}, {n_j}")
+
+        def step():
+            e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
+            e.op(f"addi {yj}, {yj}, {cfg.cols}")
+            if stepping:
+                e.op(f"addi {aj}, {aj}, {m}")
+
+        if full >= 2:
+            end = e.new_label("cols")
+            e.op(f"loop {full}, {end}")
+            one(0, cfg.cols)
+            step()
+            e.loop_end(end)
+        elif full == 1:
+            one(0, cfg.cols)
+            if rem:
+                step()
+        if rem:
+            one(full, rem)
+
+    def qgemm(self, n: QGemm) -> int:
+        cfg, e = self.config, self.e
+        x = self.tensor[n.inputs[0]]
+        k, nn = n.weight.shape
+        m = x.size // k
+        if m > 4096:
+            raise CompileError(f"{m} rows exceed one gemm (4096); M tiling is not built",
+                               n.name)
+        x_off, y_off = self.at(n.inputs[0]), self.out(n.outputs[0])
+        part, wsp, blob = self._weights(n)
+        if m > 1:
+            e.set_cfg("gemm_stride", k)
+            e.set_cfg("out_stride", nn)
+        self._requant_cfg(n.requant)
+        tiles = gemm_tiles(k, cfg.rows)
+        wo, xt, *cols = e.scratch(5)
+
+        def chain(wj, aj, n_j):
+            k0 = tiles[0][1]
+            e.compute(f"wload {part}, {wj}, {k0}, {n_j}")
+            e.compute(f"gemm.overwrite {P_WORK}, r0, {aj}, {m}, swap=1, off={x_off}")
+            if len(tiles) == 1:
+                return
+            e.op(f"addi {wo}, {wj}, {k0 * n_j}")
+            e.op(f"li {xt}, {x_off + tiles[1][0]}")
+            uniform = [t for t in tiles[1:] if t[1] == cfg.rows]
+            body = [f"wload {part}, {wo}, {cfg.rows}, {n_j}",
+                    f"gemm.accumulate {P_WORK}, {xt}, {aj}, {m}, swap=1"]
+            steps = [f"addi {wo}, {wo}, {cfg.rows * n_j}", f"addi {xt}, {xt}, {cfg.rows}"]
+            if len(uniform) >= 2:
+                end = e.new_label("k")
+                e.op(f"loop {len(uniform)}, {end}")
+                for ins in body:
+                    e.compute(ins)
+                for ins in steps:
+                    e.op(ins)
+                e.loop_end(end)
+            else:
+                for _ in uniform:
+                    for ins in body:
+                        e.compute(ins)
+                    for ins in steps:
+                        e.op(ins)
+            if len(uniform) < len(tiles) - 1:  # a last, partial reduction tile
+                e.compute(f"wload {part}, {wo}, {tiles[-1][1]}, {n_j}")
+                e.compute(f"gemm.accumulate {P_WORK}, {xt}, {aj}, {m}, swap=1")
+
+        self._column_tiles(n, part, wsp, blob, nn, m, y_off, chain, cols)
+        return m * k * nn
+
+    def qconv(self, n: QConv) -> int:
+        cfg, e = self.config, self.e
+        x = self.tensor[n.inputs[0]]
+        bn, c, h, w = x.shape
+        oc, _, kh, kw = n.weight.shape
+        _, _, oh, ow = self.tensor[n.outputs[0]].shape
+        sh, sw = n.strides
+        self._need_nhwc(n, n.inputs[0])
+        xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
+        y_off = self.out(n.outputs[0])
+        part, wsp, blob = self._weights(n)
+        red = kw * c
+        tiles = conv_tiles(kh, red, cfg.rows)
+        # Device offset of reduction row (r, t0) of a window: kernel row r is an
+        # input row further down; within it, (kw, c) bytes are contiguous.
+        rel = [(r0 // red) * wp * c + r0 % red for r0, _ in tiles]
+        e.set_cfg("gemm_stride", sw * c)
+        e.set_cfg("out_stride", oc)
+        self._requant_cfg(n.requant)
+        wo, xo, ao, *cols = e.scratch(6)
+        for b in range(bn):
+            def chain(wj, aj, n_j, b=b):
+                # One output row (ow positions) per iteration: every reduction tile.
+                e.op(f"li {xo}, {xp + b * hp * wp * c}")
+                e.op(f"addi {ao}, {aj}, 0")
+                end = e.new_label("rows") if oh >= 2 else None
+                if end:
+                    e.op(f"loop {oh}, {end}")
+                e.op(f"addi {wo}, {wj}, 0")
+                for i, ((_, k_t), off) in enumerate(zip(tiles, rel, strict=True)):
+                    e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
+                    mode = "accumulate" if i else "overwrite"
+                    e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {ow}, swap=1, off={off}")
+                    if i < len(tiles) - 1:
+                        e.op(f"addi {wo}, {wo}, {k_t * n_j}")
+                e.op(f"addi {xo}, {xo}, {sh * wp * c}")
+                e.op(f"addi {ao}, {ao}, {ow}")
+                if end:
+                    e.loop_end(end)
+
+            self._column_tiles(n, part, wsp, blob, oc, oh * ow, y_off + b * oh * ow * oc, chain,
+                               cols)
+        return bn * oh * ow * oc * c * kh * kw
+
+    def _need_nhwc(self, n: Node, tensor: str):
+        lay = self.layout(tensor)
+        if lay.axes != (0, 2, 3, 1) or lay.src_shape != self.tensor[tensor].shape:
+            raise CompileError(f"input {tensor!r} is not channels-last on the NPU", n.name)
+
+    def _padded(self, n, tensor, nhwc, pads, fill) -> tuple[int, int, int]:
+        """Offset, padded height and width of ``tensor`` (NHWC), padding it if needed."""
+        bn, h, w, c = nhwc
+        pt, pl, pb, pr = pads
+        src = self.at(tensor)
+        if not any(pads):
+            return src, h, w
+        hp, wp = h + pt + pb, w + pl + pr
+        if wp * c > MAX_ROW_BYTES or w * c > MAX_ROW_BYTES:
+            raise CompileError(f"padded rows of {wp * c} bytes exceed a vector row", n.name)
+        dst = self.alloc(bn * hp * wp * c, f"padded input of {n.name}")
+        e = self.e
+        # Fill with the pad value (a clip to [fill, fill] of anything), then copy
+        # the rows in with the source and destination pitches.
+        e.set_cfg("clip_hi", fill)
+        e.set_cfg("clip_lo", fill)
+        e.set_cfg("in_stride", 0)
+        e.set_cfg("out_stride", 0)
+        d = e.reg(dst)
+        e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {bn * hp}, {wp * c}")
+        e.set_cfg("clip_lo", -128)
+        e.set_cfg("clip_hi", 127)
+        e.set_cfg("in_stride", w * c)
+        e.set_cfg("out_stride", wp * c)
+        for b in range(bn):
+            to = e.reg(dst + ((b * hp + pt) * wp + pl) * c)
+            frm = e.reg(src + b * h * w * c)
+            e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {h}, {w * c}")
+        return dst, hp, wp
+
+    def maxpool(self, n: MaxPool):
+        e = self.e
+        x = self.tensor[n.inputs[0]]
+        bn, c, h, w = x.shape
+        _, _, oh, ow = self.tensor[n.outputs[0]].shape
+        (kh, kw), (sh, sw) = n.kernel, n.strides
+        self._need_nhwc(n, n.inputs[0])
+        xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, -128)
+        y = self.out(n.outputs[0])
+        if ow * c > MAX_ROW_BYTES:
+            raise CompileError(f"pooled rows of {ow * c} bytes exceed a vector row", n.name)
+        e.set_cfg("out_stride", 0)
+        # Along W: every padded row of pixels, windows of kw pixels (channels-last).
+        if kw == 1 and sw == 1:
+            tmp = xp
+        else:
+            tmp = self.alloc(bn * hp * ow * c, f"pooling rows of {n.name}")
+            e.set_cfg("pool_count", kw)
+            e.set_cfg("pool_stride", c)
+            e.set_cfg("pool_istride", sw * c)
+            if wp == ow * sw:
+                e.compute(f"vmax {P_WORK}, {e.reg(tmp)}, {P_WORK}, {e.reg(xp)}, "
+                          f"{bn * hp * ow}, {c}")
+            else:
+                for r in range(bn * hp):
+                    e.compute(f"vmax {P_WORK}, {e.reg(tmp + r * ow * c)}, {P_WORK}, "
+                              f"{e.reg(xp + r * wp * c)}, {ow}, {c}")
+        # Along H: windows of kh pooled rows.
+        e.set_cfg("pool_count", kh)
+        e.set_cfg("pool_stride", ow * c)
+        e.set_cfg("pool_istride", sh * ow * c)
+        for b in range(bn):
+            e.compute(f"vmax {P_WORK}, {e.reg(y + b * oh * ow * c)}, {P_WORK}, "
+                      f"{e.reg(tmp + b * hp * ow * c)}, {oh}, {ow * c}")
+
+    def _flat(self, size: int):
+        """(offset, rows, n) pieces of a flat vector operation over ``size`` bytes."""
+        out, at = [], 0
+        while at < size:
+            left = size - at
+            if left <= MAX_ROW_BYTES:
+                out.append((at, 1, left))
+                break
+            rows = min(4096, left // MAX_ROW_BYTES)
+            out.append((at, rows, MAX_ROW_BYTES))
+            at += rows * MAX_ROW_BYTES
+        return out
+
+    def clip(self, n: Clip):
+        e = self.e
+        src, dst = self.at(n.inputs[0]), self.out(n.outputs[0])
+        for name, v in (("clip_lo", n.lo), ("clip_hi", n.hi), ("in_stride", 0),
+                        ("out_stride", 0)):
+            e.set_cfg(name, v)
+        for off, rows, nb in self._flat(self.tensor[n.inputs[0]].size):
+            e.compute(f"vclip {P_WORK}, {e.reg(dst + off)}, {P_WORK}, {e.reg(src + off)}, "
+                      f"{rows}, {nb}")
+
+    def qadd(self, n: QAdd):
+        e = self.e
+        if self.layout(n.inputs[0]) != self.layout(n.inputs[1]):
+            raise CompileError("the two inputs of an add have different layouts on the "
+                               "NPU", n.name)
+        a, b, y = self.at(n.inputs[0]), self.at(n.inputs[1]), self.out(n.outputs[0])
+        for name, v in (("add_mul_a", n.mul_a), ("add_mul_b", n.mul_b), ("add_zp_a", n.zp_a),
+                        ("add_zp_b", n.zp_b), ("qshift", n.shift), ("qzp", n.zp),
+                        ("clip_lo", n.lo), ("clip_hi", n.hi), ("in_stride", 0),
+                        ("out_stride", 0)):
+            e.set_cfg(name, v)
+        for off, rows, nb in self._flat(self.tensor[n.inputs[0]].size):
+            e.compute(f"vadd {P_WORK}, {e.reg(y + off)}, {P_WORK}, {e.reg(a + off)}, "
+                      f"{P_WORK}, {e.reg(b + off)}, {rows}, {nb}")
+
+    def argmax(self, n: ArgMax):
+        x = self.tensor[n.inputs[0]]
+        if x.size > 4096:
+            raise CompileError(f"argmax over {x.size} elements exceeds vargmax (4096)", n.name)
+        lay = self.layout(n.inputs[0])
+        if not lay.is_row_major and sum(d > 1 for d in lay.src_shape) > 1:
+            raise CompileError(f"argmax input {x.name!r} is not row-major on the NPU", n.name)
+        reg, imm = self._sp_reg(self.at(n.inputs[0]), 16)
+        rd = self.e.result_reg(n.outputs[0])
+        self.e.compute(f"vargmax {rd}, {P_WORK}, {reg}, {x.size}, off={imm}")
+
+
+def scope_tensors(graph: Graph) -> dict:
+    """Every tensor of the graph and of its branch bodies, by name."""
+    out = dict(graph.tensors)
+    for g, n in graph.walk():
+        if isinstance(n, If):
+            out.update(n.then_graph.tensors)
+            out.update(n.else_graph.tensors)
+    return out
+
+
+def is_alias(n: Node) -> bool:
+    return isinstance(n, ALIASES) and n.device == "npu"
+
+
+def device_layout(n: Node | None, tensor, input_layout) -> Layout:
+    """The layout a producer gives its output (``input_layout`` for pass-through ops)."""
+    if isinstance(n, (QConv, MaxPool)):
+        return Layout.nhwc(tensor.shape)
+    if isinstance(n, (QAdd, Clip)):
+        return input_layout(n.inputs[0])
+    if n is None or n.device == "cpu":
+        return Layout.nhwc(tensor.shape) if len(tensor.shape) == 4 else \
+            Layout.row_major(tensor.shape)
+    return Layout.row_major(tensor.shape)

@@ -1,0 +1,235 @@
+"""Run compiled models on an NPU: one code path for every backend.
+
+A :class:`Session` owns one compiled model on one :class:`~host.driver.NPUDriver`:
+it writes the constants into DRAM once, the program and its partition table into
+the shadow bank, swaps them in, and then runs inferences. Each inference runs the
+model's CPU nodes (the boundary Quantize/Dequantize, CPU fallbacks, the CPU tails
+of branches) on the host and its NPU segments on the device, reading back only
+the tensors the host needs. With ``check=True`` every result is compared with
+the reference interpreter and a mismatch raises :class:`MismatchError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from firmware.golden import TraceRecord
+
+from .compiler import CompiledModel
+from .driver import NPUDriver
+from .ir import Equal, Graph, If, Node
+from .reference import eval_node, run_reference, to_external, to_internal
+
+PAGE = 4096
+
+
+class MismatchError(AssertionError):
+    """The NPU's result differs from the reference interpreter's."""
+
+
+@dataclass
+class Inference:
+    """One inference: outputs as the outside sees them, and what it cost.
+
+    Members
+    -------
+    outputs : graph output name -> value.
+    cycles : NPU cycles of its runs (counter delta).
+    counters : every counter's delta over the inference.
+    trace : the region-trace records of its runs (one per unit that ran).
+    checked : True when compared with the reference interpreter (and equal).
+    """
+
+    outputs: dict
+    cycles: int
+    counters: dict
+    trace: list[TraceRecord] = field(default_factory=list)
+    checked: bool = False
+
+
+class Session:
+    """One compiled model loaded on one NPU.
+
+    Parameters
+    ----------
+    driver : the NPU.
+    model : the compiled model.
+    check : compare every inference with the reference interpreter.
+    const_base, arena_base : DRAM addresses of the constants and the activation
+        arena (defaults: constants at 0, the arena on the next page).
+    """
+
+    def __init__(self, driver: NPUDriver, model: CompiledModel, *, check: bool = False,
+                 const_base: int = 0, arena_base: int | None = None):
+        if driver.config != model.config:
+            raise ValueError(f"the model was compiled for {model.config}, the device is "
+                             f"{driver.config}")
+        self.driver, self.model, self.check = driver, model, check
+        self.const_base = const_base
+        end = const_base + model.place.const_bytes
+        self.arena_base = arena_base if arena_base is not None else -(-end // PAGE) * PAGE
+        self.version = 0
+
+    # ---- program management --------------------------------------------------------
+    def load(self, invalidate_tags: bool = True) -> None:
+        """Write constants, program and partitions; swap them in.
+
+        Tags are invalidated by default: another model's tiles may sit where this
+        one's resident weights go.
+        """
+        self.driver.write_mem(self.const_base, self.model.const_image())
+        self.install(self.model, invalidate_tags=invalidate_tags)
+
+    def install(self, model: CompiledModel, *, invalidate_tags: bool = False,
+                wait: bool = True) -> int:
+        """Hot-swap to another program of the same model (a fused or split plan).
+
+        Its constants must already be in DRAM (plans of one model share them).
+        Returns the new bank version.
+        """
+        if model.place.const_bytes and model.const_image() != self.model.const_image():
+            self.driver.write_mem(self.const_base, model.const_image())
+            invalidate_tags = True
+        self.version += 1
+        self.driver.write_program(model.program, version=self.version)
+        self.driver.set_partitions(model.partitions)
+        if invalidate_tags:
+            self.driver.invalidate_tags()
+        self.driver.swap(wait=wait)
+        self.model = model
+        return self.version
+
+    # ---- inference ------------------------------------------------------------------
+    def run(self, inputs: dict) -> Inference:
+        """One inference on ``inputs`` (graph input name -> array)."""
+        before = self.driver.counters()
+        drained = self.driver.read_trace()  # records of earlier, unrelated runs
+        del drained
+        ex = _Executor(self, inputs)
+        outputs = ex.run()
+        after = self.driver.counters()
+        delta = {k: _sub(after[k], before[k]) for k in after}
+        result = Inference(outputs, delta["cycles"], delta, ex.trace)
+        if self.check:
+            expected = run_reference(self.model.graph, inputs)
+            for name, want in expected.items():
+                got = outputs[name]
+                if got.shape != want.shape or not np.array_equal(got, want):
+                    raise MismatchError(f"output {name!r}: NPU {got.ravel()[:16]} != "
+                                        f"reference {want.ravel()[:16]}")
+            result.checked = True
+        return result
+
+    def run_many(self, batch: list[dict], progress=None) -> list[Inference]:
+        """Run inferences one after another (``progress`` called after each)."""
+        out = []
+        for i, inputs in enumerate(batch):
+            out.append(self.run(inputs))
+            if progress is not None:
+                progress(i + 1, len(batch))
+        return out
+
+
+def _sub(a, b):
+    if isinstance(a, list):
+        return [x - y for x, y in zip(a, b, strict=True)]
+    return a - b
+
+
+class _Executor:
+    """The host side of one inference: CPU stages, NPU segments, lazy reads."""
+
+    def __init__(self, session: Session, inputs: dict):
+        self.s = session
+        self.m = session.model
+        g = self.m.graph
+        self.env: dict[str, np.ndarray] = {}
+        for name in g.inputs:
+            if name not in inputs:
+                raise ValueError(f"missing input {name!r}")
+            self.env[name] = to_internal(g.tensors[name], inputs[name])
+        extra = set(inputs) - set(g.inputs)
+        if extra:
+            raise ValueError(f"unknown inputs {sorted(extra)}")
+        self.written: set[str] = set()
+        self.trace: list[TraceRecord] = []
+        self.prod: dict[str, Node] = {}
+        self.tensors = {}
+        for scope, n in g.walk():
+            self.tensors.update(scope.tensors)
+            for o in n.outputs:
+                self.prod[o] = n
+        self.tensors.update(g.tensors)
+
+    def run(self) -> dict:
+        g, stages = self.m.graph, self.m.stages
+        last = max(stages.values(), default=0)
+        segment = 0
+        for s in range(last + 2):  # one CPU stage past the last segment: If tails
+            if s % 2 == 0:
+                for n in g.nodes:
+                    if stages[n.name] == s and n.device == "cpu":
+                        self._cpu(n)
+                    elif isinstance(n, If) and stages[n.name] == s - 1:
+                        self._finish_if(n)
+            elif any(v == s for v in stages.values()):
+                self._segment(segment)
+                segment += 1
+        return {o: to_external(g.tensors.get(o), self.value(o), o) for o in g.outputs}
+
+    def _segment(self, k: int):
+        drv, m = self.s.driver, self.m
+        for r, off in m.place.arena.items():
+            p = self.prod.get(r)
+            on_npu = p is not None and p.device == "npu"
+            if not on_npu and r not in self.written and r in self.env:
+                data = m.layouts[r].to_device(self.env[r]).astype(np.int8)
+                drv.write_mem(self.s.arena_base + off, data)
+                self.written.add(r)
+        status = drv.run(args=(self.s.const_base, self.s.arena_base, k))
+        status.check()
+        self.trace += drv.read_trace()
+        regs = drv.regs()
+        for t, r in m.result_regs.items():
+            v = regs[r] - (1 << 32) if regs[r] >= 1 << 31 else regs[r]
+            self.env[t] = np.full(self.tensors[t].shape, v, dtype=np.int64)
+
+    def value(self, t: str) -> np.ndarray:
+        if t in self.env:
+            return self.env[t]
+        tensor = self.tensors[t]
+        p = self.prod.get(t)
+        if p is None:
+            if tensor.data is None:
+                raise KeyError(f"tensor {t!r} has no value")
+            v = tensor.data
+        elif p.device == "npu" and p.op in ("Flatten", "Reshape"):
+            v = self.value(p.inputs[0]).reshape(tensor.shape)
+        elif isinstance(p, Equal):
+            v = np.asarray(self.value(p.inputs[0]) == p.value)
+        elif t in self.m.place.arena:
+            raw = self.s.driver.read_mem(self.s.arena_base + self.m.place.arena[t], tensor.size)
+            v = self.m.read_tensor(raw, t, tensor.shape)
+        else:
+            raise KeyError(f"tensor {t!r} ({p.op} {p.name}) was not computed")
+        self.env[t] = v
+        return v
+
+    def _cpu(self, n: Node):
+        outs = eval_node(n, [self.value(i) for i in n.inputs])
+        for o, v in zip(n.outputs, outs, strict=True):
+            self.env[o] = v
+
+    def _finish_if(self, n: If):
+        """Follow the branch the NPU took; run its CPU tail; bind the If's outputs."""
+        branch: Graph = n.then_graph if bool(self.value(n.inputs[0]).reshape(-1)[0]) \
+            else n.else_graph
+        for inner in branch.nodes:
+            if isinstance(inner, If):
+                self._finish_if(inner)
+            elif inner.device == "cpu":
+                self._cpu(inner)
+        for o, bo in zip(n.outputs, branch.outputs, strict=True):
+            self.env[o] = self.value(bo)
