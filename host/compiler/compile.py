@@ -23,6 +23,7 @@ from .plan import (
     UnitInfo,
     check_supported,
     check_unit_shape,
+    has_npu_work,
     initial_units,
     simplify,
     stages,
@@ -162,13 +163,13 @@ class _Compiler:
         def read(t: str, who):
             readers.setdefault(self.root(t), set()).add(who)
 
-        for g, n in self.g.walk():
+        for _g, n in self.g.walk():
             if is_alias(n) or isinstance(n, If):
                 continue
             who = self.owner.get(n.name, "cpu" if n.device == "cpu" else "ctl")
             for t in n.inputs:
                 read(t, who)
-        for g, n in self.g.walk():
+        for _g, n in self.g.walk():
             if isinstance(n, If):
                 for branch in (n.then_graph, n.else_graph):
                     for o in branch.outputs:
@@ -257,7 +258,7 @@ class _Compiler:
             u = by_node.get(n.name)
             if u is not None and u.id not in self.emitted:
                 self._emit_unit(u)
-            elif isinstance(n, If) and n.device == "npu":
+            elif isinstance(n, If) and n.device == "npu" and has_npu_work(n):
                 self._emit_if(n)
 
     def _emit_unit(self, u: UnitInfo):

@@ -34,7 +34,10 @@ class Emitter:
         self.result_regs: dict[str, str] = {}  # tensor name -> register
         self._pending_pop = False
         self._last_compute: int | None = None
+        self._last_compute_looped = False
         self.counts = {"load": 0, "store": 0, "compute": 0, "seq": 0}
+        self.work = Work()
+        self._mult = [1]
 
     # ---- text ---------------------------------------------------------------------------
     def comment(self, text: str):
@@ -45,18 +48,32 @@ class Emitter:
 
         A compute instruction takes a pending :meth:`pop_next_compute` token.
         """
+        if text.startswith("loop") and self._pending_pop:
+            self.marker(pop="prev")  # a token taken inside the body would be taken per pass
         if queue == "compute":
             if self._pending_pop:
                 pop = ",".join(p for p in (pop, "prev") if p)
                 self._pending_pop = False
             self._last_compute = len(self.lines)
+            self._last_compute_looped = self._mult[-1] > 1
         self.counts[queue] += 1
+        self.work.add(text, self._mult[-1])
+        if text.startswith("loop "):
+            self._mult.append(self._mult[-1] * int(text.split()[1].rstrip(",")))
         flags = [f"pop={p}" for p in pop.split(",") if p]
         flags += [f"push={p}" for p in push.split(",") if p]
         self.lines.append("    " + ", ".join([text, *flags]) if flags else "    " + text)
 
     def compute(self, text: str, **kw):
         self.op(text, queue="compute", **kw)
+
+    def marker(self, *, pop: str = "", push: str = ""):
+        """A compute instruction that changes nothing, to carry a token: it
+        rewrites a configuration register with the value it holds."""
+        known = [(k, v) for k, v in self.cfg.items() if v is not None]
+        name, value = known[0] if known else ("pool_count", 1)
+        self.compute(f"cfg.{name} {value}", pop=pop, push=push)
+        self.cfg[name] = value
 
     def pop_next_compute(self):
         """The next compute instruction waits for a load>compute token."""
@@ -67,6 +84,9 @@ class Emitter:
         instruction emitted so far completes."""
         if self._last_compute is None:
             raise ValueError("no compute instruction to push a token from")
+        if self._last_compute_looped:  # it runs once per pass: push after the loop
+            self.marker(push=direction)
+            return
         line = self.lines[self._last_compute]
         if f"push={direction}" in line:
             raise ValueError(f"two tokens from one instruction: {line.strip()}")
@@ -136,6 +156,7 @@ class Emitter:
         """Place a loop's end label: only the loop reaches it, so state stays known
         (the loop body must not change what the caches track)."""
         self.lines.append(f"{label}:")
+        self._mult.pop()
 
     def clobber(self, reg: str):
         self._reg_value.pop(reg, None)
@@ -147,3 +168,58 @@ class Emitter:
                 raise ValueError(f"more than {len(RESULT_REGS)} scalar results in one program")
             self.result_regs[tensor] = RESULT_REGS[len(self.result_regs)]
         return self.result_regs[tensor]
+
+
+class Work:
+    """Dynamic work of generated code (loop bodies counted per iteration).
+
+    The features the cost model (:mod:`host.compiler.cost`) predicts cycles from.
+    """
+
+    FEATURES = ("instructions", "loads", "load_bytes", "tagged_bytes", "stores",
+                "store_bytes", "wloads", "wload_rows", "gemms", "gemm_rows", "vector_ops",
+                "vector_rows", "vector_bytes", "cfgs")
+
+    def __init__(self):
+        self.v = dict.fromkeys(self.FEATURES, 0)
+
+    def snapshot(self) -> dict:
+        return dict(self.v)
+
+    def since(self, before: dict) -> dict:
+        return {k: self.v[k] - before[k] for k in self.FEATURES}
+
+    def add(self, text: str, mult: int):
+        mnem, _, rest = text.partition(" ")
+        ops = [o.strip() for o in rest.split(",")]
+        pos = [o for o in ops if "=" not in o]
+        kw = dict(o.split("=", 1) for o in ops if "=" in o)
+        v = self.v
+        v["instructions"] += mult
+        if mnem in ("load", "store"):
+            nbytes = int(pos[4]) * int(pos[5]) * mult
+            v[mnem + "s"] += mult
+            v[mnem + "_bytes"] += nbytes
+            if kw.get("tag", "0") != "0":
+                v["tagged_bytes"] += nbytes
+        elif mnem == "wload":
+            v["wloads"] += mult
+            v["wload_rows"] += int(pos[2]) * mult
+        elif mnem.startswith("gemm"):
+            v["gemms"] += mult
+            v["gemm_rows"] += int(pos[3]) * mult
+        elif mnem in ("vbias", "vreq"):
+            v["vector_ops"] += mult
+            v["vector_rows"] += int(pos[3]) * mult
+            v["vector_bytes"] += int(pos[3]) * int(pos[4]) * mult
+        elif mnem in ("vadd", "vclip", "vmax"):
+            m, n = int(pos[-2]), int(pos[-1])
+            v["vector_ops"] += mult
+            v["vector_rows"] += m * mult
+            v["vector_bytes"] += m * n * mult
+        elif mnem == "vargmax":
+            v["vector_ops"] += mult
+            v["vector_rows"] += mult
+            v["vector_bytes"] += int(pos[3]) * mult
+        elif mnem.startswith("cfg."):
+            v["cfgs"] += mult

@@ -177,6 +177,7 @@ class Lowering:
     def unit(self, u: UnitInfo) -> dict:
         """Emit unit ``u``; return its resource use."""
         e = self.e
+        work = e.work.snapshot()
         e.op(f"region.begin {u.id}")
         e.comment("unit " + ", ".join(f"{n.op} {n.name}" for n in u.nodes))
         self.sp: dict[str, int] = {}
@@ -221,6 +222,7 @@ class Lowering:
             raise CompileError(f"unit {u.id}: outputs {sorted(stored)} are never produced")
         e.op(f"region.end {u.id}")
         stats["scratchpad_bytes"] = self._top
+        stats["work"] = e.work.since(work)
         return stats
 
     # ---- scratchpad allocation ---------------------------------------------------------
@@ -585,7 +587,7 @@ class Lowering:
 def scope_tensors(graph: Graph) -> dict:
     """Every tensor of the graph and of its branch bodies, by name."""
     out = dict(graph.tensors)
-    for g, n in graph.walk():
+    for _g, n in graph.walk():
         if isinstance(n, If):
             out.update(n.then_graph.tensors)
             out.update(n.else_graph.tensors)

@@ -172,7 +172,8 @@ def check_supported(graph: Graph):
         if isinstance(n, QGemm) and n.weight.ndim != 2:
             raise UnsupportedOpError("MatMul", n.name, "batched (3-D) weights on the NPU",
                                      ("2-D weights",))
-        if isinstance(n, Equal):
+        if isinstance(n, Equal) and not all(isinstance(u, If) and not has_npu_work(u)
+                                            for u in g.consumers(n.outputs[0])):
             users = g.consumers(n.outputs[0])
             src = producer.get(n.inputs[0])
             if not users or not all(isinstance(u, If) and u.inputs[0] == n.outputs[0]
@@ -182,7 +183,7 @@ def check_supported(graph: Graph):
             if not isinstance(src, ArgMax) or src.device != "npu":
                 raise UnsupportedOpError("Equal", n.name, "the NPU branches on an ArgMax "
                                          "result compared with a constant", ("ArgMax",))
-        if isinstance(n, If):
+        if isinstance(n, If) and has_npu_work(n):
             cond = producer.get(n.inputs[0])
             if not isinstance(cond, Equal) or cond.device != "npu":
                 raise UnsupportedOpError("If", n.name, "the condition must be "
@@ -192,6 +193,13 @@ def check_supported(graph: Graph):
             if t is not None and t.size != 1:
                 raise UnsupportedOpError("ArgMax", n.name, "the NPU takes the argmax of "
                                          "one vector (output of one element)")
+
+
+def has_npu_work(n: If) -> bool:
+    """Whether a branch of ``n`` holds NPU compute (else the host evaluates it)."""
+    return any(inner.device == "npu" and not isinstance(inner, (*ALIASES, Equal, If))
+               or isinstance(inner, If) and has_npu_work(inner)
+               for g in (n.then_graph, n.else_graph) for _, inner in g.walk())
 
 
 # ---- stages --------------------------------------------------------------------------------

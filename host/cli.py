@@ -1,0 +1,270 @@
+"""The ``npu`` command: run, compile, disassemble models; show the device profile.
+
+::
+
+    npu run MODEL.onnx [--backend golden|verilator] [--digits N | --inputs FILE.npz]
+    npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME]
+    npu disasm MODEL.onnx [--config NAME]
+    npu info [--backend golden|verilator] [--config NAME]
+
+The golden backend runs the golden model in-process. The verilator backend
+builds the RTL (the first time, minutes; cached under build/sim/) and runs the
+same host code inside the simulation, over the NPU's real AXI ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from firmware.config import CONFIGS
+
+MODELS = Path(__file__).resolve().parent / "models"
+
+
+def model_path(name: str) -> Path:
+    """A model file, or the name of a bundled model (``moe`` -> host/models/moe.onnx)."""
+    p = Path(name)
+    if p.exists():
+        return p
+    bundled = MODELS / f"{name}.onnx"
+    if bundled.exists():
+        return bundled
+    raise SystemExit(f"no model {name!r} (bundled: "
+                     f"{', '.join(sorted(f.stem for f in MODELS.glob('*.onnx')))})")
+
+
+def load_inputs(graph, opts) -> tuple[list[dict], np.ndarray | None]:
+    """The inputs to run: digits from the held-out split, or arrays from an .npz."""
+    name = graph.inputs[0]
+    shape = graph.tensors[name].shape
+    if opts.inputs:
+        data = np.load(opts.inputs)
+        arrays = {k: data[k] for k in graph.inputs}
+        count = len(next(iter(arrays.values())))
+        labels = data["labels"] if "labels" in data else None
+        return [{k: v[i].reshape(graph.tensors[k].shape) for k, v in arrays.items()}
+                for i in range(count)], labels
+    from .datasets import load_digits_split
+
+    split = load_digits_split(seed=0)
+    n = min(opts.digits, len(split.x_test))
+    xs = [{name: split.x_test[i].reshape(shape).astype(np.float32)} for i in range(n)]
+    return xs, split.y_test[:n]
+
+
+# ---- commands on a device -------------------------------------------------------------------
+
+
+def run_on_device(device, opts, console: Console | None = None) -> bool:
+    """``npu run`` against ``device`` (any backend). Returns True when every check passed."""
+    from .compiler import compile_model
+    from .driver import NPUDriver
+    from .onnx_import import load_onnx
+    from .runtime import Session
+
+    console = console or Console()
+    drv = NPUDriver(device)
+    graph = load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback)
+    model = compile_model(graph, drv.config)
+    session = Session(drv, model, check=not opts.no_check)
+    session.load()
+    batch, labels = load_inputs(model.graph, opts)
+    console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU "
+                  f"({drv.config.rows}x{drv.config.cols} array, {drv.config.bus_bytes * 8}-bit "
+                  f"bus): {len(model.program)} instructions, {len(model.units)} units, "
+                  f"{len(batch)} inputs")
+    results = []
+    with Progress(console=console, transient=True, disable=len(batch) < 8) as bar:
+        task = bar.add_task("inference", total=len(batch))
+        for inputs in batch:
+            results.append(session.run(inputs))
+            bar.advance(task)
+    report(model, results, labels, console)
+    return all(r.checked for r in results) or opts.no_check
+
+
+def report(model, results, labels, console: Console):
+    """Predictions, accuracy, cycles, utilization and the per-unit table."""
+    from .compiler.cost import CostModel
+
+    out_name = model.graph.outputs[0]
+    preds = [int(np.argmax(r.outputs[out_name])) for r in results]
+    if len(results) <= 20:
+        console.print("predictions: " + " ".join(map(str, preds)))
+    if labels is not None:
+        acc = float(np.mean(np.array(preds) == np.asarray(labels)[:len(preds)]))
+        console.print(f"accuracy: {100 * acc:.2f}% on {len(preds)} held-out digits")
+    cycles = [r.cycles for r in results]
+    macs = sum(r.counters["macs"] for r in results)
+    peak = model.config.peak_macs_per_cycle * max(sum(cycles), 1)
+    console.print(f"cycles per inference: mean {np.mean(cycles):.0f}, min {min(cycles)}, "
+                  f"max {max(cycles)}; MAC utilization {100 * macs / peak:.1f}%; DRAM "
+                  f"{np.mean([r.counters['dram_read_bytes'] for r in results]):.0f} B read, "
+                  f"{np.mean([r.counters['dram_write_bytes'] for r in results]):.0f} B written "
+                  "per inference")
+    checked = sum(r.checked for r in results)
+    if checked:
+        console.print(f"[green]{checked}/{len(results)} results equal the reference "
+                      "interpreter bit for bit")
+    cost = CostModel(model.config)
+    runs: dict[int, list] = {}
+    for r in results:
+        for t in r.trace:
+            runs.setdefault(t.region, []).append(t)
+    table = Table("unit", "nodes", "runs", "cycles", "predicted", "MACs", "DRAM rd", "DRAM wr",
+                  "tag hits", "misses", title="per unit (mean per run)")
+    regions = model.regions
+    for uid in sorted(regions):
+        u, recs = regions[uid], runs.get(uid, [])
+        for t in recs:
+            cost.observe(u.resources["work"], t.cycles)
+        if not recs:
+            table.add_row(str(uid), ", ".join(u.nodes), "0", "", "", "", "", "", "", "")
+            continue
+        def mean(f, recs=recs):
+            return np.mean([getattr(t, f) for t in recs])
+
+        table.add_row(str(uid), ", ".join(u.nodes), str(len(recs)), f"{mean('cycles'):.0f}",
+                      f"{cost.predict(u.resources['work']):.0f}", f"{mean('macs'):.0f}",
+                      f"{mean('dram_read_bytes'):.0f}", f"{mean('dram_write_bytes'):.0f}",
+                      f"{mean('tag_hits'):.1f}", f"{mean('tag_misses'):.1f}")
+    console.print(table)
+    before = cost.error()
+    err = cost.fit()
+    console.print(f"cost model: mean error {100 * before:.1f}% from the hardware profile, "
+                  f"{100 * err:.1f}% after refitting on {len(cost.samples)} region runs")
+
+
+def info_on_device(device, opts, console: Console | None = None) -> bool:
+    from .driver import NPUDriver
+
+    console = console or Console()
+    drv = NPUDriver(device)
+    table = Table("parameter", "value", title=f"NPU hardware profile ({opts.backend}, from CAPS)")
+    for k, v in drv.config.as_dict().items():
+        table.add_row(k, str(v))
+    table.add_row("peak MACs/cycle", str(drv.config.peak_macs_per_cycle))
+    table.add_row("active bank", str(drv.active_bank))
+    console.print(table)
+    return True
+
+
+COMMANDS = {"run": run_on_device, "info": info_on_device}
+
+
+def device_scenario(device, config, seed):
+    """Entry point inside the Verilator simulation (``verif.rtl_device.run_scenario``)."""
+    opts = _parser().parse_args(json.loads(os.environ["NPU_CLI_ARGV"]))
+    if not COMMANDS[opts.command](device, opts):
+        raise AssertionError("the run did not pass its checks")
+
+
+def _on_backend(opts, argv) -> int:
+    if opts.backend == "golden":
+        from .device import GoldenDevice
+
+        return 0 if COMMANDS[opts.command](GoldenDevice(CONFIGS[opts.config]), opts) else 1
+    from verif.rtl_device import run_scenario
+    from verif.sim import CocotbTestFailure
+
+    print(f"building/running the Verilator NPU ({opts.config} config; the first build "
+          "takes minutes)...", flush=True)
+    try:
+        run_scenario("host.cli:device_scenario", opts.config,
+                     extra_env={"NPU_CLI_ARGV": json.dumps(argv)})
+    except CocotbTestFailure as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---- offline commands -----------------------------------------------------------------------
+
+
+def compile_cmd(opts) -> int:
+    from .compiler import compile_model
+    from .onnx_import import load_onnx
+
+    model = compile_model(load_onnx(model_path(opts.model),
+                                    allow_cpu_fallback=opts.cpu_fallback), CONFIGS[opts.config])
+    console = Console()
+    table = Table("unit", "nodes", "inputs", "outputs", "instructions", "scratchpad B",
+                  title=f"{model.graph.name} for the {opts.config} config")
+    for u in model.units:
+        table.add_row(str(u.id), ", ".join(u.nodes), ", ".join(u.inputs), ", ".join(u.outputs),
+                      str(u.resources["instructions"]), str(u.resources["scratchpad_bytes"]))
+    console.print(table)
+    console.print(model.resources())
+    for line in model.log:
+        console.print(f"simplified: {line}")
+    if opts.output:
+        Path(opts.output).write_bytes(model.program.to_bytes())
+        Path(opts.output).with_suffix(".const").write_bytes(model.const_image())
+        console.print(f"wrote {opts.output} ({len(model.program) * 8} bytes) and its "
+                      "constants (.const)")
+    return 0
+
+
+def disasm_cmd(opts) -> int:
+    from .compiler import compile_model
+    from .onnx_import import load_onnx
+
+    model = compile_model(load_onnx(model_path(opts.model),
+                                    allow_cpu_fallback=opts.cpu_fallback), CONFIGS[opts.config])
+    sys.stdout.write(model.disasm())
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="npu", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def common(p, backend: bool):
+        p.add_argument("--config", default="default", choices=sorted(CONFIGS),
+                       help="hardware configuration (default: default)")
+        if backend:
+            p.add_argument("--backend", default="golden", choices=("golden", "verilator"))
+
+    p = sub.add_parser("run", help="run a model and report")
+    p.add_argument("model", help="an .onnx file or a bundled model name (mlp, cnn, moe, "
+                   "early_exit)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--digits", type=int, default=20, help="held-out digits to run (default 20)")
+    g.add_argument("--inputs", help=".npz with one array per graph input (first axis: samples) "
+                   "and optional 'labels'")
+    p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
+    p.add_argument("--cpu-fallback", action="store_true", help="run unsupported ops on the CPU")
+    common(p, True)
+    p = sub.add_parser("info", help="the device's CAPS as a hardware profile")
+    common(p, True)
+    for name, what in (("compile", "compile and summarize"), ("disasm", "print the program")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("model")
+        p.add_argument("--cpu-fallback", action="store_true")
+        if name == "compile":
+            p.add_argument("-o", "--output", help="write the program image here")
+        common(p, False)
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts = _parser().parse_args(argv)
+    if opts.command == "compile":
+        return compile_cmd(opts)
+    if opts.command == "disasm":
+        return disasm_cmd(opts)
+    return _on_backend(opts, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

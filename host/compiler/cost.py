@@ -1,0 +1,107 @@
+"""The cost model: cycles and DRAM bytes of a unit, from its work and the profile.
+
+A unit's work (:class:`host.compiler.emit.Work`: dynamic counts of DMA transfers
+and bytes, weight loads, GEMM rows, vector rows and bytes, instructions) is known
+at compile time. The model predicts steady-state figures (resident weights hit
+their tags): DRAM bytes exactly, cycles as a linear function of the work whose
+initial coefficients come from the hardware profile (bus width, array size) and
+which :meth:`CostModel.fit` refits on measured region cycles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from firmware.config import NPUConfig
+
+# Features of the cycle model, computed from a unit's work (warm: tags hit).
+TERMS = ("fixed", "instructions", "transfers", "dma_beats", "wload_rows", "gemm_rows",
+         "gemms", "vector_ops", "vector_beats")
+
+
+def warm_dram_bytes(work: dict) -> tuple[int, int]:
+    """(read, write) DRAM bytes of one run of the unit once its weights are resident."""
+    return work["load_bytes"] - work["tagged_bytes"], work["store_bytes"]
+
+
+def features(work: dict, config: NPUConfig) -> dict:
+    read, write = warm_dram_bytes(work)
+    return {
+        "fixed": 1,
+        "instructions": work["instructions"],
+        "transfers": work["loads"] + work["stores"],
+        "dma_beats": -(-(read + write) // config.bus_bytes),
+        "wload_rows": work["wload_rows"],
+        "gemm_rows": work["gemm_rows"],
+        "gemms": work["gemms"],
+        "vector_ops": work["vector_ops"],
+        "vector_beats": -(-work["vector_bytes"] // config.cols),
+    }
+
+
+def initial_coefficients(config: NPUConfig) -> dict:
+    """Cycles per feature unit, from the hardware profile (before any measurement)."""
+    return {
+        "fixed": 8.0,  # region marks drain the queues
+        "instructions": 1.0,  # one dispatch per cycle
+        "transfers": 16.0,  # DRAM latency per DMA transfer
+        "dma_beats": 1.0,  # one bus beat per cycle
+        "wload_rows": 1.0,
+        "gemm_rows": 1.0,
+        "gemms": float(config.rows + config.cols),  # systolic fill and drain
+        "vector_ops": 4.0,  # vector pipeline depth
+        "vector_beats": 1.0,
+    }
+
+
+@dataclass
+class CostModel:
+    """Predicts a unit's cycles; refits itself on measurements.
+
+    Members
+    -------
+    config : the hardware profile.
+    coef : cycles per feature (see :data:`TERMS`).
+    samples : (features, measured cycles) pairs seen so far.
+    """
+
+    config: NPUConfig
+    coef: dict = field(default_factory=dict)
+    samples: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.coef:
+            self.coef = initial_coefficients(self.config)
+
+    def predict(self, work: dict) -> float:
+        f = features(work, self.config)
+        return max(0.0, float(sum(self.coef[t] * f[t] for t in TERMS)))
+
+    def observe(self, work: dict, cycles: int):
+        self.samples.append((features(work, self.config), cycles))
+
+    def error(self) -> float:
+        """Mean relative error of the current coefficients on the samples."""
+        if not self.samples:
+            return 0.0
+        pred = np.array([max(0.0, sum(self.coef[t] * f[t] for t in TERMS))
+                         for f, _ in self.samples])
+        y = np.array([c for _, c in self.samples], dtype=float)
+        return float(np.mean(np.abs(pred - y) / np.maximum(y, 1)))
+
+    def fit(self, ridge: float = 1e-3) -> float:
+        """Refit on the samples, pulled towards the current coefficients where the
+        samples do not tell (ridge); return the mean relative error afterwards."""
+        if not self.samples:
+            return 0.0
+        x = np.array([[f[t] for t in TERMS] for f, _ in self.samples], dtype=float)
+        y = np.array([c for _, c in self.samples], dtype=float)
+        prior = np.array([self.coef[t] for t in TERMS])
+        # min |x b - y|^2 + lam |b - prior|^2, lam scaled to the features' size.
+        gram = x.T @ x
+        lam = ridge * max(np.trace(gram) / len(TERMS), 1.0)
+        b = np.linalg.solve(gram + lam * np.eye(len(TERMS)), x.T @ y + lam * prior)
+        self.coef = {t: float(v) for t, v in zip(TERMS, b, strict=True)}
+        return self.error()
