@@ -18,6 +18,7 @@ import numpy as np
 from firmware.golden import TraceRecord
 
 from .compiler import CompiledModel
+from .compiler.lower import scope_tensors
 from .driver import NPUDriver
 from .ir import Equal, Graph, If, Node
 from .reference import eval_node, run_reference, to_external, to_internal
@@ -155,13 +156,8 @@ class _Executor:
             raise ValueError(f"unknown inputs {sorted(extra)}")
         self.written: set[str] = set()
         self.trace: list[TraceRecord] = []
-        self.prod: dict[str, Node] = {}
-        self.tensors = {}
-        for scope, n in g.walk():
-            self.tensors.update(scope.tensors)
-            for o in n.outputs:
-                self.prod[o] = n
-        self.tensors.update(g.tensors)
+        self.prod: dict[str, Node] = {o: n for _, n in g.walk() for o in n.outputs}
+        self.tensors = scope_tensors(g)
 
     def run(self) -> dict:
         g, stages = self.m.graph, self.m.stages

@@ -16,8 +16,13 @@ import pytest
 from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 
+from firmware.config import CONFIGS
+from host.compiler import compile_model
+from host.device import GoldenDevice
+from host.driver import NPUDriver
 from host.onnx_import import freeze_inputs, load_onnx
 from host.reference import run_reference
+from host.runtime import Session
 
 SCALES = ["a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"]
 
@@ -94,6 +99,13 @@ def test_node(name):
         g = load_onnx(m, allow_cpu_fallback=fallback)
         assert [n.device for _, n in g.walk()] == placement
         got = run_reference(g, ins)
+        for config in CONFIGS.values():  # compiled and run on the golden-model NPU
+            session = Session(NPUDriver(GoldenDevice(config)), compile_model(g, config),
+                              check=True)
+            session.load()
+            npu = session.run(ins).outputs
+            for k, v in got.items():
+                assert np.array_equal(npu[k], v), f"{name}: NPU {k}"
         for info, want in zip(model.graph.output, outs, strict=True):
             y = got[info.name]
             assert y.dtype == want.dtype and y.shape == want.shape, name
