@@ -247,15 +247,16 @@ class Lowering:
         return self.sp[r]
 
     # ---- DMA ------------------------------------------------------------------------------
-    def _pieces(self, size: int):
-        """(offset, rows, bytes) transfers covering ``size`` contiguous bytes."""
+    def _pieces(self, size: int, max_rows: int = MAX_ROWS):
+        """(offset, rows, bytes) pieces covering ``size`` contiguous bytes: DMA
+        transfers (at most ``MAX_ROWS`` rows) or vector operations (4096 rows)."""
         out, at = [], 0
         while at < size:
             left = size - at
             if left <= MAX_ROW_BYTES:
                 out.append((at, 1, left))
                 break
-            rows = min(MAX_ROWS, left // MAX_ROW_BYTES)
+            rows = min(max_rows, left // MAX_ROW_BYTES)
             out.append((at, rows, MAX_ROW_BYTES))
             at += rows * MAX_ROW_BYTES
         return out
@@ -535,17 +536,7 @@ class Lowering:
                       f"{e.reg(tmp + b * hp * ow * c)}, {oh}, {ow * c}")
 
     def _flat(self, size: int):
-        """(offset, rows, n) pieces of a flat vector operation over ``size`` bytes."""
-        out, at = [], 0
-        while at < size:
-            left = size - at
-            if left <= MAX_ROW_BYTES:
-                out.append((at, 1, left))
-                break
-            rows = min(4096, left // MAX_ROW_BYTES)
-            out.append((at, rows, MAX_ROW_BYTES))
-            at += rows * MAX_ROW_BYTES
-        return out
+        return self._pieces(size, max_rows=4096)
 
     def clip(self, n: Clip):
         e = self.e
