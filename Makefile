@@ -27,7 +27,7 @@ BOARD ?= ulx3s
 .PHONY: help setup test demo sim regress synth lint docs clean
 
 help:
-	@echo "make demo     run the bundled demo on the NPU (sets everything up)"
+	@echo "make demo     the gated MoE model compiled and run on the Verilator NPU (sets everything up)"
 	@echo "make test     run the whole test suite (sets everything up)"
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
@@ -62,7 +62,8 @@ synth: setup
 	@echo "synthesis arrives with the FPGA issue (hdl/boards/); nothing to build yet" >&2; exit 1
 
 lint: setup
-	$(PY) -m ruff check firmware hdl host verif tests
+	$(PY) -m ruff check firmware hdl host verif tests bench
+	$(PY) -m verif.lint --config all
 
 docs: setup
 	$(PY) -m firmware.docgen docs

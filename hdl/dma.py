@@ -79,6 +79,11 @@ def _desc_layout(config: NPUConfig) -> data.StructLayout:
     })
 
 
+# Descriptor fields read by the store channel's W side and by its B side.
+_W_FIELDS = ("len", "lo", "hi", "sp_first", "sp_next")
+_B_FIELDS = ("row", "nbytes", "row_last", "cmd_last", "marker")
+
+
 class _Bursts(wiring.Component):
     """Splits a DMA command into per-row INCR bursts, one per cycle.
 
@@ -203,7 +208,12 @@ class _Bursts(wiring.Component):
 
 def _strobe(w: int, lo, hi):
     """Lanes ``lo..hi`` (inclusive) of a ``w``-lane beat."""
-    return Cat(*[(lo <= i) & (i <= hi) for i in range(w)])
+    lanes = []
+    for i in range(w):
+        # lo <= w - 1 and 0 <= hi always hold: leave out those constant comparisons.
+        conds = ([lo <= i] if i < w - 1 else []) + ([i <= hi] if i > 0 else [])
+        lanes.append(Cat(*conds).all() if conds else Const(1, 1))
+    return Cat(*lanes)
 
 
 class DMA(wiring.Component):
@@ -380,8 +390,12 @@ class DMA(wiring.Component):
     def _store(self, m, cfg, w, depth, dlay):
         axi, sp = self.axi, self.store_sp
         m.submodules.store_bursts = bursts = _Bursts(cfg)
-        m.submodules.store_wq = wq = SyncFIFOBuffered(width=dlay.size, depth=depth)
-        m.submodules.store_bq = bq = SyncFIFOBuffered(width=dlay.size, depth=depth)
+        # The W side needs only a burst's beat geometry and the B side only its row
+        # bookkeeping, so each queue holds just its half of the descriptor.
+        wlay = data.StructLayout({f: dlay.members[f] for f in _W_FIELDS})
+        blay = data.StructLayout({f: dlay.members[f] for f in _B_FIELDS})
+        m.submodules.store_wq = wq = SyncFIFOBuffered(width=wlay.size, depth=depth)
+        m.submodules.store_bq = bq = SyncFIFOBuffered(width=blay.size, depth=depth)
         wiring.connect(m, wiring.flipped(self.store_cmd), bursts.cmd)
 
         # issue: a burst goes to the AW queue, the W side and the B side at once, so W
@@ -390,14 +404,15 @@ class DMA(wiring.Component):
         m.submodules.store_awq = awq = SyncFIFO(width=DRAM_ADDR_BITS + 8, depth=2)
         b = bursts.out
         mk = b.payload.d.marker
+        wq_in, bq_in = data.View(wlay, wq.w_data), data.View(blay, bq.w_data)
         m.d.comb += [
             b.ready.eq(bq.w_rdy & (mk | (wq.w_rdy & awq.w_rdy))),
             awq.w_en.eq(b.valid & b.ready & ~mk),
             awq.w_data.eq(Cat(b.payload.addr, b.payload.d.len)),
             wq.w_en.eq(b.valid & b.ready & ~mk),
-            wq.w_data.eq(b.payload.d),
+            *[wq_in[f].eq(b.payload.d[f]) for f in _W_FIELDS],
             bq.w_en.eq(b.valid & b.ready),
-            bq.w_data.eq(b.payload.d),
+            *[bq_in[f].eq(b.payload.d[f]) for f in _B_FIELDS],
             axi.awvalid.eq(awq.r_rdy),
             axi.awaddr.eq(awq.r_data[:DRAM_ADDR_BITS]),
             axi.awlen.eq(awq.r_data[DRAM_ADDR_BITS:]),
@@ -408,7 +423,7 @@ class DMA(wiring.Component):
         # a read is issued only when its data is sure to find room.
         wbuf_depth = 4
         m.submodules.store_wbuf = wbuf = SyncFIFO(width=w * 8 + w + 1, depth=wbuf_depth)
-        d = data.View(dlay, wq.r_data)
+        d = data.View(wlay, wq.r_data)
         k = Signal(8)
         ptr = Signal(sp.addr.shape())
         pending = Signal()  # a read was accepted last cycle: its data arrives now
@@ -446,7 +461,7 @@ class DMA(wiring.Component):
         ]
 
         # B side: one response per burst, in order
-        e = data.View(dlay, bq.r_data)
+        e = data.View(blay, bq.r_data)
         err = Signal()
         err_addr = Signal(DRAM_ADDR_BITS)
         is_err = axi.bresp[1]

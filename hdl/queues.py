@@ -40,6 +40,7 @@ from .tags import tag_key_layout
 
 TOKEN_COUNT_BITS = 16
 PC_BITS = 17  # one more than the 16-bit targets, so pc == imem_depth is representable
+INSN_PC_BITS = 16  # the pc of a dispatched instruction: always < imem_depth <= 65536
 
 
 def load_entry_layout(config: NPUConfig) -> data.StructLayout:
@@ -49,7 +50,7 @@ def load_entry_layout(config: NPUConfig) -> data.StructLayout:
         "slot": 6,  # tile-tag slot, 0: untagged
         "part": 3,  # partition (hit/miss counters are per partition)
         "tokens": 4,
-        "pc": PC_BITS,
+        "pc": INSN_PC_BITS,
     })
 
 
@@ -57,7 +58,7 @@ def store_entry_layout(config: NPUConfig) -> data.StructLayout:
     return data.StructLayout({
         "cmd": dma_command_layout(config),
         "tokens": 4,
-        "pc": PC_BITS,
+        "pc": INSN_PC_BITS,
     })
 
 
@@ -170,7 +171,7 @@ class LoadQueue(wiring.Component):
             "run_start": In(1), "flush": In(1),
             "idle": Out(1), "busy": Out(1),
             "hit": Out(1), "miss": Out(1), "part": Out(3),
-            "read_error": Out(1), "error_pc": Out(PC_BITS), "error_addr": Out(32),
+            "read_error": Out(1), "error_pc": Out(INSN_PC_BITS), "error_addr": Out(32),
         })
 
     def elaborate(self, platform):
@@ -241,7 +242,7 @@ class StoreQueue(wiring.Component):
             "tok_in": In(1), "tok_out": Out(1),
             "run_start": In(1), "flush": In(1),
             "idle": Out(1), "busy": Out(1),
-            "write_error": Out(1), "error_pc": Out(PC_BITS), "error_addr": Out(32),
+            "write_error": Out(1), "error_pc": Out(INSN_PC_BITS), "error_addr": Out(32),
         })
 
     def elaborate(self, platform):

@@ -144,6 +144,10 @@ class Scratchpad(wiring.Component):
                 gw.eq(port.valid & port.we & ~(d["need_w"] & claimed_w).any()),
                 port.ready.eq(gr | gw),
             ]
+            grant_r.append(gr)
+            grant_w.append(gw)
+            if i == self.port_count - 1:
+                break  # the last port's claims would bind no one
             cr = Signal(nbanks, name=f"claimed_r_{i}")
             cw = Signal(nbanks, name=f"claimed_w_{i}")
             m.d.comb += [
@@ -151,8 +155,6 @@ class Scratchpad(wiring.Component):
                 cw.eq(claimed_w | Mux(gw, d["need_w"], 0)),
             ]
             claimed_r, claimed_w = cr, cw
-            grant_r.append(gr)
-            grant_w.append(gw)
 
         # ---- bank inputs: at most one granted port per bank and kind, so OR them ---
         for k in range(nbanks):

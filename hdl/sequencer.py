@@ -32,6 +32,7 @@ from firmware.isa import CfgField, Cond, ErrorCode, Token
 
 from .ports import ArrayOp, VectorOp, sp_addr_bits
 from .queues import (
+    INSN_PC_BITS,
     PC_BITS,
     compute_entry_layout,
     load_entry_layout,
@@ -131,7 +132,7 @@ class Sequencer(wiring.Component):
             "store": Out(stream.Signature(store_entry_layout(config))),
             "load_idle": In(1), "compute_idle": In(1), "store_idle": In(1),
             "rd_we": In(1), "rd_index": In(4), "rd_value": In(32),
-            "queue_error": In(1), "queue_error_pc": In(PC_BITS), "queue_error_addr": In(32),
+            "queue_error": In(1), "queue_error_pc": In(INSN_PC_BITS), "queue_error_addr": In(32),
             "run_start": Out(1), "flush": Out(1),
             # events
             "ev_instr": Out(1), "ev_region": Out(1), "ev_misspec": Out(1),
@@ -531,7 +532,7 @@ class Sequencer(wiring.Component):
                         entry.cmd.stride.eq(Mux(stride_r == 0, nb, R(mn, "stride"))),
                         entry.cmd.rows.eq(rows), entry.cmd.nbytes.eq(nb),
                         entry.cmd.sp.eq(chk[0].addr),
-                        entry.tokens.eq(toks), entry.pc.eq(pc),
+                        entry.tokens.eq(toks), entry.pc.eq(pc[:INSN_PC_BITS]),
                         wait.eq(reg_wait | ~port.ready), next_pc.eq(advance),
                     ]
                     with m.If(fire):
