@@ -72,6 +72,7 @@ class Session:
         end = const_base + model.place.const_bytes
         self.arena_base = arena_base if arena_base is not None else -(-end // PAGE) * PAGE
         self.version = 0
+        self.index = _GraphIndex(model.graph)
 
     # ---- program management --------------------------------------------------------
     def load(self, invalidate_tags: bool = True) -> None:
@@ -100,14 +101,14 @@ class Session:
             self.driver.invalidate_tags()
         self.driver.swap(wait=wait)
         self.model = model
+        self.index = _GraphIndex(model.graph)
         return self.version
 
     # ---- inference ------------------------------------------------------------------
     def run(self, inputs: dict) -> Inference:
         """One inference on ``inputs`` (graph input name -> array)."""
         before = self.driver.counters()
-        drained = self.driver.read_trace()  # records of earlier, unrelated runs
-        del drained
+        self.driver.read_trace()  # drop records of earlier, unrelated runs
         ex = _Executor(self, inputs)
         outputs = ex.run()
         after = self.driver.counters()
@@ -139,6 +140,14 @@ def _sub(a, b):
     return a - b
 
 
+class _GraphIndex:
+    """Producers and tensors of every scope of a graph (computed once per model)."""
+
+    def __init__(self, g: Graph):
+        self.prod: dict[str, Node] = {o: n for _, n in g.walk() for o in n.outputs}
+        self.tensors = scope_tensors(g)
+
+
 class _Executor:
     """The host side of one inference: CPU stages, NPU segments, lazy reads."""
 
@@ -156,8 +165,8 @@ class _Executor:
             raise ValueError(f"unknown inputs {sorted(extra)}")
         self.written: set[str] = set()
         self.trace: list[TraceRecord] = []
-        self.prod: dict[str, Node] = {o: n for _, n in g.walk() for o in n.outputs}
-        self.tensors = scope_tensors(g)
+        self.prod = session.index.prod
+        self.tensors = session.index.tensors
 
     def run(self) -> dict:
         g, stages = self.m.graph, self.m.stages

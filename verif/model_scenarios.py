@@ -19,9 +19,7 @@ from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
 from host.runtime import Session
-
-EXACT_TRACE = ("region", "instructions", "macs", "dram_read_bytes", "dram_write_bytes",
-               "tag_hits", "tag_misses")
+from verif.scenarios import EXACT_TRACE
 
 
 def model_vs_golden(device, config, seed):

@@ -35,7 +35,6 @@ class Emitter:
         self._pending_pop = False
         self._last_compute: int | None = None
         self._last_compute_looped = False
-        self.counts = {"load": 0, "store": 0, "compute": 0, "seq": 0}
         self.work = Work()
         self._mult = [1]
 
@@ -56,7 +55,6 @@ class Emitter:
                 self._pending_pop = False
             self._last_compute = len(self.lines)
             self._last_compute_looped = self._mult[-1] > 1
-        self.counts[queue] += 1
         self.work.add(text, self._mult[-1])
         if text.startswith("loop "):
             self._mult.append(self._mult[-1] * int(text.split()[1].rstrip(",")))

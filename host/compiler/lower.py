@@ -35,6 +35,7 @@ from .plan import ALIASES, CompileError, UnitInfo
 
 P_WEIGHTS, P_WORK = "p0", "p1"
 ALIGN = 8
+WORK_LIMIT = 1 << 16  # working-area offsets travel in 16-bit immediates (gemm, vreq)
 MAX_ROW_BYTES = 4096  # load/store bytes per row, vector n
 MAX_ROWS = 256  # load/store rows
 
@@ -229,9 +230,9 @@ class Lowering:
     def alloc(self, nbytes: int, what: str) -> int:
         at = self._top
         self._top = align(at + nbytes)
-        if self._top > self.work_size:
+        if self._top > min(self.work_size, WORK_LIMIT):
             raise CompileError(f"{what}: the unit needs {self._top} bytes of scratchpad, "
-                               f"the working partition has {self.work_size}")
+                               f"the working partition has {min(self.work_size, WORK_LIMIT)}")
         return at
 
     def at(self, tensor: str) -> int:

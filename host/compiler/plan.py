@@ -31,6 +31,7 @@ from ..ir import (
     QGemm,
     Requant,
     Reshape,
+    _outer_reads,
 )
 
 ANCHORS = (QGemm, QConv, QAdd, Clip, MaxPool)
@@ -217,7 +218,7 @@ def stages(graph: Graph) -> dict[str, int]:
     for n in graph.topo_order():
         on_npu = n.device == "npu"
         s = 1 if on_npu else 0
-        reads = list(n.inputs) + sorted(_outer(n))
+        reads = list(n.inputs) + sorted(_outer_reads(n))
         for t in reads:
             p = producer.get(t)
             if p is None:
@@ -232,12 +233,6 @@ def stages(graph: Graph) -> dict[str, int]:
                 s = max(s, ps + 1 if p_on_npu else ps)
         stage[n.name] = s
     return stage
-
-
-def _outer(n: Node) -> set[str]:
-    from ..ir import _outer_reads
-
-    return _outer_reads(n)
 
 
 @dataclass
