@@ -184,7 +184,7 @@ class Lowering:
         self.sp: dict[str, int] = {}
         self._top = 0
         self._blob_at: dict[str, tuple[str, int]] = {}
-        stats = {"load_bytes": 0, "store_bytes": 0, "const_bytes": 0, "macs": 0}
+        stats = {"macs": 0}  # DMA bytes and the rest: stats["work"]
         # Load groups: unit inputs with the first node's constants, then one group
         # per later node that has constants; each group ends in a token.
         groups: list[list] = [[("tensor", t) for t in u.inputs]]
@@ -199,15 +199,13 @@ class Lowering:
                     first_of[n.name] = len(groups) - 1
         if groups[0]:
             first_of[u.nodes[0].name] = 0
-        else:
-            groups[0] = []
         for g in groups:
             for i, (kind, what) in enumerate(g):
                 push = "next" if i == len(g) - 1 else ""
                 if kind == "tensor":
-                    stats["load_bytes"] += self._load_tensor(what, push)
+                    self._load_tensor(what, push)
                 else:
-                    stats["const_bytes"] += self._load_blob(what, push)
+                    self._load_blob(what, push)
         stored = set(u.outputs)
         for n in u.nodes:
             if n.name in first_of:
@@ -217,7 +215,7 @@ class Lowering:
                 r = self.root(o)
                 if r in stored:
                     e.push_after_last_compute("next")
-                    stats["store_bytes"] += self._store_tensor(r)
+                    self._store_tensor(r)
                     stored.discard(r)
         if stored:
             raise CompileError(f"unit {u.id}: outputs {sorted(stored)} are never produced")
@@ -267,7 +265,7 @@ class Lowering:
             return "r0", offset
         return self.e.reg(offset), 0
 
-    def _load_tensor(self, name: str, push: str) -> int:
+    def _load_tensor(self, name: str, push: str):
         t = self.tensor[name]
         sp = self.out(name)
         pieces = self._pieces(t.size)
@@ -276,9 +274,8 @@ class Lowering:
             reg, imm = self._sp_reg(sp + off, 11)
             self.e.op(f"load {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
                       push=push if i == len(pieces) - 1 else "", queue="load")
-        return t.size
 
-    def _load_blob(self, b: Blob, push: str) -> int:
+    def _load_blob(self, b: Blob, push: str):
         if b.slot:
             part, sp, tag = P_WEIGHTS, b.sp, f", tag={b.slot}"
         else:
@@ -288,9 +285,8 @@ class Lowering:
         reg, imm = self._sp_reg(sp, 11)
         self.e.op(f"load {part}, {reg}, {dram}, r0, {b.rows}, {b.row_bytes}, off={imm}{tag}",
                   push=push, queue="load")
-        return len(b.data)
 
-    def _store_tensor(self, name: str) -> int:
+    def _store_tensor(self, name: str):
         t = self.tensor[name]
         sp = self.at(name)
         for i, (off, rows, nbytes) in enumerate(self._pieces(t.size)):
@@ -298,7 +294,6 @@ class Lowering:
             reg, imm = self._sp_reg(sp + off, 11)
             self.e.op(f"store {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
                       pop="prev" if i == 0 else "", queue="store")
-        return t.size
 
     # ---- operators --------------------------------------------------------------------
     def node(self, n: Node) -> int:
