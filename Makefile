@@ -36,6 +36,7 @@ help:
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
+	@echo "make bench-npu       256^3 GEMM on the Verilator NPU vs its roofline, swap stall (npu.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)

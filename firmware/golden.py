@@ -127,6 +127,10 @@ class Machine:
     config : the hardware configuration (array size, scratchpad, ...).
     dram_bytes : size of the modelled DRAM; accesses beyond it are bus errors.
     cost : the cycle cost model.
+
+    ``bus_faults`` lists DRAM byte ranges ``(lo, hi)`` that answer bus errors as
+    well (what a test declares to the RTL's DRAM model as SLVERR/DECERR windows):
+    a DMA row touching one stops the run with BUS_ERROR at that row's address.
     """
 
     def __init__(self, config: NPUConfig | None = None, dram_bytes: int = 1 << 20,
@@ -136,6 +140,7 @@ class Machine:
         self.config = cfg = config or NPUConfig()
         self.cost = cost or CostModel()
         self.dram = np.zeros(dram_bytes, dtype=np.uint8)
+        self.bus_faults: list[tuple[int, int]] = []
         self.sp = np.zeros(cfg.sp_bytes, dtype=np.uint8)
         self.imem = [[0] * cfg.imem_depth for _ in range(2)]
         self.ptables = [
@@ -327,6 +332,10 @@ class Machine:
     def _dram_row(self, addr: int, nbytes: int):
         if addr + nbytes > len(self.dram):
             raise _Stop(ErrorCode.BUS_ERROR, f"DRAM [{addr:#x}, +{nbytes}) outside memory", addr)
+        for lo, hi in self.bus_faults:
+            if addr < hi and lo < addr + nbytes:
+                raise _Stop(ErrorCode.BUS_ERROR, f"DRAM [{addr:#x}, +{nbytes}) touches the "
+                            f"erroring window [{lo:#x}, {hi:#x})", addr)
         return slice(addr, addr + nbytes)
 
     # ---- the instructions --------------------------------------------------------------

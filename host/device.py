@@ -233,3 +233,12 @@ class GoldenDevice(Device):
 
     def wait_irq(self, timeout_cycles: int) -> bool:
         return bool(self.irq_status & self.irq_enable)
+
+    def set_bus_faults(self, windows) -> None:
+        """Make DRAM ranges answer bus errors (a test hook, mirroring the RTL testbench).
+
+        ``windows`` is ``[(lo, hi, resp), ...]``: byte range ``[lo, hi)`` and the AXI
+        response code, which the golden model ignores (both codes are BUS_ERROR).
+        ``[]`` clears them.
+        """
+        self.machine.bus_faults = [(int(lo), int(hi)) for lo, hi, _ in windows]

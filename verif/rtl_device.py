@@ -8,6 +8,16 @@ host reads and writes it directly, as a CPU shares memory with an accelerator, a
 the NPU reaches it only through its DMA. Between host accesses the simulation runs
 free; the host wakes on the interrupt line, never per cycle.
 
+CSR writes are posted: :class:`CocotbDevice` queues them and issues the queue as one
+pipelined burst of AXI4-Lite writes, in order, before the next read, memory access,
+interrupt wait or clock query (and every 256 writes). The NPU sees the same writes in
+the same order, relative to every read, as with one blocking write at a time; only
+the thread hand-offs are saved (most of the cost of loading a program).
+
+DRAM can answer bus errors: :meth:`CocotbDevice.set_bus_faults` declares address
+windows whose beats answer SLVERR or DECERR (:class:`FaultyAxiRam`);
+``GoldenDevice.set_bus_faults`` declares the same windows to the golden model.
+
 Use :func:`run_scenario` from pytest: it builds the NPU for a configuration (cached
 per configuration), and runs ``module:function`` inside the simulator with a
 :class:`CocotbDevice`; the function does its own checking (it can run the golden
@@ -20,6 +30,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import logging
 import random
 
 from firmware.config import CONFIGS, NPUConfig
@@ -27,6 +38,8 @@ from host.device import Device
 
 DRAM_BYTES = 1 << 20
 CLOCK_NS = 10
+RESP_SLVERR, RESP_DECERR = 2, 3
+POSTED_WRITES = 256  # flush the posted CSR writes at least this often
 
 
 def config_to_env(config: NPUConfig) -> str:
@@ -37,36 +50,146 @@ def config_from_env(text: str) -> NPUConfig:
     return NPUConfig(**json.loads(text))
 
 
+def _overlaps(lo: int, hi: int, addr: int, size: int) -> bool:
+    return addr < hi and lo < addr + size
+
+
+class FaultyAxiRam:
+    """cocotbext-axi ``AxiRam`` whose ``faults`` windows answer bus errors.
+
+    ``faults`` is a list of ``(lo, hi, resp)``: byte range ``[lo, hi)`` and the AXI
+    response code (:data:`RESP_SLVERR` or :data:`RESP_DECERR`). A read beat whose bus
+    word touches a window returns zeros with that response; a write beat's bytes in
+    a window are dropped and the burst's B response carries the code. Keep windows
+    aligned to the bus width, so "a row touches the window" means the same to the
+    RTL (bus words) and to the golden model (bytes).
+    """
+
+    def __init__(self, bus, clock, reset, size: int):
+        from cocotbext.axi import AxiRamRead, AxiRamWrite
+        from cocotbext.axi.memory import Memory
+
+        faults: list[tuple[int, int, int]] = []
+        self.faults = faults
+
+        class Read(AxiRamRead):
+            async def _read(self, address, length):
+                for lo, hi, resp in faults:
+                    if _overlaps(lo, hi, address, length):
+                        self.resp = resp
+                        return bytes(length)
+                return await super()._read(address, length)
+
+        class Write(AxiRamWrite):
+            async def _write(self, address, data):
+                for lo, hi, resp in faults:
+                    if _overlaps(lo, hi, address, len(data)):
+                        self.resp = self.resp or resp
+                        return
+                await super()._write(address, data)
+
+        self.memory = Memory(size)
+        self.write_if = Write(bus.write, clock, reset, mem=self.memory.mem)
+        self.read_if = Read(bus.read, clock, reset, mem=self.memory.mem)
+        for side, channel, field in ((self.read_if, self.read_if.r_channel, "rresp"),
+                                     (self.write_if, self.write_if.b_channel, "bresp")):
+            side.resp = 0
+            _answer_with_resp(side, channel, field)
+
+    def read(self, addr: int, size: int) -> bytes:
+        return self.memory.read(addr, size)
+
+    def write(self, addr: int, data: bytes) -> None:
+        self.memory.write(addr, data)
+
+
+def _answer_with_resp(side, channel, field: str) -> None:
+    """Make ``channel.send`` put ``side.resp`` (if set, then cleared) into ``field``."""
+    send = channel.send
+
+    async def send_with_resp(beat):
+        if side.resp:
+            setattr(beat, field, side.resp)
+            side.resp = 0
+        await send(beat)
+
+    channel.send = send_with_resp
+
+
 class CocotbDevice(Device):
-    """A :class:`Device` on the simulated NPU (call only from a bridge thread)."""
+    """A :class:`Device` on the simulated NPU (call only from a bridge thread).
+
+    Beyond the :class:`Device` contract it offers what only a simulation can:
+    :meth:`cycle`, :meth:`set_bus_faults` and :meth:`watch_runs` /
+    :meth:`run_events`.
+    """
 
     def __init__(self, tb):
         from cocotb.task import resume
 
         self.tb = tb
         self._read = resume(tb.csr_read)
-        self._write = resume(tb.csr_write)
+        self._write_many = resume(tb.csr_write_many)
         self._wait = resume(tb.wait_irq)
         self._cycles = resume(tb.cycles)
+        self._watch = resume(tb.watch_runs)
+        self._posted: list[tuple[int, int]] = []
+
+    def _flush(self) -> None:
+        if self._posted:
+            ops, self._posted = self._posted, []
+            self._write_many(ops)
 
     def read_reg(self, addr: int) -> int:
+        self._flush()
         return self._read(addr)
 
     def write_reg(self, addr: int, value: int) -> None:
-        self._write(addr, value)
+        self._posted.append((addr, value & 0xFFFF_FFFF))
+        if len(self._posted) >= POSTED_WRITES:
+            self._flush()
 
     def read_mem(self, addr: int, size: int) -> bytes:
+        self._flush()
         return bytes(self.tb.ram.read(addr, size))
 
     def write_mem(self, addr: int, data: bytes) -> None:
+        self._flush()
         self.tb.ram.write(addr, bytes(data))
 
     def wait_irq(self, timeout_cycles: int) -> bool:
+        self._flush()
         return self._wait(timeout_cycles)
 
     def cycle(self) -> int:
         """The simulation's clock-cycle count (for figures such as swap stalls)."""
+        self._flush()
         return self._cycles()
+
+    def set_bus_faults(self, windows) -> None:
+        """Make DRAM answer bus errors: ``windows`` is ``[(lo, hi, resp), ...]``.
+
+        ``resp`` is :data:`RESP_SLVERR` or :data:`RESP_DECERR`; ``[]`` clears them.
+        """
+        self._flush()
+        for lo, hi, resp in windows:
+            if not 0 <= lo < hi or resp not in (RESP_SLVERR, RESP_DECERR):
+                raise ValueError(f"bad fault window {(lo, hi, resp)!r}")
+        self.tb.ram.faults[:] = [tuple(w) for w in windows]
+
+    def watch_runs(self, on: bool = True) -> None:
+        """Start (or stop) recording the cycles at which runs start and finish."""
+        self._flush()
+        self._watch(on)
+
+    def run_events(self) -> list[tuple[int, str]]:
+        """``(cycle, "start" | "done")`` of every run boundary seen while watching.
+
+        "start" is the cycle the sequencer begins a run (``run_start``), "done" the
+        cycle it reports the run finished (``done``).
+        """
+        self._flush()
+        return list(self.tb.run_events)
 
 
 class NpuTestbench:
@@ -76,12 +199,18 @@ class NpuTestbench:
                  seed: int = 0):
         import cocotb
         from cocotb.clock import Clock
-        from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
+        from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster
 
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
         self.csr = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "csr_"), dut.clk, dut.rst)
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "axi_"), dut.clk, dut.rst, size=dram_bytes)
+        self.ram = FaultyAxiRam(AxiBus.from_prefix(dut, "axi_"), dut.clk, dut.rst,
+                                size=dram_bytes)
+        # One log line per burst and CSR access costs more than simulating it.
+        for side in (self.csr.write_if, self.csr.read_if, self.ram.write_if, self.ram.read_if):
+            side.log.setLevel(logging.WARNING)
+        self.run_events: list[tuple[int, str]] = []
+        self._watchers: list = []
         if backpressure:
             rng = random.Random(seed)
 
@@ -108,6 +237,33 @@ class NpuTestbench:
 
     async def csr_write(self, addr: int, value: int) -> None:
         await self.csr.write(addr, int(value & 0xFFFF_FFFF).to_bytes(4, "little"))
+
+    async def csr_write_many(self, ops) -> None:
+        """Issue ``[(addr, value), ...]`` as pipelined AXI4-Lite writes, in order."""
+        done = [self.csr.init_write(addr, int(value & 0xFFFF_FFFF).to_bytes(4, "little"))
+                for addr, value in ops]
+        for event in done:  # every response is in before a later read is issued
+            await event.wait()
+
+    async def watch_runs(self, on: bool) -> None:
+        """Record run starts and ends into :attr:`run_events` (see CocotbDevice)."""
+        import cocotb
+        from cocotb.triggers import RisingEdge
+
+        for task in self._watchers:
+            task.cancel()
+        self._watchers = []
+        if not on:
+            return
+        seq = self.dut.seq  # the sequencer's ports (cocotb's Verilator build is public)
+
+        async def watch(signal, kind):
+            while True:
+                await RisingEdge(signal)
+                self.run_events.append((await self.cycles(), kind))
+
+        self._watchers = [cocotb.start_soon(watch(seq.run_start, "start")),
+                          cocotb.start_soon(watch(seq.done, "done"))]
 
     async def wait_irq(self, timeout_cycles: int) -> bool:
         from cocotb.triggers import ClockCycles, First, RisingEdge

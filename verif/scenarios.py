@@ -4,12 +4,18 @@ Each scenario is a blocking host function ``fn(device, config, seed)``: it drive
 RTL through :class:`host.driver.NPUDriver` over the given device, runs the same
 thing on a :class:`host.device.GoldenDevice`, and raises ``AssertionError`` on any
 difference in DRAM, scalar registers, error status, the exact counters or the exact
-fields of the region trace.
+fields of the region trace. Every RTL run waits a bounded number of cycles for its
+interrupt, so a hanging NPU fails the scenario instead of stalling it.
+
+The benchmark scenarios (:func:`gemm_bench`, :func:`swap_stall`) also write their
+figures as JSON to the file named by ``NPU_BENCH_OUT``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +23,7 @@ import numpy as np
 
 from firmware import asm
 from firmware.golden import EXACT_COUNTERS
+from firmware.isa import ErrorCode
 from firmware.quant import quantize_multiplier
 from host.device import GoldenDevice
 from host.driver import NPUDriver
@@ -26,6 +33,7 @@ DRAM_BYTES = 1 << 20
 EXACT_TRACE = ("region", "instructions", "macs", "dram_read_bytes", "dram_write_bytes",
                "tag_hits", "tag_misses")
 TABLE = [(i * 1024, 1024) for i in range(8)]
+RUN_TIMEOUT = 2_000_000  # cycles an RTL run may take before the scenario calls it a hang
 
 
 @dataclass
@@ -53,16 +61,38 @@ class Pair:
     def both(self):
         return (self.rtl, self.gold)
 
-    def run_job(self, job: Job, check_dram=True):
+    def run(self, drv: NPUDriver, args=(), cycle_budget: int = 0, timeout=RUN_TIMEOUT):
+        """One run (like ``NPUDriver.run``), failing after ``timeout`` cycles."""
+        drv.write("CYCLE_BUDGET", cycle_budget)
+        drv.start(args)
+        return drv.wait(timeout_cycles=timeout)
+
+    def run_job(self, job: Job, check_dram=True, timeout=RUN_TIMEOUT, check_state=True):
+        """Load and run ``job`` on both; compare the status of every run, then (with
+        ``check_state``) registers, counters, trace and (with ``check_dram``) DRAM."""
         for drv in self.both():
             for addr, data in job.dram.items():
                 drv.write_mem(addr, np.ascontiguousarray(data))
             drv.load(job.program, job.partitions, pt_sets=job.pt_sets)
         for i in range(job.runs):
-            st = [drv.run(job.args) for drv in self.both()]
+            st = [self.run(drv, job.args, timeout=timeout) for drv in self.both()]
             assert st[0] == st[1], f"{job.name} run {i}: RTL {st[0]}, golden {st[1]}"
-        self.compare(job.name, check_dram=check_dram)
+        if check_state:
+            self.compare(job.name, check_dram=check_dram)
         return st[1]
+
+    def resync(self):
+        """After a run whose side effects may differ (bus error, timeout): give the RTL
+        the golden DRAM image and clear both machines' counters and trace."""
+        self.rtl.write_mem(0, self.gold.read_mem(0, DRAM_BYTES))
+        for drv in self.both():
+            drv.reset_counters()
+            drv.read_trace()
+
+    def set_bus_faults(self, windows):
+        """Declare DRAM windows ``[(lo, hi, resp)]`` answering bus errors, on both."""
+        for drv in self.both():
+            drv.device.set_bus_faults(windows)
 
     def compare(self, what: str, check_dram=True):
         """Compare everything; return the RTL's region trace (read out for the check)."""
@@ -129,8 +159,8 @@ def random_programs(device, config, seed, count=None):
     count = count or int(os.environ.get("NPU_RANDOM_COUNT", "10"))
     pair = Pair(device, config)
     for i in range(count):
-        rp = random_program(config, seed * 1000 + i)
-        job = Job(f"random seed {seed * 1000 + i}", rp.program, rp.partitions,
+        rp = random_program(config, seed * 10_000 + i)
+        job = Job(f"random seed {seed * 10_000 + i}", rp.program, rp.partitions,
                   dram=rp.dram, runs=2)
         try:
             pair.run_job(job, check_dram=True)
@@ -216,6 +246,284 @@ def hot_swap(device, config, seed):
     assert c["runs"] == runs and c["swaps"] == 1, f"runs {c['runs']}, swaps {c['swaps']}"
     assert rtl.bank_version(rtl.active_bank) == 2
 
+
+
+# ---- bus errors ------------------------------------------------------------------------
+
+def _bus_error_jobs(config, rng) -> list[tuple[Job, list]]:
+    """Programs whose load or store touches an erroring DRAM window, with the window.
+
+    The window is bus-aligned, so "a row touches it" means the same to the RTL's DRAM
+    model (whole bus words) and to the golden model (bytes). Sizes, strides, the
+    failing row and the response code are drawn from ``rng``.
+    """
+    bus = config.bus_bytes
+    table = [(i * 1024, 1024) for i in range(min(4, config.partitions))]
+    src = 0x1000  # good input data
+    out = 0x8000  # good outputs
+    jobs = []
+
+    def window(resp):
+        lo = 0x20000 + bus * int(rng.integers(0, 64))
+        return lo, lo + bus * int(rng.integers(1, 5)), resp
+
+    def resp():
+        return int(rng.choice([2, 3]))  # SLVERR, DECERR
+
+    def rows_touching(win, rows, nbytes, stride):
+        """DRAM base of a ``rows`` x ``nbytes`` tile whose row r (only) starts in the
+        window's first bytes: rows before it end below the window."""
+        r = int(rng.integers(0, rows))
+        first = win[0] - int(rng.integers(0, nbytes))  # row r touches the window
+        return first - r * stride, r
+
+    data = {src: rng.integers(0, 256, 0x1000, dtype=np.uint8)}
+
+    # a tagged, strided load fails at row r; compute and store wait on its token
+    win = window(resp())
+    rows, nb = int(rng.integers(2, 13)), int(rng.integers(1, 41))
+    stride = nb + int(rng.integers(0, 65))
+    base, r = rows_touching(win, rows, nb, stride)
+    jobs.append((Job(f"load fails at row {r}", asm.assemble(f"""
+        li r1, {base}
+        li r2, {stride}
+        li r3, {out}
+        load p0, r0, r1, r2, {rows}, {nb}, tag=3, push=next
+        vclip p1, r0, p0, r0, {rows}, {nb}, pop=prev, push=next
+        store p1, r0, r3, r0, {rows}, {nb}, pop=prev
+        end"""), table, dram=data), [win]))
+
+    # a load fails at its first row; more loads wait behind it, compute waits for them
+    win = window(resp())
+    nb = int(rng.integers(1, 200))
+    jobs.append((Job("load fails at row 0 with work queued", asm.assemble(f"""
+        li r1, {win[0] + bus * int(rng.integers(0, (win[1] - win[0]) // bus))}
+        li r2, {src}
+        li r3, {out}
+        load p0, r0, r1, r0, 1, {nb}, push=next
+        load p2, r0, r2, r0, 4, {nb}, push=next
+        load p3, r0, r2, r0, 2, {nb}, push=next
+        cfg.qzp 1, pop=prev
+        cfg.qzp 2, pop=prev
+        cfg.qzp 3, pop=prev, push=next
+        store p2, r0, r3, r0, 4, {nb}, pop=prev
+        end"""), table, dram=data), [win]))
+
+    # a strided store fails at row r after loads and compute ran
+    win = window(resp())
+    rows, nb = int(rng.integers(2, 13)), int(rng.integers(1, 41))
+    stride = nb + int(rng.integers(0, 65))
+    base, r = rows_touching(win, rows, nb, stride)
+    jobs.append((Job(f"store fails at row {r}", asm.assemble(f"""
+        li r1, {src}
+        li r2, {base}
+        li r3, {stride}
+        load p0, r0, r1, r0, {rows}, {nb}, push=next
+        vclip p1, r0, p0, r0, {rows}, {nb}, pop=prev, push=next
+        store p1, r0, r2, r3, {rows}, {nb}, pop=prev
+        end"""), table, dram=data), [win]))
+
+    # a pipelined loop: the store of iteration i hits the window, loads run ahead
+    win = window(resp())
+    it = int(rng.integers(1, 4))
+    nb = 8 * int(rng.integers(1, 9))
+    jobs.append((Job(f"store of iteration {it} fails in a pipelined loop", asm.assemble(f"""
+        li r1, {src}
+        li r2, {win[0] - it * nb}
+        cfg.qzp 0, push=prev
+        loop 5, done
+        load p0, r0, r1, r0, 1, {nb}, pop=next, push=next
+        vclip p1, r0, p0, r0, 1, {nb}, pop=prev, push=prev|next
+        store p1, r0, r2, r0, 1, {nb}, pop=prev, push=prev
+        cfg.qzp 0, pop=next
+        addi r1, r1, {nb}
+        addi r2, r2, {nb}
+        done:
+        end"""), table, dram=data), [win]))
+    return jobs
+
+
+def bus_errors(device, config, seed):
+    """Loads and stores touching a SLVERR/DECERR window stop with BUS_ERROR.
+
+    Status (code, pc, failing row address) equals the golden model's and the NPU
+    never hangs. DRAM is not compared after a bus error (the DMA may have moved
+    partial rows); after it, with the window gone, the same program and the
+    hand-written GEMM run bit-exact (tags the failed load held are invalid on both).
+    """
+    rng = np.random.default_rng(seed)
+    pair = Pair(device, config)
+    good = program_jobs(seed)[3]  # gemm
+    for job, windows in _bus_error_jobs(config, rng):
+        pair.set_bus_faults(windows)
+        status = pair.run_job(job, check_state=False)
+        assert status.error == ErrorCode.BUS_ERROR, f"{job.name}: {status}, not BUS_ERROR"
+        pair.resync()
+        pair.set_bus_faults([])
+        pair.run_job(job)  # the same program, the window gone: clean and bit-exact
+        pair.run_job(good)
+
+
+# ---- timeouts ------------------------------------------------------------------------------
+
+TIMEOUT_PROGRAMS = [
+    # (name, source, first and last pc of the endless part)
+    ("branch loop", "li r8, 0\nspin: addi r8, r8, 1\nbr.always r0, r0, spin\nend", (1, 2)),
+    ("hardware loop", "li r8, -1\nloopr r8, out\naddi r9, r9, 1\nnop\nout: end", (1, 3)),
+    ("DMA and compute loop", """
+        li r1, 0x1000
+        li r2, 0x8000
+        spin:
+        load p0, r0, r1, r0, 8, 64, push=next
+        vclip p1, r0, p0, r0, 8, 64, pop=prev, push=next
+        store p1, r0, r2, r0, 8, 64, pop=prev
+        br.always r0, r0, spin
+        end""", (2, 5)),
+]
+TIMEOUT_DRAIN = 4000  # cycles a timed-out run may take to let dispatched work finish
+
+
+def timeouts(device, config, seed):
+    """Programs that never end stop with TIMEOUT once CYCLE_BUDGET runs out.
+
+    Both machines report TIMEOUT with a pc inside the endless part. The pc and
+    registers are not compared: the golden model counts cycles with its cost model,
+    an estimate, so the two stop at different points of the loop. The RTL must stop
+    within [budget, budget + TIMEOUT_DRAIN] cycles (the CYCLES counter), never hang,
+    and then run the hand-written GEMM bit-exact.
+    """
+    rng = np.random.default_rng(seed)
+    pair = Pair(device, config)
+    good = program_jobs(seed)[3]
+    table = [(i * 1024, 1024) for i in range(min(4, config.partitions))]
+    data = rng.integers(0, 256, 0x1000, dtype=np.uint8)
+    for name, source, (lo, hi) in TIMEOUT_PROGRAMS:
+        budget = int(rng.integers(300, 3000))
+        prog = asm.assemble(source)
+        for drv in pair.both():
+            drv.write_mem(0x1000, data)
+            drv.load(prog, table)
+            drv.reset_counters()
+        st = [pair.run(drv, cycle_budget=budget) for drv in pair.both()]
+        for who, s in zip(("RTL", "golden"), st, strict=True):
+            assert s.error == ErrorCode.TIMEOUT, f"{name}: {who} {s}, not TIMEOUT"
+            assert lo <= s.pc <= hi, f"{name}: {who} stopped at pc {s.pc}, outside {lo}..{hi}"
+        cycles = pair.rtl.counters()["cycles"]
+        assert budget <= cycles <= budget + TIMEOUT_DRAIN, \
+            f"{name}: budget {budget}, the RTL ran {cycles} cycles"
+        pair.resync()
+        pair.run_job(good)
+
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+def _bench_out(figures: dict) -> None:
+    path = os.environ.get("NPU_BENCH_OUT")
+    if path:
+        Path(path).write_text(json.dumps(figures, indent=2))
+
+
+def gemm_bench(device, config, seed):
+    """``make bench-npu``: the streaming GEMM kernel on the RTL, checked and timed.
+
+    Sizes come from NPU_GEMM_MNK ("M,K,N", default 256,256,256), a forced tiling from
+    NPU_GEMM_TILING ("mb,ng,kc", default: the template's choice). C must equal numpy
+    (int64 matmul, requantized) and the golden model's run (DRAM, registers, exact
+    counters). Writes cycles (RTL and golden estimate), MACs, DRAM bytes and the
+    tiling to NPU_BENCH_OUT.
+    """
+    from firmware.kernels.gemm_stream import Requant, Tiling, gemm_stream, reference
+
+    M, K, N = (int(v) for v in os.environ.get("NPU_GEMM_MNK", "256,256,256").split(","))
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-128, 128, (M, K), dtype=np.int8)
+    b = rng.integers(-128, 128, (K, N), dtype=np.int8)
+    mult, shift = quantize_multiplier(1.0 / (40 * K))
+    rq = Requant(mult, shift, qzp=int(rng.integers(-10, 10)))
+    a_addr = 0
+    b_addr = (M * K + 4095) // 4096 * 4096
+    c_addr = b_addr + (K * N + 4095) // 4096 * 4096
+    assert c_addr + M * N <= DRAM_BYTES, f"{M}x{K}x{N} does not fit {DRAM_BYTES} bytes of DRAM"
+    tiling = os.environ.get("NPU_GEMM_TILING")
+    tiling = Tiling(*(int(v) for v in tiling.split(","))) if tiling else None
+    kern = gemm_stream(M, K, N, config, rq, a_addr, b_addr, c_addr, tiling)
+    pair = Pair(device, config)
+    for drv in pair.both():
+        drv.write_mem(a_addr, a)
+        drv.write_mem(b_addr, b)
+        drv.load(kern.program, kern.partitions)
+        drv.reset_counters()
+    wall = time.time()
+    st = [pair.run(drv, timeout=50 * kern.macs // config.peak_macs_per_cycle)
+          for drv in pair.both()]
+    wall = time.time() - wall
+    assert st[0] == st[1] and st[0].ok, f"RTL {st[0]}, golden {st[1]}"
+    want = reference(a, b, rq)
+    for who, drv in zip(("RTL", "golden"), pair.both(), strict=True):
+        got = np.frombuffer(drv.read_mem(c_addr, M * N), np.int8).reshape(M, N)
+        bad = np.argwhere(got != want)
+        assert bad.size == 0, f"{who}: C differs from numpy at {len(bad)} places, first " \
+                              f"{tuple(bad[0])}: {got[tuple(bad[0])]} != {want[tuple(bad[0])]}"
+    pair.compare("gemm bench")
+    cr, cg = pair.rtl.counters(), pair.gold.counters()
+    _bench_out({
+        "M": M, "K": K, "N": N, "tiling": vars(kern.tiling),
+        "instructions_in_program": len(kern.program),
+        "rtl_cycles": cr["cycles"], "golden_cycles": cg["cycles"], "macs": cr["macs"],
+        "dram_read_bytes": cr["dram_read_bytes"], "dram_write_bytes": cr["dram_write_bytes"],
+        "min_dram_bytes": kern.min_dram_bytes, "stall_cycles": cr["stall_cycles"],
+        "busy_load": cr["busy_load"], "busy_compute": cr["busy_compute"],
+        "busy_store": cr["busy_store"], "simulation_seconds": round(wall, 2),
+    })
+
+
+def swap_stall(device, config, seed):
+    """The cycles a hot swap adds between two back-to-back runs (target: none).
+
+    Runs A back to back, requests a swap to B during run 3 and keeps starting runs;
+    the testbench records the cycle each run starts and finishes. The gap at the
+    A -> B boundary is compared with the gaps at the other boundaries. Also checks
+    what :func:`hot_swap` checks (every run all-A or all-B, one swap).
+    """
+    rtl = NPUDriver(device)
+    body = "li r8, {n}\nloopr r8, done\naddi r9, r9, 1\nmisspec\ndone:\n"
+    prog = {rid: asm.assemble(f"region.begin {rid}\n" + body.format(n=n)
+                              + f"region.end {rid}\nend\n")
+            for rid, n in ((1, 150), (2, 120))}
+    rtl.load(prog[1], TABLE, version=1)
+    rtl.reset_counters()
+    rtl.read_trace()
+    rtl.write("CYCLE_BUDGET", 0)
+    runs, swap_during = 8, 3
+    device.watch_runs(True)
+    rtl.start()
+    for i in range(1, runs):
+        while rtl.read("CNT_RUNS_LO") < i:  # run i has begun: the next START queues
+            pass
+        if i == swap_during:
+            rtl.write_program(prog[2], version=2)
+            rtl.set_partitions(TABLE)
+            rtl.swap(wait=False)
+        rtl.start()
+    while rtl.read("CNT_RUNS_LO") < runs or rtl.status() & 1:
+        pass
+    device.watch_runs(False)
+    ids = [r.region for r in rtl.read_trace()]
+    events = device.run_events()
+    starts = [c for c, k in events if k == "start"]
+    dones = [c for c, k in events if k == "done"]
+    assert len(starts) == len(dones) == runs, f"{events}"
+    switch = ids.index(2) if 2 in ids else runs
+    assert 0 < switch < runs and ids == [1] * switch + [2] * (runs - switch), \
+        f"runs not all-A then all-B: {ids}"
+    assert rtl.counters()["swaps"] == 1
+    gaps = [starts[i + 1] - dones[i] for i in range(runs - 1)]
+    swap_gap = gaps[switch - 1]
+    others = gaps[:switch - 1] + gaps[switch:]
+    assert len(set(others)) == 1, f"uneven gaps between back-to-back runs: {gaps}"
+    _bench_out({"swap_stall_cycles": swap_gap - others[0],
+                "gap_cycles_without_swap": others[0], "gap_cycles_with_swap": swap_gap,
+                "run_cycles": [d - s for s, d in zip(starts, dones, strict=True)]})
 
 
 def print_program(device, config, seed):
