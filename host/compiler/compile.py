@@ -57,8 +57,10 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     check_supported(graph)
     if units is None:
         units = initial_units(graph)
-    subs = [u if isinstance(u, Subgraph) else Subgraph(i + 1, list(u))
-            for i, u in enumerate(units)]
+    # Fresh records: the compiled model owns its units (callers' records, shared
+    # between plans and threads, are never written).
+    subs = [Subgraph(u.id, list(u.nodes)) if isinstance(u, Subgraph)
+            else Subgraph(i + 1, list(u)) for i, u in enumerate(units)]
     return _Compiler(graph, config, subs, log, weight_budget).run()
 
 

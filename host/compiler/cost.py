@@ -99,9 +99,21 @@ class CostModel:
         x = np.array([[f[t] for t in TERMS] for f, _ in self.samples], dtype=float)
         y = np.array([c for _, c in self.samples], dtype=float)
         prior = np.array([self.coef[t] for t in TERMS])
-        # min |x b - y|^2 + lam |b - prior|^2, lam scaled to the features' size.
+        # min |x b - y|^2 + lam |b - prior|^2 with b >= 0 (no feature makes a unit
+        # faster; the features are nearly collinear, and free signs would let the
+        # fit trade one against another and price savings negatively). Active set:
+        # pin negative coefficients at 0 and refit the others.
         gram = x.T @ x
         lam = ridge * max(np.trace(gram) / len(TERMS), 1.0)
-        b = np.linalg.solve(gram + lam * np.eye(len(TERMS)), x.T @ y + lam * prior)
-        self.coef = {t: float(v) for t, v in zip(TERMS, b, strict=True)}
+        free = np.ones(len(TERMS), dtype=bool)
+        b = np.zeros(len(TERMS))
+        for _ in range(len(TERMS)):
+            idx = np.flatnonzero(free)
+            g = gram[np.ix_(idx, idx)] + lam * np.eye(len(idx))
+            b[:] = 0
+            b[idx] = np.linalg.solve(g, x[:, idx].T @ y + lam * prior[idx])
+            if (b >= 0).all():
+                break
+            free &= b > 0
+        self.coef = {t: max(0.0, float(v)) for t, v in zip(TERMS, b, strict=True)}
         return self.error()
