@@ -6,6 +6,7 @@
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME]
     npu disasm MODEL.onnx [--config NAME]
     npu info [--backend golden|verilator] [--config NAME]
+    npu precompile --profile NAME [--model M ...] [--cache PATH]
 
 The golden backend runs the golden model in-process. The verilator backend
 builds the RTL (the first time, minutes; cached under build/sim/) and runs the
@@ -224,6 +225,42 @@ def disasm_cmd(opts) -> int:
     return 0
 
 
+def precompile_cmd(opts) -> int:
+    """Fill the compiled-unit cache for a hardware profile ahead of time."""
+    from .adaptive.cache import CompileCache, default_cache_path, precompile
+    from .compiler import simplify
+    from .errors import ModelError
+    from .onnx_import import load_onnx
+    from .profiles import profile
+
+    config = profile(opts.profile)
+    names = opts.model or sorted(f.stem for f in MODELS.glob("*.onnx")
+                                 if not f.stem.endswith("_float"))
+    path = Path(opts.cache) if opts.cache else default_cache_path()
+    console = Console()
+    table = Table("model", "plans", "compiled", "cached already", "refused",
+                  title=f"precompiled for the {opts.profile} profile")
+    with CompileCache(path) as cache:
+        for name in names:
+            graph, _ = simplify(load_onnx(model_path(name)))
+            try:
+                res = precompile(cache, graph, config)
+            except ModelError as err:
+                console.print(f"note: {name} skipped: {err}", soft_wrap=True, highlight=False)
+                table.add_row(name, "-", "-", "-", "-")
+                continue
+            for note in res.notes:
+                console.print(f"note: {note}", soft_wrap=True, highlight=False)
+            table.add_row(name, str(res.plans), str(res.compiled), str(res.cached),
+                          str(res.refused))
+        console.print(table)
+        st = cache.stats()
+    console.print(f"{st['compiles']} compiles, {st['hits']} cache hits; cache {path} "
+                  f"({st['entries']} entries, {st['bytes']} bytes)", soft_wrap=True,
+                  highlight=False)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="npu", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -253,6 +290,17 @@ def _parser() -> argparse.ArgumentParser:
         if name == "compile":
             p.add_argument("-o", "--output", help="write the program image here")
         common(p, False)
+    from .profiles import PROFILES
+
+    p = sub.add_parser("precompile", help="fill the compiled-unit cache for a hardware "
+                       "profile (initial plans and every accepted merge of two units)")
+    p.add_argument("--profile", required=True, choices=list(PROFILES),
+                   help="the hardware profile to compile for")
+    p.add_argument("--model", nargs="+", action="extend",
+                   help="bundled model names or .onnx files (default: every bundled "
+                   "quantized model)")
+    p.add_argument("--cache", help="the cache file (default: $NPU_CACHE_DIR/compile.sqlite "
+                   "or ~/.cache/npu/compile.sqlite)")
     return ap
 
 
@@ -263,6 +311,8 @@ def main(argv=None) -> int:
         return compile_cmd(opts)
     if opts.command == "disasm":
         return disasm_cmd(opts)
+    if opts.command == "precompile":
+        return precompile_cmd(opts)
     return _on_backend(opts, argv)
 
 

@@ -1,0 +1,684 @@
+"""The compiled-unit cache: compiled plans persisted in sqlite, shared across processes.
+
+The adaptive runtime compiles many plans (the initial cut of a model, merged
+units, de-fused ones, specialized variants). Compiling is off the inference
+path but not free, and a plan compiled once never needs compiling again for the
+same model on the same hardware. :class:`CompileCache` stores every compiled
+plan under the key
+
+``(graph signature, plan, hardware profile, specialization)``
+
+* the graph signature (:func:`graph_signature`) digests the structure and the
+  constants of the simplified graph, so a changed weight is another model;
+* the plan (:func:`plan_key`) is the tuple of units, each a tuple of node names
+  in graph order;
+* the hardware profile is :func:`host.profiles.profile_key` of the configuration
+  (read from the device's CAPS), so another build never gets this build's program;
+* the specialization names a specialized variant ("" is the generic unit).
+
+A plan the compiler refuses (:class:`~host.compiler.plan.CompileError`) is stored
+too, as a negative entry, so it is not recompiled on every attempt.
+
+The store is one sqlite table in WAL mode (readers never wait for a writer);
+every process and thread may open the same file. An entry that cannot be read
+back (damaged, written by another cache format or another compiler version) is a
+miss, counted as ``stale`` and replaced: the cache never returns a program it
+cannot vouch for. Entries are pickles: the cache file is trusted local data,
+like the compiler itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import os
+import pickle
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from firmware.config import NPUConfig
+
+from ..compiler import CompiledModel, CompileError, compile_model, initial_units
+from ..ir import Graph, Node, Subgraph
+from ..profiles import PROFILES, profile_key, profile_name
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""Layout of a stored entry; bump it when the pickled pieces change."""
+
+_TABLE = "compiled"
+_COLUMNS = ("graph", "names", "plan", "profile", "specialization", "version", "kind",
+            "model", "config", "digest", "blob", "size", "created")
+_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
+    graph TEXT NOT NULL, names TEXT NOT NULL, plan TEXT NOT NULL, profile TEXT NOT NULL,
+    specialization TEXT NOT NULL, version TEXT NOT NULL, kind TEXT NOT NULL,
+    model TEXT NOT NULL, config TEXT NOT NULL, digest TEXT NOT NULL, blob BLOB NOT NULL,
+    size INTEGER NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (graph, names, plan, profile, specialization))"""
+
+# Sources whose change can change a compiled program: an entry written by another
+# version of them is stale.
+_COMPILER_SOURCES = ("host/compiler/*.py", "host/ir.py", "firmware/asm.py", "firmware/isa.py",
+                     "firmware/config.py")
+
+
+def default_cache_path() -> Path:
+    """``$NPU_CACHE_DIR/compile.sqlite``, else ``~/.cache/npu/compile.sqlite``."""
+    base = os.environ.get("NPU_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "npu"
+    return root / "compile.sqlite"
+
+
+_version_memo: list[str] = []
+
+
+def cache_version() -> str:
+    """The version stamp of entries this process writes and accepts.
+
+    The cache format version and a digest of the compiler's sources: an entry
+    compiled by another version of the compiler is stale, never served.
+    """
+    if not _version_memo:
+        root = Path(__file__).resolve().parents[2]
+        h = hashlib.sha256()
+        for pattern in _COMPILER_SOURCES:
+            for f in sorted(root.glob(pattern)):
+                h.update(f.relative_to(root).as_posix().encode() + b"\0")
+                h.update(f.read_bytes())
+        _version_memo.append(f"{FORMAT_VERSION}:{h.hexdigest()[:16]}")
+    return _version_memo[0]
+
+
+# ---- signatures ------------------------------------------------------------------------------
+
+
+class _Digest:
+    """Feeds Python/numpy values into sha256 with type tags (no two values collide)."""
+
+    def __init__(self):
+        self.h = hashlib.sha256()
+
+    def tag(self, t: bytes, payload: bytes = b""):
+        self.h.update(t + len(payload).to_bytes(8, "little") + payload)
+
+    def feed(self, v: Any):
+        if v is None:
+            self.tag(b"N")
+        elif isinstance(v, (bool, np.bool_)):
+            self.tag(b"B", b"1" if v else b"0")
+        elif isinstance(v, (int, np.integer)):
+            self.tag(b"I", str(int(v)).encode())
+        elif isinstance(v, (float, np.floating)):
+            self.tag(b"F", float(v).hex().encode())
+        elif isinstance(v, str):
+            self.tag(b"S", v.encode())
+        elif isinstance(v, (bytes, bytearray)):
+            self.tag(b"Y", bytes(v))
+        elif isinstance(v, np.ndarray):
+            self.tag(b"A", f"{v.dtype.str}{v.shape}".encode())
+            self.tag(b"a", np.ascontiguousarray(v).tobytes())
+        elif isinstance(v, (list, tuple)):
+            self.tag(b"L", str(len(v)).encode())
+            for x in v:
+                self.feed(x)
+        elif isinstance(v, dict):
+            self.tag(b"D", str(len(v)).encode())
+            for k in sorted(v, key=str):
+                self.feed(k)
+                self.feed(v[k])
+        elif isinstance(v, Graph):
+            self.graph(v)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            self.tag(b"C", type(v).__qualname__.encode())
+            skip = ("name",) if isinstance(v, Node) else ()
+            for f in dataclasses.fields(v):
+                if f.name not in skip:
+                    self.tag(b"f", f.name.encode())
+                    self.feed(getattr(v, f.name))
+        else:
+            raise TypeError(f"cannot digest a {type(v).__name__} ({v!r})")
+
+    def graph(self, g: Graph):
+        """The graph's boundary, its tensors in order of first use, then its nodes."""
+        self.tag(b"G")
+        self.feed(list(g.inputs))
+        self.feed(list(g.outputs))
+        seen: set[str] = set()
+        order = list(g.inputs) + [t for n in g.nodes for t in (*n.inputs, *n.outputs)]
+        order += sorted(set(g.tensors) - set(order))
+        for t in order:
+            if t in g.tensors and t not in seen:
+                seen.add(t)
+                self.feed(g.tensors[t])
+        self.tag(b"n", str(len(g.nodes)).encode())
+        for n in g.nodes:
+            self.tag(b"O", n.op.encode())
+            self.feed(n)
+
+    def hex(self, n: int = 32) -> str:
+        return self.h.hexdigest()[:n]
+
+
+def graph_signature(graph: Graph) -> str:
+    """A digest of ``graph``'s structure and constants (32 hex digits).
+
+    In graph order: every node's operator and its compute parameters (every
+    dataclass field but the node's name: tensor names, placement, weights,
+    biases, requantization, geometry; ``If`` branches recursively), every
+    tensor's shape, dtype, quantization and constant bytes. Equal for the same
+    model loaded twice; different when any of that changes (one weight byte).
+    Node names are not part of it (the plan names the nodes).
+    """
+    d = _Digest()
+    d.graph(graph)
+    return d.hex()
+
+
+def _names_digest(graph: Graph) -> str:
+    d = _Digest()
+    d.feed([n.name for _, n in graph.walk()])
+    return d.hex(16)
+
+
+def _index(graph: Graph):
+    order: dict[str, int] = {}
+    nodes: dict[str, Node] = {}
+    tensors: dict = {}
+    scopes = [graph]
+    for g, n in graph.walk():
+        order.setdefault(n.name, len(order))
+        nodes.setdefault(n.name, n)
+        if g not in scopes:
+            scopes.append(g)
+    for g in scopes:
+        for name, t in g.tensors.items():
+            tensors.setdefault(name, t)
+    return order, nodes, tensors, scopes
+
+
+def _unit_names(u) -> list[str]:
+    if isinstance(u, Subgraph):
+        return list(u.nodes)
+    if isinstance(u, str):
+        raise TypeError(f"a unit is a list of node names, got the string {u!r}")
+    return list(u)
+
+
+def unit_signature(graph: Graph, nodes: Iterable[str] | Subgraph) -> str:
+    """A structural digest of one unit of ``graph`` (32 hex digits); names do not count.
+
+    Covers, in graph order, the unit's operators and compute parameters, its
+    constants, the shape, dtype and quantization of every tensor it reads or
+    writes, and which of its outputs leave the unit. Tensors are numbered by first
+    use, so two units that compute the same thing on the same kinds of tensors
+    (an expert copied under other names) share a signature; different weights give
+    different signatures. The runtime keys per-unit metadata on it.
+    """
+    order, by_name, tensors, scopes = _index(graph)
+    names = _unit_names(nodes)
+    missing = [nm for nm in names if nm not in by_name]
+    if missing:
+        raise KeyError(f"no node {missing[0]!r} in graph {graph.name!r}")
+    chosen = sorted({by_name[nm] for nm in names}, key=lambda n: order[n.name])
+    inside = {n.name for n in chosen}
+    read_outside = {t for _, n in graph.walk() if n.name not in inside for t in n.inputs}
+    read_outside.update(t for g in scopes for t in g.outputs)
+
+    d = _Digest()
+    labels: dict[str, str] = {}
+    counts = {"c": 0, "i": 0, "t": 0}
+
+    def label(t: str, kind: str) -> str:
+        if t not in labels:
+            labels[t] = f"{kind}{counts[kind]}"
+            counts[kind] += 1
+            tensor = tensors.get(t)
+            d.tag(b"T", labels[t].encode())
+            if tensor is None:
+                d.tag(b"?")
+            else:
+                d.feed((tensor.shape, tensor.dtype, tensor.quant, tensor.data, tensor.io_dtype))
+            if kind == "t":
+                d.feed(t in read_outside)
+        return labels[t]
+
+    for n in chosen:
+        ins = [label(t, "c" if t in tensors and tensors[t].is_const else "i")
+               for t in n.inputs]
+        outs = [label(t, "t") for t in n.outputs]
+        d.tag(b"O", n.op.encode())
+        d.feed((ins, outs))
+        for f in dataclasses.fields(n):
+            if f.name not in ("name", "inputs", "outputs"):
+                d.tag(b"f", f.name.encode())
+                d.feed(getattr(n, f.name))
+    return d.hex()
+
+
+def plan_key(graph: Graph, plan: Iterable) -> tuple[tuple[str, ...], ...]:
+    """The canonical form of a plan: per unit (in plan order), its node names in graph order.
+
+    ``plan`` holds lists of node names or :class:`~host.ir.Subgraph` records. Names
+    the graph does not have sort last (the compiler will refuse the plan).
+    """
+    order = {n.name: i for i, (_, n) in enumerate(graph.walk())}
+    last = len(order)
+    return tuple(tuple(sorted(_unit_names(u), key=lambda s: (order.get(s, last), s)))
+                 for u in plan)
+
+
+def _plan_text(graph: Graph, plan: list) -> str:
+    units = [list(u) for u in plan_key(graph, plan)]
+    ids = [u.id if isinstance(u, Subgraph) else i + 1 for i, u in enumerate(plan)]
+    if ids == list(range(1, len(plan) + 1)):
+        return json.dumps(units, separators=(",", ":"))
+    # Region ids are compiled into the program: other ids are another program.
+    return json.dumps({"units": units, "ids": ids}, separators=(",", ":"))
+
+
+class CacheKey(NamedTuple):
+    """Where one compiled plan lives in the cache (every part is text)."""
+
+    graph: str
+    names: str
+    plan: str
+    profile: str
+    specialization: str
+
+
+# ---- the cache ---------------------------------------------------------------------------------
+
+
+_MISS = object()
+
+
+class CompileCache:
+    """A persistent cache of compiled plans (see the module docstring for the key).
+
+    Parameters
+    ----------
+    path : the sqlite file (created with its directory), or None for an in-memory
+        cache private to this object (tests). :func:`default_cache_path` is the
+        usual file.
+
+    Members
+    -------
+    path : the file, or None.
+    hits, misses : lookups that found / did not find a usable entry (a stored
+        refusal is a hit).
+    compiles : compilations run by :meth:`get_or_compile`.
+    stale : entries found unreadable or from another version, dropped and
+        counted as misses.
+    negative_hits : hits on stored refusals.
+
+    The object may be used from several threads; other processes open their own
+    (a pickled cache reopens its file in the receiving process).
+    """
+
+    def __init__(self, path: str | Path | None):
+        self.path = None if path is None else Path(path)
+        self.hits = self.misses = self.compiles = self.stale = self.negative_hits = 0
+        self._lock = threading.RLock()
+        self._orphans: list = []
+        self._db = self._connect()
+
+    # ---- connection --------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        self._pid = os.getpid()
+        if self.path is None:
+            db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            db.execute(_SCHEMA)
+            return db
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._open_file()
+        except sqlite3.DatabaseError as err:
+            # Not a database (truncated, overwritten): set it aside and start anew.
+            aside = self.path.with_name(self.path.name + f".corrupt-{int(time.time())}")
+            log.warning("compile cache %s is unreadable (%s); moved to %s", self.path, err,
+                        aside)
+            os.replace(self.path, aside)
+            for suffix in ("-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+            return self._open_file()
+
+    def _open_file(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
+                             isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(_SCHEMA)
+            cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({_TABLE})"))
+            if cols != _COLUMNS:
+                # A table from another cache format: nothing in it is usable.
+                log.warning("compile cache %s has another format; emptying it", self.path)
+                db.execute(f"DROP TABLE {_TABLE}")
+                db.execute(_SCHEMA)
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def _conn(self) -> sqlite3.Connection:
+        if self.path is not None and os.getpid() != self._pid:
+            # A forked child must not use its parent's connection (keep it unclosed).
+            self._orphans.append(self._db)
+            self._db = self._connect()
+        return self._db
+
+    def close(self):
+        """Close the database (the object is unusable afterwards)."""
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> CompileCache:
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __getstate__(self):
+        if self.path is None:
+            raise TypeError("an in-memory CompileCache cannot be sent to another process")
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+    def __repr__(self):
+        return f"CompileCache({str(self.path) if self.path else None!r})"
+
+    # ---- keys ------------------------------------------------------------------------------
+    def key(self, graph: Graph, plan: list | None, config: NPUConfig,
+            specialization: str = "") -> CacheKey:
+        """The key of a plan (``plan`` None: :func:`~host.compiler.initial_units`)."""
+        if not isinstance(specialization, str):
+            raise TypeError(f"specialization must be a string, got {specialization!r}")
+        plan = initial_units(graph) if plan is None else list(plan)
+        return CacheKey(graph_signature(graph), _names_digest(graph), _plan_text(graph, plan),
+                        profile_key(config), specialization)
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def get(self, graph: Graph, plan: list | None, config: NPUConfig,
+            specialization: str = "") -> CompiledModel | None:
+        """The stored program for this key, or None.
+
+        ``graph`` is the simplified graph (``CompiledModel.graph``); the returned
+        model computes on that very object and is a private copy otherwise.
+        Raises the stored :class:`CompileError` when the compiler refused the plan.
+        """
+        key = self.key(graph, plan, config, specialization)
+        found = self._lookup(key, graph)
+        return self._count(found)
+
+    def get_or_compile(self, graph: Graph, plan: list | None, config: NPUConfig,
+                       specialization: str = "",
+                       compile_fn: Callable[[], CompiledModel] | None = None,
+                       ) -> tuple[CompiledModel, bool]:
+        """The stored program, or compile it now and store it: ``(model, hit)``.
+
+        ``compile_fn`` defaults to ``compile_model(graph, config, plan,
+        simplified=True)``; a specialized variant passes its own. A
+        :class:`CompileError` (fresh or stored) is raised and stored. On a miss
+        the plan's :class:`~host.ir.Subgraph` records (if any) are filled by the
+        compiler; on a hit they are not: read ``model.units``.
+        """
+        key = self.key(graph, plan, config, specialization)
+        found = self._lookup(key, graph)
+        if found is not _MISS:
+            return self._count(found), True
+        with self._lock:
+            self.misses += 1
+            self.compiles += 1
+        if compile_fn is None:
+            units = initial_units(graph) if plan is None else list(plan)
+
+            def compile_fn():
+                return compile_model(graph, config, units, simplified=True)
+
+        try:
+            model = compile_fn()
+        except CompileError as err:
+            self._store(key, graph, config, err)
+            raise
+        self._store(key, graph, config, model)
+        return model, False
+
+    def put(self, graph: Graph, plan: list | None, config: NPUConfig,
+            result: CompiledModel | CompileError, specialization: str = ""):
+        """Store a compiled plan, or the compiler's refusal of it (replaces the entry)."""
+        if not isinstance(result, (CompiledModel, CompileError)):
+            raise TypeError(f"expected a CompiledModel or a CompileError, got "
+                            f"{type(result).__name__}")
+        self._store(self.key(graph, plan, config, specialization), graph, config, result)
+
+    def _count(self, found):
+        if found is _MISS:
+            with self._lock:
+                self.misses += 1
+            return None
+        with self._lock:
+            self.hits += 1
+            if isinstance(found, CompileError):
+                self.negative_hits += 1
+        if isinstance(found, CompileError):
+            raise found
+        return found
+
+    def _lookup(self, key: CacheKey, graph: Graph):
+        with self._lock:
+            row = self._conn().execute(
+                f"SELECT version, kind, digest, blob FROM {_TABLE} WHERE graph=? AND names=? "
+                "AND plan=? AND profile=? AND specialization=?", key).fetchone()
+        if row is None:
+            return _MISS
+        version, kind, digest, blob = row
+        try:
+            if version != cache_version():
+                raise ValueError(f"version {version}, this compiler writes {cache_version()}")
+            if hashlib.sha256(blob).hexdigest()[:32] != digest:
+                raise ValueError("the stored bytes do not match their digest")
+            return self._decode(kind, blob, key, graph)
+        except Exception as err:  # any damage at all: never serve it
+            log.warning("dropping a stale compile-cache entry (%s)", err)
+            with self._lock:
+                self.stale += 1
+                self._conn().execute(
+                    f"DELETE FROM {_TABLE} WHERE graph=? AND names=? AND plan=? AND "
+                    "profile=? AND specialization=? AND digest=?", (*key, digest))
+            return _MISS
+
+    @staticmethod
+    def _decode(kind: str, blob: bytes, key: CacheKey, graph: Graph):
+        obj = pickle.loads(blob)
+        if kind == "error":
+            err = CompileError("")
+            err.args, err.node = (str(obj["message"]),), str(obj["node"])
+            return err
+        if kind != "program" or not isinstance(obj, CompiledModel):
+            raise ValueError(f"an entry of kind {kind!r} holds a {type(obj).__name__}")
+        if profile_key(obj.config) != key.profile:
+            raise ValueError("the entry was compiled for another profile")
+        if obj.graph is None:
+            obj.graph = graph
+        return obj
+
+    def _store(self, key: CacheKey, graph: Graph, config: NPUConfig,
+               result: CompiledModel | CompileError):
+        if isinstance(result, CompileError):
+            kind = "error"
+            blob = pickle.dumps({"message": result.args[0] if result.args else str(result),
+                                 "node": getattr(result, "node", "")})
+        else:
+            kind = "program"
+            # The graph is the caller's (the key vouches for it): store the rest.
+            stored = dataclasses.replace(result, graph=None) if result.graph is graph \
+                else result
+            blob = pickle.dumps(stored, protocol=pickle.HIGHEST_PROTOCOL)
+        row = (*key, cache_version(), kind, graph.name,
+               json.dumps(config.as_dict(), sort_keys=True),
+               hashlib.sha256(blob).hexdigest()[:32], blob, len(blob), time.time())
+        with self._lock:
+            self._conn().execute(
+                f"INSERT OR REPLACE INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES "
+                f"({', '.join('?' * len(_COLUMNS))})", row)
+
+    # ---- inspection ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters of this object and the size of the store."""
+        with self._lock:
+            count, size = self._conn().execute(
+                f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone()
+            return {"hits": self.hits, "misses": self.misses, "compiles": self.compiles,
+                    "stale": self.stale, "negative_hits": self.negative_hits,
+                    "entries": count, "bytes": size,
+                    "path": str(self.path) if self.path else None}
+
+    def entries(self, profile: str | NPUConfig | None = None) -> list[dict]:
+        """The stored entries, oldest first; ``profile`` (a name, a configuration or a
+        :func:`~host.profiles.profile_key`) keeps one profile's.
+
+        Each is a dict: ``model`` (graph name), ``graph`` (signature), ``plan``
+        (tuple of units, each a tuple of node names; ``ids`` when not 1..n),
+        ``profile`` (key), ``profile_name`` (or None), ``config``,
+        ``specialization``, ``kind`` ("program" or "error"), ``current`` (written by
+        this compiler version), ``size`` (bytes) and ``created`` (Unix time).
+        """
+        query, args = f"SELECT * FROM {_TABLE}", ()
+        if profile is not None:
+            if isinstance(profile, NPUConfig):
+                pk = profile_key(profile)
+            else:
+                pk = profile_key(PROFILES[profile]) if profile in PROFILES else profile
+            query, args = query + " WHERE profile=?", (pk,)
+        with self._lock:
+            rows = self._conn().execute(query + " ORDER BY created", args).fetchall()
+        out = []
+        for row in rows:
+            r = dict(zip(_COLUMNS, row, strict=True))
+            plan = json.loads(r["plan"])
+            ids = None
+            if isinstance(plan, dict):
+                plan, ids = plan["units"], plan["ids"]
+            config = NPUConfig(**json.loads(r["config"]))
+            out.append({"model": r["model"], "graph": r["graph"],
+                        "plan": tuple(tuple(u) for u in plan), "ids": ids,
+                        "profile": r["profile"], "profile_name": profile_name(config),
+                        "config": config, "specialization": r["specialization"],
+                        "kind": r["kind"], "current": r["version"] == cache_version(),
+                        "size": r["size"], "created": r["created"]})
+        return out
+
+    def clear(self):
+        """Remove every entry (the counters are kept)."""
+        with self._lock:
+            self._conn().execute(f"DELETE FROM {_TABLE}")
+
+
+# ---- ahead-of-time compilation -------------------------------------------------------------------
+
+
+def precompile_plans(graph: Graph, limit: int = 64) -> list[tuple[str, list[Subgraph]]]:
+    """The plans ``npu precompile`` fills the cache with: ``(label, plan)`` pairs.
+
+    Every plan the adaptive runtime can reach by merging chains: within each scope,
+    the initial units (:func:`~host.compiler.initial_units`) cut into runs of
+    consecutive units, each run one unit with the region id the runtime gives it
+    (:func:`~host.adaptive.units.merged_unit_id`); all combinations over scopes,
+    fewest merges first, at most ``limit``. ``graph`` is simplified.
+    """
+    from .units import merged_unit_id
+
+    units = [Subgraph(i + 1, u) for i, u in enumerate(initial_units(graph))]
+    scope = {n.name: id(g) for g, n in graph.walk()}
+    groups: list[list[Subgraph]] = []  # consecutive units of one scope
+    for u in units:
+        if groups and scope[groups[-1][-1].nodes[0]] == scope[u.nodes[0]]:
+            groups[-1].append(u)
+        else:
+            groups.append([u])
+
+    def cuts(group):  # every way to cut a run of units into consecutive merges
+        for mask in range(1 << (len(group) - 1)):
+            out, run = [], [group[0]]
+            for i, u in enumerate(group[1:]):
+                if mask >> i & 1:
+                    run.append(u)
+                else:
+                    out.append(run)
+                    run = [u]
+            out.append(run)
+            yield out
+
+    plans = []
+    for combo in itertools.product(*(list(cuts(g)) for g in groups)):
+        runs = [r for part in combo for r in part]
+        merged = [r for r in runs if len(r) > 1]
+        plan = [r[0] if len(r) == 1 else
+                Subgraph(merged_unit_id([u.id for u in r]), [n for u in r for n in u.nodes])
+                for r in runs]
+        label = "initial" if not merged else "merge " + ", ".join(
+            "+".join(n for u in r for n in u.nodes) for r in merged)
+        plans.append((len(units) - len(plan), label, plan))
+    plans.sort(key=lambda p: p[0])
+    return [(label, plan) for _, label, plan in plans[:limit]]
+
+
+@dataclasses.dataclass
+class PrecompileResult:
+    """What :func:`precompile` did for one model.
+
+    Members
+    -------
+    model : the graph's name.
+    plans : plans tried.
+    compiled : plans compiled now (and stored).
+    cached : plans found in the cache already (stored refusals included).
+    refused : plans the compiler refused (now or before).
+    notes : one line per refusal.
+    """
+
+    model: str
+    plans: int = 0
+    compiled: int = 0
+    cached: int = 0
+    refused: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def precompile(cache: CompileCache, graph: Graph, config: NPUConfig) -> PrecompileResult:
+    """Fill ``cache`` with :func:`precompile_plans` of the simplified ``graph`` for ``config``.
+
+    Refused plans are noted and stored as refusals. Raises
+    :class:`~host.errors.ModelError` (an unsupported operator) when the model
+    cannot run on the NPU at all.
+    """
+    res = PrecompileResult(graph.name)
+    for label, plan in precompile_plans(graph):
+        res.plans += 1
+        before = cache.compiles
+        try:
+            _, hit = cache.get_or_compile(graph, plan, config)
+        except CompileError as err:
+            res.refused += 1
+            fresh = cache.compiles > before
+            res.cached += not fresh
+            res.notes.append(f"{graph.name}: {label} refused{'' if fresh else ' (cached)'}: "
+                             f"{err}")
+            continue
+        if hit:
+            res.cached += 1
+        else:
+            res.compiled += 1
+    return res

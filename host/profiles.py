@@ -1,0 +1,64 @@
+"""The hardware-profile database: the NPU builds the host knows by name.
+
+A hardware profile is an :class:`~firmware.config.NPUConfig`. A running device
+reports its own (the driver reads CAPS into ``NPUDriver.config``); this module
+names the known builds so programs can be compiled ahead of time for a device
+that is not attached (``npu precompile --profile NAME``) and so a cache can say
+which build an entry was compiled for.
+
+:func:`profile_key` is what the compiled-unit cache keys on: two devices that
+report the same CAPS share every compiled program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from firmware.config import CONFIGS, NPUConfig
+
+PROFILES: dict[str, NPUConfig] = {
+    "default": CONFIGS["default"],
+    "small": CONFIGS["small"],
+    # FPGA boards. Provisional until the FPGA issue (#7) builds these tops and
+    # confirms what fits: the numbers below are the planned builds.
+    # ULX3S, ECP5 LFE5U-85F: the default 8x8 array and 64 KiB scratchpad (it is
+    # the default build, so profile_name() reports it as "default").
+    "ulx3s": NPUConfig(rows=8, cols=8, sp_bytes=64 * 1024),
+    # iCEBreaker, iCE40 UP5K: 4x4 array, the 32 KiB scratchpad in SPRAM (4 banks).
+    "icebreaker": NPUConfig(rows=4, cols=4, sp_bytes=32 * 1024, sp_banks=4, acc_rows=256,
+                            partitions=4, tag_slots=8, imem_depth=512, trace_depth=32),
+}
+"""Known hardware profiles by name (insertion order: the preferred name first)."""
+
+
+def profile_key(config: NPUConfig) -> str:
+    """A stable digest of every field of ``config`` (16 hex digits).
+
+    Equal configurations (two devices reporting the same CAPS) give the same
+    key; a change to any field gives another. The key does not depend on the
+    Python process, the field order or the profile's name.
+    """
+    if not isinstance(config, NPUConfig):
+        raise TypeError(f"expected an NPUConfig, got {type(config).__name__}")
+    text = json.dumps(sorted(config.as_dict().items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def profile(name: str) -> NPUConfig:
+    """The known profile called ``name``; ``KeyError`` lists the known names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"no hardware profile {name!r}; known profiles: "
+                       f"{', '.join(PROFILES)}") from None
+
+
+def profile_name(config: NPUConfig) -> str | None:
+    """The name of a known profile equal to ``config``, or None.
+
+    When several names share one configuration, the first registered wins
+    (``ulx3s`` is the ``default`` build).
+    """
+    key = profile_key(config)
+    return next((name for name, c in PROFILES.items() if profile_key(c) == key), None)
