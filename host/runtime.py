@@ -19,7 +19,7 @@ from firmware.golden import TraceRecord
 
 from .compiler import CompiledModel
 from .compiler.lower import scope_tensors
-from .driver import NPUDriver
+from .driver import STATUS_SWAP_PENDING, NPUDriver
 from .ir import Equal, Graph, If, Node
 from .reference import eval_node, run_reference, to_external, to_internal
 
@@ -41,6 +41,7 @@ class Inference:
     counters : every counter's delta over the inference.
     trace : the region-trace records of its runs (one per unit that ran).
     checked : True when compared with the reference interpreter (and equal).
+    scalars : the NPU's scalar results (ArgMax tensors that drove its branches).
     """
 
     outputs: dict
@@ -48,6 +49,7 @@ class Inference:
     counters: dict
     trace: list[TraceRecord] = field(default_factory=list)
     checked: bool = False
+    scalars: dict = field(default_factory=dict)
 
 
 class Session:
@@ -104,16 +106,57 @@ class Session:
         self.index = _GraphIndex(model.graph)
         return self.version
 
+    def stage(self, model: CompiledModel) -> int:
+        """Write another plan of the same model into the shadow bank and request the
+        swap without waiting: it lands at the next run boundary, so this may be
+        called while the NPU runs (see ``run(..., while_running=)``). Its constants
+        must equal the current plan's (tags stay valid). Returns the new version;
+        :meth:`confirm` checks it after the next run.
+        """
+        if model.place.const_bytes and model.const_image() != self.model.const_image():
+            raise ValueError("a staged plan must share the running plan's constants "
+                             "(install() rewrites them between runs)")
+        self.version += 1
+        self.driver.write_program(model.program, version=self.version)
+        self.driver.set_partitions(model.partitions)
+        self.driver.swap(wait=False)
+        self._staged = model
+        return self.version
+
+    def confirm(self) -> bool:
+        """After a staged swap landed: the active bank carries the staged version.
+
+        Switches the session to the staged plan and returns True; False (and no
+        switch) while the swap is still pending.
+        """
+        staged = getattr(self, "_staged", None)
+        if staged is None:
+            return True
+        if self.driver.status() & STATUS_SWAP_PENDING:
+            return False
+        got = self.driver.bank_version(self.driver.active_bank)
+        if got != self.version:
+            raise RuntimeError(f"after the swap the active bank holds version {got}, "
+                               f"expected {self.version}")
+        self.model, self._staged = staged, None
+        self.index = _GraphIndex(staged.graph)
+        return True
+
     # ---- inference ------------------------------------------------------------------
-    def run(self, inputs: dict) -> Inference:
-        """One inference on ``inputs`` (graph input name -> array)."""
+    def run(self, inputs: dict, while_running=None) -> Inference:
+        """One inference on ``inputs`` (graph input name -> array).
+
+        ``while_running`` is called once while the NPU runs the inference's last
+        segment (the adaptive runtime stages a new plan there); a swap it requests
+        lands after this inference, which finishes on the plan it started with.
+        """
         before = self.driver.counters()
         self.driver.read_trace()  # drop records of earlier, unrelated runs
-        ex = _Executor(self, inputs)
+        ex = _Executor(self, inputs, while_running)
         outputs = ex.run()
         after = self.driver.counters()
         delta = {k: _sub(after[k], before[k]) for k in after}
-        result = Inference(outputs, delta["cycles"], delta, ex.trace)
+        result = Inference(outputs, delta["cycles"], delta, ex.trace, scalars=ex.scalars)
         if self.check:
             expected = run_reference(self.model.graph, inputs)
             for name, want in expected.items():
@@ -151,8 +194,10 @@ class _GraphIndex:
 class _Executor:
     """The host side of one inference: CPU stages, NPU segments, lazy reads."""
 
-    def __init__(self, session: Session, inputs: dict):
+    def __init__(self, session: Session, inputs: dict, while_running=None):
         self.s = session
+        self.while_running = while_running
+        self.last_segment = session.model.segments - 1
         self.m = session.model
         g = self.m.graph
         self.env: dict[str, np.ndarray] = {}
@@ -165,6 +210,7 @@ class _Executor:
             raise ValueError(f"unknown inputs {sorted(extra)}")
         self.written: set[str] = set()
         self.trace: list[TraceRecord] = []
+        self.scalars: dict[str, int] = {}
         self.prod = session.index.prod
         self.tensors = session.index.tensors
 
@@ -193,13 +239,18 @@ class _Executor:
                 data = m.layouts[r].to_device(self.env[r]).astype(np.int8)
                 drv.write_mem(self.s.arena_base + off, data)
                 self.written.add(r)
-        status = drv.run(args=(self.s.const_base, self.s.arena_base, k))
+        drv.write("CYCLE_BUDGET", 0)
+        drv.start(args=(self.s.const_base, self.s.arena_base, k))
+        if k == self.last_segment and self.while_running is not None:
+            self.while_running()
+        status = drv.wait()
         status.check()
         self.trace += drv.read_trace()
         regs = drv.regs()
         for t, r in m.result_regs.items():
             v = regs[r] - (1 << 32) if regs[r] >= 1 << 31 else regs[r]
             self.env[t] = np.full(self.tensors[t].shape, v, dtype=np.int64)
+            self.scalars[t] = v
 
     def value(self, t: str) -> np.ndarray:
         if t in self.env:

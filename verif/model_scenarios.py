@@ -53,3 +53,64 @@ def model_vs_golden(device, config, seed):
         print(f"{name} digit #{i}: {int(np.argmax(rtl.outputs['logits']))} "
               f"(label {split.y_test[i]}), {rtl.cycles} cycles on the RTL, "
               f"{gold.cycles} estimated by the golden model; results, counters and trace agree")
+
+
+def adaptive_vs_golden(device, config, seed):
+    """The adaptive runtime on the RTL, every inference mirrored on the golden model
+    running the same plan: every result equals the reference and the golden model's,
+    every exact counter and trace field agrees, and the plan really changed on the
+    RTL (hot swaps staged over AXI4-Lite while it runs).
+
+    Environment: ``NPU_MODEL``, ``NPU_INPUTS`` (stream length), ``NPU_PHASES``
+    (``"012|789"``: class mixes, one phase each), ``NPU_FAULT=1`` (inject a broken
+    merged unit: validation must roll it back on the RTL), ``NPU_EXPECT`` (event
+    kinds that must occur, comma-separated).
+    """
+    from host.adaptive import AdaptiveConfig, AdaptiveRuntime
+    from host.adaptive.faults import corrupt_requant
+    from host.datasets import class_mix_stream
+
+    name = os.environ.get("NPU_MODEL", "mlp")
+    count = int(os.environ.get("NPU_INPUTS", "12"))
+    phases = [{int(c): 1.0 for c in ph}
+              for ph in os.environ.get("NPU_PHASES", "0123456789").split("|")]
+    fault = corrupt_requant if os.environ.get("NPU_FAULT") == "1" else None
+    expect = [k for k in os.environ.get("NPU_EXPECT", "swapped-in").split(",") if k]
+    knobs = AdaptiveConfig(async_compile=False, warmup=4, decide_every=2, validate_runs=2,
+                           settle=6)
+    graph = load_onnx(model_path(name))
+    rt = AdaptiveRuntime(NPUDriver(device), graph, knobs, fault=fault)
+    rt.load()
+    mirror = Session(NPUDriver(GoldenDevice(config)), rt.model, check=True)
+    mirror.load()
+    inp = rt.graph.inputs[0]
+    shape = rt.graph.tensors[inp].shape
+    for s in class_mix_stream(count, phases, seed):
+        inputs = {inp: s.x.reshape(shape).astype(np.float32)}
+        rtl = rt.run(inputs)
+        if rtl.model is not mirror.model:
+            mirror.install(rtl.model)
+        gold = mirror.run(inputs)
+        where = f"{name} inference {rtl.index} (plan {rtl.plan})"
+        assert rtl.checked, where
+        for out in rtl.outputs:
+            assert np.array_equal(rtl.outputs[out], gold.outputs[out]), f"{where}: {out}"
+        for e in rtl.events:
+            print(e)
+        if any(e.kind == "rollback" for e in rtl.events):
+            continue  # the RTL also ran the broken plan once: its tags differ
+        for c in EXACT_COUNTERS:
+            assert rtl.counters[c] == gold.counters[c], \
+                f"{where}: counter {c}: RTL {rtl.counters[c]}, golden {gold.counters[c]}"
+        for a, b in zip(rtl.trace, gold.trace, strict=True):
+            for f in EXACT_TRACE:
+                assert getattr(a, f) == getattr(b, f), f"{where}: trace {f}: {a} vs {b}"
+    kinds = {e.kind for e in rt.events}
+    print("candidates now:", *(c.describe() for c in rt.candidates()), sep="\n  ")
+    print("cost model:", {k: round(v, 2) for k, v in rt.cost.coef.items()})
+    for k in expect:
+        assert k in kinds, f"no {k!r} event in {sorted(kinds)}"
+    if fault is not None:
+        assert rt.rollbacks >= 1, "the broken unit was not rolled back"
+    print(f"{name} on the RTL: {rt.n} inferences, {rt.swaps} swaps, {rt.rollbacks} "
+          f"rollbacks, plan {rt.report()['plan']}; all equal the reference and the golden model")

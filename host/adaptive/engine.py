@@ -1,0 +1,501 @@
+"""The adaptive runtime: serve inferences while re-planning the program underneath.
+
+Each inference runs on the current plan (a :class:`~host.runtime.Session`). After
+it, the region trace feeds the :class:`~.profiler.Profiler` (which units ran, in
+which order, at what cost) and the cost model (predicted vs measured cycles per
+region). Every few inferences the runtime decides:
+
+1. a merged unit that went cold is split back into its parts (de-fusion);
+2. otherwise the best fusion candidate (a frequent chain, scored by the DRAM
+   traffic and region boundaries it removes, see :mod:`.fusion`) is merged.
+
+The new plan is compiled off the inference path (a worker thread, or inline with
+``async_compile=False``), through the :class:`~.cache.CompileCache`, so a plan
+seen before (in this or an earlier process) costs no compile. When it is ready it
+is staged into the shadow instruction bank *while the NPU runs* an inference and
+lands at the run boundary after it; the bank version is read back to confirm.
+
+A new plan is not trusted at once: its first ``validate_runs`` inferences are
+compared with the reference interpreter. A mismatch swaps the previous plan back
+in, quarantines the unit with the reason, and re-runs the inference on the
+restored plan, so the caller still gets the correct result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..compiler import CompiledModel, compile_model
+from ..compiler.cost import CostModel
+from ..compiler.plan import CompileError, initial_units, simplify
+from ..driver import NPUDriver
+from ..ir import Graph, Subgraph
+from ..reference import run_reference
+from ..runtime import Inference, MismatchError, Session
+from .cache import CompileCache
+from .fusion import Candidate, refusal, score_chain
+from .profiler import Profiler, ProfilerConfig
+from .units import ACTIVE, MERGED, Unit, UnitGraph
+
+COST_SAMPLES = 512  # measured regions the cost model refits on (most recent)
+
+
+@dataclass
+class AdaptiveConfig:
+    """The knobs of the adaptive loop (docs/runtime.md explains each).
+
+    Members
+    -------
+    fuse_threshold : a chain must run at least this often per inference (decayed
+        profiler frequency) to be a fusion candidate.
+    defuse_threshold : an active merged unit running less often than this splits.
+    min_score : estimated cycles saved per inference below which no merge is made.
+    warmup : inferences observed before the first decision.
+    decide_every : inferences between decisions.
+    settle : inferences a merged unit runs before it may be split again.
+    validate_runs : inferences of a new plan checked against the reference.
+    async_compile : compile in a worker thread (False: inline, deterministic).
+    check : compare every inference with the reference interpreter (a mismatch
+        outside validation raises :class:`~host.runtime.MismatchError`).
+    profiler : window, decay and chain length of the profiler.
+    """
+
+    fuse_threshold: float = 0.3
+    defuse_threshold: float = 0.1
+    min_score: float = 1.0
+    warmup: int = 6
+    decide_every: int = 2
+    settle: int = 12
+    validate_runs: int = 3
+    async_compile: bool = True
+    check: bool = True
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+
+    def __post_init__(self):
+        for name in ("fuse_threshold", "defuse_threshold", "min_score"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.defuse_threshold >= self.fuse_threshold > 0:
+            raise ValueError("defuse_threshold must be below fuse_threshold (or units "
+                             "would merge and split back and forth)")
+        for name in ("warmup", "validate_runs", "settle"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.decide_every < 1:
+            raise ValueError("decide_every must be >= 1")
+
+
+@dataclass
+class RuntimeEvent:
+    """Something the runtime did, at an inference index (streamed live, reported)."""
+
+    inference: int
+    kind: str
+    units: tuple[int, ...]
+    detail: str = ""
+
+    def __str__(self) -> str:
+        ids = "+".join(map(str, self.units))
+        return f"[{self.inference:5d}] {self.kind:<16} unit {ids:<12} {self.detail}"
+
+    def as_dict(self) -> dict:
+        return {"inference": self.inference, "kind": self.kind, "units": list(self.units),
+                "detail": self.detail}
+
+
+@dataclass
+class AdaptiveInference(Inference):
+    """An :class:`~host.runtime.Inference` plus what the runtime did around it.
+
+    Members
+    -------
+    index : 1-based position in the stream.
+    plan : the unit ids of the plan that computed it.
+    model : that plan's compiled program.
+    events : runtime events during this inference.
+    host_seconds : host time spent on it (runs, checks, profiling, decisions).
+    """
+
+    index: int = 0
+    plan: tuple[int, ...] = ()
+    model: CompiledModel | None = field(default=None, repr=False)
+    events: list[RuntimeEvent] = field(default_factory=list)
+    host_seconds: float = 0.0
+
+
+@dataclass
+class _Change:
+    kind: str  # "merge" | "split"
+    unit: Unit
+    plan: list[Subgraph]
+    reason: str
+    future: Future | None = None
+    model: CompiledModel | None = None
+    error: str | None = None
+    hit: bool = False
+
+
+@dataclass
+class _Validation:
+    change: _Change
+    previous: CompiledModel
+    left: int
+
+
+class AdaptiveRuntime:
+    """A model served on one NPU by the adaptive loop (see the module text).
+
+    Parameters
+    ----------
+    driver : the NPU (any backend).
+    graph : the imported model (``host.onnx_import.load_onnx``).
+    config : the loop's knobs.
+    cache : compiled plans (default: in memory only).
+    on_event : called with each :class:`RuntimeEvent` as it happens.
+    fault : test-only compiler fault injection: ``fault(model, unit_id)`` returns a
+        broken copy of a freshly compiled plan whose merged unit ``unit_id`` is new.
+    """
+
+    def __init__(self, driver: NPUDriver, graph: Graph, config: AdaptiveConfig | None = None,
+                 *, cache: CompileCache | None = None,
+                 on_event: Callable[[RuntimeEvent], None] | None = None,
+                 fault: Callable[[CompiledModel, int], CompiledModel] | None = None):
+        self.driver, self.config = driver, config or AdaptiveConfig()
+        self.hw = driver.config
+        self.cache = cache if cache is not None else CompileCache(None)
+        self.on_event, self.fault = on_event, fault
+        self.graph, self.simplify_log = simplify(graph)
+        base, _ = self._compile([Subgraph(i + 1, list(u))
+                                 for i, u in enumerate(initial_units(self.graph))])
+        self.units = UnitGraph(base)
+        self._note_resources(base)
+        self.session = Session(driver, base, check=False)
+        self.profiler = Profiler(self.config.profiler)
+        self.cost = CostModel(self.hw)
+        self.events: list[RuntimeEvent] = []
+        self.refused: dict[frozenset, str] = {}
+        self.n = 0
+        self.swaps = self.rollbacks = self.compiles_started = 0
+        self.pending: _Change | None = None
+        self.validating: _Validation | None = None
+        self.swapped_at: dict[int, int] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="npu-compile") \
+            if self.config.async_compile else None
+        self._fresh: list[RuntimeEvent] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    @property
+    def model(self) -> CompiledModel:
+        """The plan the NPU runs now."""
+        return self.session.model
+
+    def load(self) -> None:
+        """Write constants and the initial plan to the NPU."""
+        self.session.load()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # ---- serving ------------------------------------------------------------------------
+    def run(self, inputs: dict) -> AdaptiveInference:
+        """One inference; the runtime profiles it and may re-plan around it."""
+        t0 = time.perf_counter()
+        self.n += 1
+        self._fresh = []
+        staged = self._ready_change()
+        stage = None
+        if staged is not None:
+            def stage():
+                self.session.stage(staged.model)
+        self._ran_on = self.model
+        res = self.session.run(inputs, while_running=stage)
+        if staged is not None:
+            self._landed(staged)
+        res = self._checked(inputs, res)
+        self._learn(res)
+        if self.n >= self.config.warmup and self.n % self.config.decide_every == 0:
+            self._decide()
+        out = AdaptiveInference(res.outputs, res.cycles, res.counters, res.trace,
+                                res.checked, res.scalars, index=self.n,
+                                plan=tuple(u.id for u in self._ran_on.units),
+                                model=self._ran_on, events=self._fresh)
+        out.host_seconds = time.perf_counter() - t0
+        return out
+
+    def run_many(self, batch, progress=None) -> list[AdaptiveInference]:
+        out = []
+        for i, inputs in enumerate(batch):
+            out.append(self.run(inputs))
+            if progress is not None:
+                progress(i + 1, len(batch))
+        return out
+
+    # ---- checking and rollback ----------------------------------------------------------
+    def _checked(self, inputs: dict, res: Inference) -> Inference:
+        v = self.validating
+        if v is None and not self.config.check:
+            return res
+        expected = run_reference(self.graph, inputs)
+        bad = _mismatch(res.outputs, expected)
+        if bad is None:
+            res.checked = True
+            if v is not None:
+                v.left -= 1
+                if v.left <= 0:
+                    self.validating = None
+                    u = v.change.unit
+                    self._event(v.change.kind + "-validated", (u.id,),
+                                f"{self.config.validate_runs} inferences equal the reference")
+                    u.record(self.n, "validated", f"{self.config.validate_runs} runs equal "
+                             "the reference interpreter")
+            return res
+        if v is None:
+            raise MismatchError(f"inference {self.n}: {bad} (plan {self._plan_ids()})")
+        # The new plan is wrong: back to the previous one, and answer from it.
+        self.validating = None
+        u = v.change.unit
+        reason = f"shadow validation failed at inference {self.n}: {bad}"
+        self.session.install(v.previous)
+        self.rollbacks += 1
+        self.units.adopt(v.previous.units, self.n, "rollback")
+        if v.change.kind == "merge":
+            self.units.quarantine(u.id, self.n, reason)
+            self.refused[frozenset(u.nodes)] = f"unit {u.id} is quarantined"
+        else:
+            self.refused[frozenset(("split", u.id))] = reason
+        self._event("rollback", (u.id,), reason)
+        self._ran_on = v.previous
+        res = self.session.run(inputs)
+        bad = _mismatch(res.outputs, expected)
+        if bad is not None:
+            raise MismatchError(f"inference {self.n} after rollback: {bad}")
+        res.checked = True
+        return res
+
+    # ---- learning ------------------------------------------------------------------------
+    def _learn(self, res: Inference) -> None:
+        regions = self.model.regions
+        ids = [r.region for r in res.trace]
+        features = {"route": tuple(sorted(res.scalars.items()))} if res.scalars else None
+        self.profiler.observe(ids, res.trace, features)
+        for rec in res.trace:
+            unit = regions.get(rec.region)
+            if unit is None:
+                continue
+            if rec.region in self.units.units:
+                self.units[rec.region].exec_count += 1
+            work = unit.resources.get("work")
+            if work is not None:
+                self.cost.observe(work, rec.cycles)
+        del self.cost.samples[:-COST_SAMPLES]
+
+    def cost_error(self) -> tuple[float, float]:
+        """(error of the profile's coefficients, error after refitting)."""
+        before = CostModel(self.hw, samples=list(self.cost.samples)).error()
+        return before, self.cost.fit()
+
+    # ---- deciding -------------------------------------------------------------------------
+    def _decide(self) -> None:
+        if self.pending is not None or self.validating is not None:
+            return
+        self.cost.fit()
+        for u in self.units.active():
+            if u.kind != MERGED or self.n - self.swapped_at.get(u.id, 0) < self.config.settle:
+                continue
+            f = self.profiler.unit_frequency(u.id)
+            if f < self.config.defuse_threshold and \
+                    frozenset(("split", u.id)) not in self.refused:
+                reason = (f"cold: runs {f:.2f}/inference < {self.config.defuse_threshold}")
+                self._submit(_Change("split", u, self.units.plan_without(u), reason))
+                return
+        best = self.best_candidate()
+        if best is None:
+            return
+        unit = self.units.merged(best.chain, self.n, best.describe())
+        self._submit(_Change("merge", unit, self.units.plan_with(unit), best.describe()))
+
+    def candidates(self) -> list[Candidate]:
+        """Feasible fusion candidates above the threshold, best first."""
+        bounds = {}
+        for u in self.units.active():
+            try:
+                bounds[u.id] = self.profiler.unit_stats(u.id).bound(
+                    self.hw.peak_macs_per_cycle, self.hw.bus_bytes)
+            except KeyError:
+                pass
+        out = []
+        for chain in self.profiler.chains(min_len=2):
+            f = self.profiler.chain_frequency(chain)
+            if f < self.config.fuse_threshold or refusal(self.units, chain, self.refused):
+                continue
+            out.append(score_chain(self.model, self.units, chain, f, self.cost, bounds))
+        out.sort(key=lambda c: (-c.score, c.chain))
+        return out
+
+    def best_candidate(self) -> Candidate | None:
+        cands = [c for c in self.candidates() if c.score >= self.config.min_score]
+        return cands[0] if cands else None
+
+    # ---- compiling and swapping ----------------------------------------------------------
+    def _submit(self, change: _Change) -> None:
+        kind = "fuse" if change.kind == "merge" else "defuse"
+        parts = change.unit.parts if change.kind == "merge" else (change.unit.id,)
+        self._event(f"{kind}-planned", parts, change.reason)
+        self.pending = change
+        self.compiles_started += 1
+        if self._pool is not None:
+            change.future = self._pool.submit(self._compile, change.plan)
+        else:
+            self._finish_compile(change, self._compile_safely(change.plan))
+
+    def _compile_safely(self, plan):
+        try:
+            return self._compile(plan), None
+        except CompileError as e:
+            return None, str(e)
+
+    def _compile(self, plan: list[Subgraph]) -> tuple[CompiledModel, bool]:
+        return self.cache.get_or_compile(
+            self.graph, plan, self.hw,
+            compile_fn=lambda: compile_model(self.graph, self.hw, plan, simplified=True))
+
+    def _finish_compile(self, change: _Change, outcome) -> None:
+        result, error = outcome
+        u = change.unit
+        if error is not None:
+            change.error = error
+            self.refused[frozenset(u.nodes)] = f"does not compile: {error}"
+            u.record(self.n, "refused", error)
+            self._event("compile-refused", (u.id,), error)
+            self.pending = None
+            return
+        model, hit = result
+        change.model, change.hit = model, hit
+        if change.kind == "merge":
+            why = self._no_gain(model, u)
+            if why:
+                self.refused[frozenset(u.nodes)] = why
+                u.record(self.n, "refused", why)
+                self._event("fuse-refused", (u.id,), why)
+                self.pending = None
+                return
+            if self.fault is not None:
+                change.model = self.fault(model, u.id)
+        self._note_resources(model)
+        u.record(self.n, "compiled", "cache hit" if hit else "compiled")
+        self._event("compiled", (u.id,), f"{'cache hit' if hit else 'compiled'}: "
+                    f"{len(model.program)} instructions, {len(model.units)} units")
+
+    def _ready_change(self) -> _Change | None:
+        """The pending change, once compiled and good to stage (None otherwise)."""
+        c = self.pending
+        if c is None:
+            return None
+        if c.future is not None:
+            if not c.future.done():
+                return None
+            fut, c.future = c.future, None
+            try:
+                self._finish_compile(c, (fut.result(), None))
+            except CompileError as e:
+                self._finish_compile(c, (None, str(e)))
+        if self.pending is None or c.model is None:
+            return None
+        if c.model.const_image() != self.model.const_image():
+            # Different constants: rewrite them between runs (tags invalidated).
+            previous = self.model
+            self.session.install(c.model, invalidate_tags=True)
+            self._landed(c, previous, staged=False)
+            return None
+        return c
+
+    def _landed(self, c: _Change, previous: CompiledModel | None = None,
+                staged: bool = True) -> None:
+        previous = previous or self.model
+        if staged and not self.session.confirm():
+            raise RuntimeError("the staged plan did not land at the run boundary")
+        self.pending = None
+        self.swaps += 1
+        for u, _ in self.units.adopt(c.plan, self.n, c.reason):
+            if u.state == ACTIVE:
+                self.swapped_at[u.id] = self.n
+        self.profiler.forget([i for i in self._plan_ids_of(previous)
+                              if i not in {s.id for s in c.plan}])
+        self._event("swapped-in", (c.unit.id,),
+                    f"bank version {self.session.version}, plan {self._plan_ids()}")
+        if self.config.validate_runs:
+            self.validating = _Validation(c, previous, self.config.validate_runs)
+
+    def _no_gain(self, model: CompiledModel, u: Unit) -> str | None:
+        """Why a compiled merge is not worth swapping in (cost model), or None."""
+        merged = model.regions.get(u.id)
+        if merged is None or "work" not in merged.resources:
+            return None
+        parts = [self.model.regions.get(p) for p in u.parts]
+        if any(p is None or "work" not in p.resources for p in parts):
+            return None
+        after = self.cost.predict(merged.resources["work"])
+        before = sum(self.cost.predict(p.resources["work"]) for p in parts)
+        if after >= before:
+            return f"no predicted gain ({after:.0f} >= {before:.0f} cycles per run)"
+        return None
+
+    def _note_resources(self, model: CompiledModel) -> None:
+        for sub in model.units:
+            if sub.id in self.units.units:
+                self.units[sub.id].resources = {k: v for k, v in sub.resources.items()
+                                                if k != "work"}
+
+    # ---- reporting -----------------------------------------------------------------------
+    def _plan_ids(self) -> list[int]:
+        return self._plan_ids_of(self.model)
+
+    @staticmethod
+    def _plan_ids_of(model: CompiledModel) -> list[int]:
+        return [u.id for u in model.units]
+
+    def _event(self, kind: str, units, detail: str = "") -> None:
+        ev = RuntimeEvent(self.n, kind, tuple(units), detail)
+        self.events.append(ev)
+        self._fresh.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def wait_idle(self) -> None:
+        """Block until a pending compile finishes (tests and benchmarks)."""
+        c = self.pending
+        if c is not None and c.future is not None:
+            c.future.exception()
+
+    def report(self) -> dict:
+        """The state of the loop: units with histories, plan, events, figures."""
+        before, after = self.cost_error()
+        return {
+            "model": self.graph.name,
+            "profile": self.hw.as_dict(),
+            "inferences": self.n,
+            "plan": self._plan_ids(),
+            "swaps": self.swaps,
+            "rollbacks": self.rollbacks,
+            "compiles": self.compiles_started,
+            "cache": self.cache.stats(),
+            "cost_model_error": {"profile": before, "refit": after},
+            "units": self.units.as_dict()["units"],
+            "events": [e.as_dict() for e in self.events],
+            "profiler": self.profiler.snapshot(),
+        }
+
+
+def _mismatch(got: dict, want: dict) -> str | None:
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None or g.shape != w.shape or not np.array_equal(g, w):
+            gv = None if g is None else g.ravel()[:8]
+            return f"output {name!r}: NPU {gv} != reference {w.ravel()[:8]}"
+    return None

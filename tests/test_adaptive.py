@@ -1,0 +1,191 @@
+"""The adaptive runtime on the golden NPU: fusion, hot swap, validation, rollback,
+de-fusion, the compile cache across runtimes, and its refusals.
+
+The golden model is cycle-exact with the RTL, so the cycle figures asserted here
+are deterministic properties of the plans, not timings. tests/test_adaptive_rtl.py
+runs the same loop on the Verilator NPU.
+"""
+
+import numpy as np
+
+from firmware.config import CONFIGS
+from host.adaptive import AdaptiveConfig, AdaptiveRuntime
+from host.adaptive.cache import CompileCache
+from host.adaptive.faults import corrupt_requant
+from host.adaptive.fusion import locality, refusal
+from host.adaptive.units import QUARANTINED, UnitGraph
+from host.cli import model_path
+from host.compiler import compile_model
+from host.datasets import class_mix_stream
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.onnx_import import load_onnx
+from host.reference import run_reference
+
+ALL = {c: 1.0 for c in range(10)}
+
+
+def _runtime(name, config=None, **kw):
+    drv = NPUDriver(GoldenDevice(CONFIGS["default"]))
+    rt = AdaptiveRuntime(drv, load_onnx(model_path(name)),
+                         config or AdaptiveConfig(async_compile=False), **kw)
+    rt.load()
+    return rt
+
+
+def _stream(rt, n, phases, seed):
+    inp = rt.graph.inputs[0]
+    shape = rt.graph.tensors[inp].shape
+    for s in class_mix_stream(n, phases, seed):
+        yield {inp: s.x.reshape(shape).astype(np.float32)}
+
+
+def test_mlp_fuses_validates_and_gets_faster(seed):
+    rt = _runtime("mlp")
+    results = [rt.run(x) for x in _stream(rt, 24, [ALL], seed)]
+    assert all(r.checked for r in results)
+    kinds = [e.kind for e in rt.events]
+    assert kinds[:4] == ["fuse-planned", "compiled", "swapped-in", "merge-validated"], kinds
+    assert rt.swaps >= 1 and rt.rollbacks == 0
+    first, last = results[0].plan, results[-1].plan
+    assert len(last) < len(first)
+    # The merged plan keeps the hidden activation on chip: fewer DRAM bytes and
+    # cycles per inference on the same input than the initial plan.
+    x = next(_stream(rt, 1, [ALL], seed))
+    merged = rt.run(x)
+    base = _runtime("mlp", AdaptiveConfig(async_compile=False, warmup=10**9)).run(x)
+    assert merged.counters["dram_write_bytes"] < base.counters["dram_write_bytes"]
+    assert merged.cycles < base.cycles
+    for u in rt.units.active():
+        assert any(e.kind == "validated" for e in u.history) or u.kind == "original"
+
+
+def test_every_result_equals_the_reference(seed):
+    rt = _runtime("moe")
+    for x in _stream(rt, 30, [ALL], seed):
+        r = rt.run(x)
+        want = run_reference(rt.graph, x)
+        for k, v in want.items():
+            assert np.array_equal(r.outputs[k], v)
+
+
+def test_injected_fault_rolls_back_and_quarantines(seed):
+    rt = _runtime("mlp", fault=corrupt_requant)
+    xs = list(_stream(rt, 20, [ALL], seed))
+    for x in xs:
+        r = rt.run(x)
+        want = run_reference(rt.graph, x)
+        for k, v in want.items():
+            assert np.array_equal(r.outputs[k], v), "a wrong result escaped validation"
+    kinds = [e.kind for e in rt.events]
+    assert "rollback" in kinds, kinds
+    bad = [u for u in rt.units.units.values() if u.state == QUARANTINED]
+    assert len(bad) == 1 and "shadow validation failed" in bad[0].history[-1].reason
+    assert [u.id for u in rt.model.units] == [u.id for u in rt.units.active()]
+    after = kinds.index("rollback") + 1
+    assert not [e for e in rt.events[after:]
+                if e.kind == "fuse-planned" and e.units == bad[0].parts]
+
+
+def test_defusion_after_phase_shift(seed):
+    """An expert merged while hot is split back once its phase is over."""
+    cfg = AdaptiveConfig(async_compile=False, fuse_threshold=0.25, defuse_threshold=0.1,
+                         settle=8)
+    rt = _runtime("moe", cfg)
+    stream = list(_stream(rt, 120, [{0: 1, 1: 1, 2: 1}, {7: 1, 8: 1, 9: 1}], seed))
+    for x in stream:
+        rt.run(x)
+    splits = [e for e in rt.events if e.kind == "defuse-planned"]
+    assert splits, [str(e) for e in rt.events]
+    split_ids = {e.units[0] for e in splits}
+    for uid in split_ids:
+        u = rt.units[uid]
+        assert any(e.kind == "swapped-out" for e in u.history)
+        assert "cold" in splits[0].detail
+
+
+def test_cache_makes_a_second_runtime_warm(tmp_path, seed):
+    cache_file = tmp_path / "compile.sqlite"
+    xs = None
+    plans = []
+    for _ in range(2):
+        cache = CompileCache(cache_file)
+        rt = _runtime("mlp", cache=cache)
+        xs = xs or list(_stream(rt, 16, [ALL], seed))
+        for x in xs:
+            rt.run(x)
+        plans.append(rt.report()["plan"])
+        stats = cache.stats()
+        cache.close()
+    assert plans[0] == plans[1]
+    assert stats["compiles"] == 0 and stats["hits"] >= 2, stats
+
+
+def test_async_compile_swaps_without_blocking(seed):
+    rt = _runtime("mlp", AdaptiveConfig(async_compile=True))
+    xs = list(_stream(rt, 30, [ALL], seed))
+    for x in xs[:8]:
+        rt.run(x)
+    rt.wait_idle()
+    for x in xs[8:]:
+        assert rt.run(x).checked
+    assert rt.swaps >= 1
+    rt.close()
+
+
+def test_refusals():
+    rt = _runtime("moe")
+    units = rt.units
+    # gate (1) and an expert's first layer (2) live in different scopes
+    assert "crosses a branch" in refusal(units, (1, 2), {})
+    assert "repeats" in refusal(units, (2, 2), {})
+    assert "not in the running plan" in refusal(units, (2, 99), {})
+    assert refusal(units, (2, 3), {}) is None
+    assert locality(rt.model, units, (2, 3)) == (64, 2)  # 32 B written + read once
+    assert locality(rt.model, units, (1,)) == (0, 0)
+
+
+def test_compile_refusal_is_remembered(seed, monkeypatch):
+    """A merge the compiler refuses is reported with its reason and not retried."""
+    from host.adaptive import engine
+    from host.compiler.plan import CompileError
+
+    def refuse(graph, config, units=None, **kw):
+        if units is not None and len(units) < 2:  # mlp: the two layers merged
+            raise CompileError("the merged unit's working set does not fit the partition")
+        return compile_model(graph, config, units, **kw)
+
+    monkeypatch.setattr(engine, "compile_model", refuse)
+    rt = _runtime("mlp")
+    for x in _stream(rt, 24, [ALL], seed):
+        assert rt.run(x).checked
+    refused = [e for e in rt.events if e.kind == "compile-refused"]
+    assert len(refused) == 1 and "does not fit" in refused[0].detail
+    assert rt.swaps == 0
+
+
+def test_unit_graph_ids_are_stable():
+    m = compile_model(load_onnx(model_path("moe")), CONFIGS["default"])
+    a, b = UnitGraph(m), UnitGraph(m)
+    ua, ub = a.merged((4, 5), 0, "x"), b.merged((4, 5), 7, "y")
+    assert ua.id == ub.id and ua.parts == (4, 5)
+    assert a.merged((4, 5), 1, "again") is ua
+    plan = a.plan_with(ua)
+    assert [s.id for s in plan] == [1, 2, 3, ua.id, 6, 7, 8, 9]
+    a.adopt(plan, 1, "test")
+    assert [s.id for s in a.plan_without(ua)] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_precompiled_cache_serves_the_runtime(seed):
+    """`npu precompile` fills exactly the plans the runtime asks for (same region ids)."""
+    from host.adaptive.cache import precompile
+
+    cache = CompileCache(None)
+    base = compile_model(load_onnx(model_path("moe")), CONFIGS["default"])
+    precompile(cache, base.graph, CONFIGS["default"])
+    filled = cache.compiles
+    rt = _runtime("moe", cache=cache)
+    for x in _stream(rt, 40, [{0: 1, 1: 1, 2: 1}], seed):
+        rt.run(x)
+    assert rt.swaps >= 1
+    assert cache.compiles == filled, "the runtime compiled a plan precompile should have made"
