@@ -3,6 +3,8 @@
 ::
 
     npu run MODEL.onnx [--backend golden|verilator] [--digits N | --inputs FILE.npz]
+            [--adaptive [--phases 012|789] [--cache PATH | --no-cache]]
+    npu report MODEL [--config NAME]
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME]
     npu disasm MODEL.onnx [--config NAME]
     npu info [--backend golden|verilator] [--config NAME]
@@ -75,6 +77,8 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
     console = console or Console()
     drv = NPUDriver(device)
     graph = load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback)
+    if opts.adaptive:
+        return run_adaptive(drv, graph, opts, console)
     model = compile_model(graph, drv.config)
     session = Session(drv, model, check=not opts.no_check)
     session.load()
@@ -90,6 +94,44 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
             results.append(session.run(inputs))
             bar.advance(task)
     report(model, results, labels, console)
+    return all(r.checked for r in results) or opts.no_check
+
+
+def phase_inputs(graph, opts) -> tuple[list[dict], np.ndarray]:
+    """``--phases 012|789``: held-out digits whose class mix shifts phase by phase."""
+    from .datasets import class_mix_stream
+
+    name = graph.inputs[0]
+    shape = graph.tensors[name].shape
+    phases = [{int(c): 1.0 for c in ph} for ph in opts.phases.split("|")]
+    samples = list(class_mix_stream(opts.digits, phases, seed=opts.seed))
+    return ([{name: s.x.reshape(shape).astype(np.float32)} for s in samples],
+            np.array([s.label for s in samples]))
+
+
+def run_adaptive(drv, graph, opts, console: Console) -> bool:
+    """``npu run --adaptive``: serve the inputs with the adaptive runtime, print its
+    events live and its report at the end (saved for ``npu report``)."""
+    from .adaptive import AdaptiveConfig, AdaptiveRuntime
+    from .adaptive.cache import CompileCache, default_cache_path
+    from .adaptive.report import print_report, report_path, save_report, stream_figures
+
+    cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()))
+    rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check),
+                         cache=cache, on_event=lambda e: console.print(
+                             f"[cyan]{e}", highlight=False, soft_wrap=True))
+    rt.load()
+    batch, labels = phase_inputs(rt.graph, opts) if opts.phases else load_inputs(rt.graph, opts)
+    console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU with the adaptive "
+                  f"runtime: {len(batch)} inputs, initial plan {rt.report()['plan']}")
+    results = rt.run_many(batch)
+    rt.close()
+    report(rt.model, results, labels, console)
+    rep = rt.report()
+    rep["stream"] = stream_figures(results)
+    print_report(rep, console)
+    path = save_report(rep, report_path(Path(opts.model).stem, drv.config))
+    console.print(f"report saved to {path} (npu report {opts.model})", highlight=False)
     return all(r.checked for r in results) or opts.no_check
 
 
@@ -261,6 +303,14 @@ def precompile_cmd(opts) -> int:
     return 0
 
 
+def report_cmd(opts) -> int:
+    from .adaptive.report import load_report, print_report, report_path
+
+    rep = load_report(report_path(Path(opts.model).stem, CONFIGS[opts.config]))
+    print_report(rep, Console())
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="npu", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -280,7 +330,18 @@ def _parser() -> argparse.ArgumentParser:
                    "and optional 'labels'")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
     p.add_argument("--cpu-fallback", action="store_true", help="run unsupported ops on the CPU")
+    p.add_argument("--adaptive", action="store_true",
+                   help="serve with the adaptive runtime (profile, fuse, hot-swap, validate)")
+    p.add_argument("--phases", help="with --digits N: a stream whose class mix shifts, e.g. "
+                   "'012|789' (two phases)")
+    p.add_argument("--seed", type=int, default=0, help="stream seed for --phases")
+    p.add_argument("--cache", help="compile cache file (default: $NPU_CACHE_DIR/"
+                   "compile.sqlite or ~/.cache/npu/compile.sqlite)")
+    p.add_argument("--no-cache", action="store_true", help="keep compiled plans in memory only")
     common(p, True)
+    p = sub.add_parser("report", help="the report of the last adaptive run of a model")
+    p.add_argument("model")
+    common(p, False)
     p = sub.add_parser("info", help="the device's CAPS as a hardware profile")
     common(p, True)
     for name, what in (("compile", "compile and summarize"), ("disasm", "print the program")):
@@ -313,6 +374,8 @@ def main(argv=None) -> int:
         return disasm_cmd(opts)
     if opts.command == "precompile":
         return precompile_cmd(opts)
+    if opts.command == "report":
+        return report_cmd(opts)
     return _on_backend(opts, argv)
 
 

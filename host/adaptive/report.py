@@ -1,0 +1,85 @@
+"""Running a model adaptively from the CLI, and the report it leaves behind.
+
+``npu run MODEL --adaptive`` streams the runtime's events as they happen and ends
+with :func:`print_report`; the report (``AdaptiveRuntime.report()`` plus per
+inference figures) is saved as JSON next to the compile cache, where
+``npu report MODEL`` finds it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from firmware.config import NPUConfig
+
+from ..profiles import profile_key, profile_name
+
+
+def report_path(model_name: str, config: NPUConfig) -> Path:
+    """Where the last adaptive run of a model on a profile leaves its report."""
+    root = Path(os.environ.get("NPU_CACHE_DIR", Path.home() / ".cache" / "npu"))
+    return root / "reports" / f"{model_name}-{profile_name(config) or profile_key(config)}.json"
+
+
+def stream_figures(results) -> dict:
+    """Per-inference figures of an adaptive run (JSON-ready lists and summaries)."""
+    cycles = [int(r.cycles) for r in results]
+    half = len(cycles) // 2
+    return {
+        "cycles": cycles,
+        "dram_bytes": [int(r.counters["dram_read_bytes"] + r.counters["dram_write_bytes"])
+                       for r in results],
+        "host_ms": [round(1000 * r.host_seconds, 3) for r in results],
+        "plans": [list(r.plan) for r in results],
+        "mean_cycles_first_half": float(np.mean(cycles[:half])) if half else None,
+        "mean_cycles_second_half": float(np.mean(cycles[half:])) if cycles else None,
+        "checked": int(sum(r.checked for r in results)),
+    }
+
+
+def save_report(report: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    return path
+
+
+def load_report(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"no adaptive report at {path}: run `npu run MODEL --adaptive` "
+                         "first") from None
+
+
+def print_report(rep: dict, console: Console) -> None:
+    """The units (with their histories), the plan, and the loop's figures."""
+    table = Table("unit", "kind", "state", "nodes", "runs", "history",
+                  title=f"{rep['model']}: units of the adaptive run (plan {rep['plan']})")
+    for u in rep["units"]:
+        hist = "; ".join(f"{e['inference']}: {e['kind']}" for e in u["history"][-4:])
+        table.add_row(str(u["id"]), u["kind"], u["state"], ", ".join(u["nodes"]),
+                      str(u["exec_count"]), hist)
+    console.print(table)
+    err = rep["cost_model_error"]
+    cache = rep["cache"]
+    console.print(
+        f"{rep['inferences']} inferences, {rep['swaps']} swaps, {rep['rollbacks']} "
+        f"rollbacks, {rep['compiles']} plan changes compiled ({cache['compiles']} compiles, "
+        f"{cache['hits']} cache hits); cost model error {100 * err['profile']:.0f}% from "
+        f"the profile, {100 * err['refit']:.1f}% refit", highlight=False)
+    fig = rep.get("stream")
+    if fig and fig["cycles"]:
+        console.print(
+            f"cycles per inference: {fig['mean_cycles_first_half']:.0f} (first half), "
+            f"{fig['mean_cycles_second_half']:.0f} (second half); host overhead "
+            f"{np.mean(fig['host_ms']):.1f} ms per inference; {fig['checked']}/"
+            f"{len(fig['cycles'])} results equal the reference", highlight=False)
+    quarantined = [u for u in rep["units"] if u["state"] == "quarantined"]
+    for u in quarantined:
+        console.print(f"[red]unit {u['id']} quarantined: {u['history'][-1]['reason']}")
