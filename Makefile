@@ -27,7 +27,7 @@ BOARD ?= ulx3s
 .PHONY: help setup test demo sim regress synth lint docs clean
 
 help:
-	@echo "make demo     the gated MoE model compiled and run on the Verilator NPU (sets everything up)"
+	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
 	@echo "make test     run the whole test suite (sets everything up)"
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
@@ -37,6 +37,7 @@ help:
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
 	@echo "make bench-npu       256^3 GEMM on the Verilator NPU vs its roofline, swap stall (npu.json)"
+	@echo "make bench-adaptive  moe over a phase-shifting stream: unfused vs static vs adaptive (adaptive.json, .png)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)

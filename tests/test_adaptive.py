@@ -97,11 +97,12 @@ def test_defusion_after_phase_shift(seed):
         rt.run(x)
     splits = [e for e in rt.events if e.kind == "defuse-planned"]
     assert splits, [str(e) for e in rt.events]
-    split_ids = {e.units[0] for e in splits}
-    for uid in split_ids:
-        u = rt.units[uid]
-        assert any(e.kind == "swapped-out" for e in u.history)
-        assert "cold" in splits[0].detail
+    assert all("cold" in e.detail for e in splits)
+    # A split planned at the last inference has not landed yet; the others have.
+    landed = [e.units[0] for e in splits if e.inference < rt.n]
+    assert landed
+    for uid in landed:
+        assert any(e.kind == "swapped-out" for e in rt.units[uid].history)
 
 
 def test_cache_makes_a_second_runtime_warm(tmp_path, seed):

@@ -1,13 +1,16 @@
 """The demo (``make demo``) runs end to end and checks its own results.
 
-Here on the golden backend; the same code on the RTL is tests/test_models_rtl.py.
+Here on the golden backend; the same loop on the RTL is tests/test_adaptive_rtl.py.
 """
 
 from host import demo
 
 
-def test_demo_runs_the_gated_moe(capsys):
-    assert demo.main(["--backend", "golden", "--digits", "6"]) == 0
+def test_demo_serves_the_gated_moe_adaptively(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path))
+    assert demo.main(["--backend", "golden", "--digits", "40"]) == 0
     out = capsys.readouterr().out
-    assert "moe on the golden NPU" in out
-    assert "6/6 results equal the reference interpreter" in out
+    assert "moe on the golden NPU with the adaptive runtime" in out
+    assert "40/40 results equal the reference interpreter" in out
+    assert "swapped-in" in out and "validated" in out
+    assert (tmp_path / "reports" / "moe-default.json").exists()

@@ -119,6 +119,8 @@ class AdaptiveInference(Inference):
     model : that plan's compiled program.
     events : runtime events during this inference.
     host_seconds : host time spent on it (runs, checks, profiling, decisions).
+    overhead_seconds : the part of it the adaptive loop adds to the plain run
+        (reference check, profiling, deciding, staging a plan, a rollback re-run).
     """
 
     index: int = 0
@@ -126,6 +128,7 @@ class AdaptiveInference(Inference):
     model: CompiledModel | None = field(default=None, repr=False)
     events: list[RuntimeEvent] = field(default_factory=list)
     host_seconds: float = 0.0
+    overhead_seconds: float = 0.0
 
 
 @dataclass
@@ -214,7 +217,9 @@ class AdaptiveRuntime:
             def stage():
                 self.session.stage(staged.model)
         self._ran_on = self.model
+        t_dev = time.perf_counter()
         res = self.session.run(inputs, while_running=stage)
+        device_seconds = time.perf_counter() - t_dev
         if staged is not None:
             self._landed(staged)
         res = self._checked(inputs, res)
@@ -226,6 +231,7 @@ class AdaptiveRuntime:
                                 plan=tuple(u.id for u in self._ran_on.units),
                                 model=self._ran_on, events=self._fresh)
         out.host_seconds = time.perf_counter() - t0
+        out.overhead_seconds = out.host_seconds - device_seconds
         return out
 
     def run_many(self, batch, progress=None) -> list[AdaptiveInference]:
