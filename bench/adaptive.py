@@ -3,8 +3,9 @@ shifts phase by phase, under three plans.
 
 * **unfused**: the compiler's initial plan (one unit per anchor operator);
 * **static**: for each phase, the best plan the runtime could reach (every merge
-  combination ``npu precompile`` knows), chosen offline on the golden model with
-  the phase's inputs known in advance, and installed at the phase boundary;
+  combination and speculative merge ``npu precompile`` knows), chosen offline on
+  the golden model with the phase's inputs known in advance, and installed at the
+  phase boundary;
 * **adaptive**: :class:`host.adaptive.AdaptiveRuntime`, learning as it serves.
 
 It prints and saves (``bench/results/adaptive.json`` and ``adaptive.png``, cycles
@@ -12,7 +13,8 @@ per inference over the stream with phase boundaries and swaps marked): cycles an
 DRAM bytes per inference, the steady-state speedup of adaptive over unfused (last
 half of each phase), the gap to the static plan per phase, inferences to converge
 after each shift, stall cycles per swap (the first run after a swap against a
-re-run of the same input on the same plan), host overhead per inference.
+re-run of the same input on the same plan), the mis-speculation rate and what a
+miss costs, host overhead per inference.
 
 Runs on the Verilator NPU (the default; the first build takes minutes) or with
 ``--golden`` on the golden model. Every result is checked against the reference.
@@ -46,16 +48,18 @@ def _inputs(graph, stream):
 
 def _static_plans(graph, config, phase_inputs, cache):
     """Per phase, the reachable plan with the fewest cycles on that phase (golden)."""
-    from host.adaptive.cache import precompile_plans
+    from host.adaptive.cache import precompile_plans, speculative_plans
     from host.device import GoldenDevice
     from host.driver import NPUDriver
     from host.runtime import Session
 
+    plans = [(label, graph, plan) for label, plan in precompile_plans(graph)]
+    plans += speculative_plans(graph)
     best = []
     for xs in phase_inputs:
         scored = []
-        for label, plan in precompile_plans(graph):
-            model, _ = cache.get_or_compile(graph, plan, config)
+        for label, g, plan in plans:
+            model, _ = cache.get_or_compile(g, plan, config)
             s = Session(NPUDriver(GoldenDevice(config)), model)
             s.load()
             for x in xs:  # warm the tags
@@ -116,13 +120,14 @@ def scenario(device, config, seed):
 
     rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(async_compile=False), cache=cache)
     rt.load()
-    cycles, dram, overhead, stalls = [], [], [], []
+    cycles, dram, overhead, stalls, spec = [], [], [], [], []
     for x in xs:
         r = rt.run(x)
         assert r.checked
         cycles.append(r.cycles)
         dram.append(r.counters["dram_read_bytes"] + r.counters["dram_write_bytes"])
         overhead.append(r.overhead_seconds)
+        spec.append(r.speculation)
         if any(e.kind == "swapped-in" for e in r.events) and r.index < len(xs):
             # The next inference is the first on the new plan: run it, then again
             # on the same plan; a swap stall would make the first one longer.
@@ -132,7 +137,7 @@ def scenario(device, config, seed):
             stalls.append(first - again)
     out.update(adaptive_cycles=cycles, adaptive_dram=dram,
                adaptive_overhead_ms=[1000 * o for o in overhead], swap_stalls=stalls,
-               events=[e.as_dict() for e in rt.events], swaps=rt.swaps,
+               speculation=spec, events=[e.as_dict() for e in rt.events], swaps=rt.swaps,
                rollbacks=rt.rollbacks, final_plan=rt.report()["plan"])
     Path(os.environ["NPU_BENCH_OUT"]).write_text(json.dumps(out))
 
@@ -177,7 +182,14 @@ def figures(raw: dict) -> dict:
     f["rollbacks"] = raw["rollbacks"]
     f["max_stall_cycles_per_swap"] = max(raw["swap_stalls"], default=0)
     f["stall_target"] = 0
-    f["misspeculation_rate"] = None  # speculative merges are not built yet
+    spec = np.array(raw["speculation"])
+    bets = int(np.sum(spec != ""))
+    misses = spec == "miss"
+    f["speculative_bets"] = bets
+    f["misspeculation_rate"] = float(misses.sum() / bets) if bets else 0.0
+    # What a miss cost: its cycles over the unfused plan's on the same input.
+    f["misspeculation_cost_cycles"] = float(
+        (cyc["adaptive"][misses] - cyc["unfused"][misses]).mean()) if misses.any() else 0.0
     f["host_overhead_ms_per_inference"] = float(np.mean(raw["adaptive_overhead_ms"]))
     f["static_plans"] = "; ".join(raw["static_plans"])
     f["final_adaptive_plan"] = str(raw["final_plan"])

@@ -1,7 +1,8 @@
 """The adaptive runtime on the Verilator-built NPU over its real AXI ports, in
 lockstep with the golden model (``verif.model_scenarios.adaptive_vs_golden``):
 fusion with hot swaps under load, shadow validation, rollback of an injected
-fault, and de-fusion after a phase shift. Every result equals the reference."""
+fault, de-fusion after a phase shift, and a speculative merge across the gate's
+branch whose misses fall back in the program. Every result equals the reference."""
 
 import pytest
 
@@ -12,6 +13,8 @@ from verif.rtl_device import run_scenario
     ("mlp", 10, "0123456789", "0", "swapped-in,merge-validated"),
     ("mlp", 10, "0123456789", "1", "rollback"),  # the fused unit is broken
     ("moe", 48, "012|789", "0", "merge-validated,defuse-planned"),  # hot, then cold
+    # one expert hot: a speculative merge across the gate's branch, then misses
+    ("moe", 36, "3|0123456789", "0", "speculate-validated,defuse-planned"),
 ])
 def test_adaptive_on_rtl(model, inputs, phases, fault, expect, seed, regress):
     run_scenario("verif.model_scenarios:adaptive_vs_golden", "default", seed=seed,

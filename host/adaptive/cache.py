@@ -598,13 +598,58 @@ def precompile_plans(graph: Graph, limit: int = 64) -> list[tuple[str, list[Subg
     (:func:`~host.adaptive.units.merged_unit_id`); all combinations over scopes,
     fewest merges first, at most ``limit``. ``graph`` is simplified.
     """
-    from .units import merged_unit_id
+    units = [Subgraph(i + 1, u) for i, u in enumerate(initial_units(graph))]
+    return _merge_plans(graph, units, [], limit)
+
+
+def speculative_plans(graph: Graph, limit: int = 64
+                      ) -> list[tuple[str, Graph, list[Subgraph]]]:
+    """The speculative plans the runtime can reach: ``(label, hoisted graph, plan)``.
+
+    For every branch body decided by an ArgMax on the NPU, the graph with that body
+    hoisted (:func:`~host.adaptive.speculate.hoist`) and its units merged into the
+    gate's unit (the id the runtime gives it), with every chain merge of the other
+    units; at most ``limit`` in all.
+    """
+    from .speculate import hoist, leaves
+    from .units import SPEC_BASE
 
     units = [Subgraph(i + 1, u) for i, u in enumerate(initial_units(graph))]
+    owner = {n: u for u in units for n in u.nodes}
+    prod = {o: n for n in graph.nodes for o in n.outputs}
+    out = []
+    for leaf in leaves(graph):
+        n = prod.get(graph.node(leaf.top_if).inputs[0])
+        while n is not None and n.op == "Equal":
+            n = prod.get(n.inputs[0])
+        if n is None or n.op != "ArgMax" or n.name not in owner:
+            continue
+        gate = owner[n.name]
+        body = [u for u in units if set(u.nodes) <= set(leaf.npu_nodes)]
+        ids = [gate.id] + [u.id for u in body]
+        spec = Subgraph(SPEC_BASE + min(ids) * 64 + max(ids),
+                        gate.nodes + [m for u in body for m in u.nodes])
+        rest = [u for u in units if u.id not in ids]
+        try:
+            hoisted = hoist(graph, leaf)
+        except CompileError:
+            continue
+        for label, plan in _merge_plans(hoisted, rest, [spec], limit):
+            out.append((f"bet on {leaf.describe()}" + ("" if label == "initial"
+                                                         else f", {label}"), hoisted, plan))
+    return out[:limit]
+
+
+def _merge_plans(graph: Graph, units: list[Subgraph], fixed: list[Subgraph],
+                 limit: int) -> list[tuple[str, list[Subgraph]]]:
+    """``fixed`` plus every way to merge runs of consecutive same-scope ``units``."""
+    from .units import merged_unit_id
+
     scope = {n.name: id(g) for g, n in graph.walk()}
     groups: list[list[Subgraph]] = []  # consecutive units of one scope
     for u in units:
-        if groups and scope[groups[-1][-1].nodes[0]] == scope[u.nodes[0]]:
+        if groups and scope[groups[-1][-1].nodes[0]] == scope[u.nodes[0]] \
+                and groups[-1][-1].id + 1 == u.id:
             groups[-1].append(u)
         else:
             groups.append([u])
@@ -621,16 +666,18 @@ def precompile_plans(graph: Graph, limit: int = 64) -> list[tuple[str, list[Subg
             out.append(run)
             yield out
 
+    order = {n.name: i for i, (_, n) in enumerate(graph.walk())}
     plans = []
     for combo in itertools.product(*(list(cuts(g)) for g in groups)):
         runs = [r for part in combo for r in part]
         merged = [r for r in runs if len(r) > 1]
         plan = [r[0] if len(r) == 1 else
                 Subgraph(merged_unit_id([u.id for u in r]), [n for u in r for n in u.nodes])
-                for r in runs]
+                for r in runs] + fixed
+        plan.sort(key=lambda u: min(order[n] for n in u.nodes))
         label = "initial" if not merged else "merge " + ", ".join(
             "+".join(n for u in r for n in u.nodes) for r in merged)
-        plans.append((len(units) - len(plan), label, plan))
+        plans.append((len(merged), label, plan))
     plans.sort(key=lambda p: p[0])
     return [(label, plan) for _, label, plan in plans[:limit]]
 
@@ -658,18 +705,21 @@ class PrecompileResult:
 
 
 def precompile(cache: CompileCache, graph: Graph, config: NPUConfig) -> PrecompileResult:
-    """Fill ``cache`` with :func:`precompile_plans` of the simplified ``graph`` for ``config``.
+    """Fill ``cache`` with the :func:`precompile_plans` and :func:`speculative_plans`
+    of the simplified ``graph`` for ``config``.
 
     Refused plans are noted and stored as refusals. Raises
     :class:`~host.errors.ModelError` (an unsupported operator) when the model
     cannot run on the NPU at all.
     """
     res = PrecompileResult(graph.name)
-    for label, plan in precompile_plans(graph):
+    jobs = [(label, graph, plan) for label, plan in precompile_plans(graph)]
+    jobs += speculative_plans(graph)
+    for label, g, plan in jobs:
         res.plans += 1
         before = cache.compiles
         try:
-            _, hit = cache.get_or_compile(graph, plan, config)
+            _, hit = cache.get_or_compile(g, plan, config)
         except CompileError as err:
             res.refused += 1
             fresh = cache.compiles > before

@@ -34,13 +34,14 @@ from ..compiler import CompiledModel, compile_model
 from ..compiler.cost import CostModel
 from ..compiler.plan import CompileError, initial_units, simplify
 from ..driver import NPUDriver
-from ..ir import Graph, Subgraph
+from ..ir import ArgMax, Equal, Graph, Subgraph
 from ..reference import run_reference
 from ..runtime import Inference, MismatchError, Session
 from .cache import CompileCache
 from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
-from .units import ACTIVE, MERGED, Unit, UnitGraph
+from .speculate import Leaf, hoist, leaves
+from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
 
 COST_SAMPLES = 512  # measured regions the cost model refits on (most recent)
 
@@ -59,6 +60,9 @@ class AdaptiveConfig:
     decide_every : inferences between decisions.
     settle : inferences a merged unit runs before it may be split again.
     validate_runs : inferences of a new plan checked against the reference.
+    spec_threshold : the branch probability a speculative merge needs to be
+        planned (raised by ``spec_step`` each time a bet stops paying).
+    spec_step : how much a failed bet raises ``spec_threshold``.
     async_compile : compile in a worker thread (False: inline, deterministic).
     check : compare every inference with the reference interpreter (a mismatch
         outside validation raises :class:`~host.runtime.MismatchError`).
@@ -72,6 +76,8 @@ class AdaptiveConfig:
     decide_every: int = 2
     settle: int = 12
     validate_runs: int = 3
+    spec_threshold: float = 0.6
+    spec_step: float = 0.1
     async_compile: bool = True
     check: bool = True
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
@@ -121,6 +127,7 @@ class AdaptiveInference(Inference):
     host_seconds : host time spent on it (runs, checks, profiling, decisions).
     overhead_seconds : the part of it the adaptive loop adds to the plain run
         (reference check, profiling, deciding, staging a plan, a rollback re-run).
+    speculation : ``"hit"`` or ``"miss"`` when a speculative unit ran, else ``""``.
     """
 
     index: int = 0
@@ -129,14 +136,17 @@ class AdaptiveInference(Inference):
     events: list[RuntimeEvent] = field(default_factory=list)
     host_seconds: float = 0.0
     overhead_seconds: float = 0.0
+    speculation: str = ""
 
 
 @dataclass
 class _Change:
-    kind: str  # "merge" | "split"
+    kind: str  # "merge" | "speculate" | "split"
     unit: Unit
     plan: list[Subgraph]
     reason: str
+    graph: Graph | None = None  # the graph the plan compiles (None: the current one)
+    bet: _Bet | None = None
     future: Future | None = None
     model: CompiledModel | None = None
     error: str | None = None
@@ -148,6 +158,74 @@ class _Validation:
     change: _Change
     previous: CompiledModel
     left: int
+    bet: _Bet | None = None  # the bet running before the change
+
+
+@dataclass
+class _Bet:
+    """A speculative unit's wager and its record (decayed and total)."""
+
+    unit: Unit
+    leaf: Leaf
+    before: float  # cycles of the gate's and the branch's units before the merge
+    gate_before: float  # cycles of the gate's unit alone
+    estimated_waste: float
+    top: frozenset = frozenset()  # region ids outside the branches (a hit runs only these)
+    bets: float = 0.0
+    losses: float = 0.0
+    total: int = 0
+    lost: int = 0
+    since: int = 0
+    hit_cycles: float | None = None  # decayed mean cycles of the merged region
+    miss_cycles: float | None = None
+
+    @property
+    def hit_rate(self) -> float:
+        return 1.0 - self.losses / self.bets if self.bets else 1.0
+
+    @property
+    def gain(self) -> float | None:
+        """Measured cycles a hit saves (None before the first hit)."""
+        return None if self.hit_cycles is None else self.before - self.hit_cycles
+
+    @property
+    def waste(self) -> float:
+        """Measured cycles a miss wastes (the estimate before the first miss)."""
+        if self.miss_cycles is None:
+            return self.estimated_waste
+        return max(0.0, self.miss_cycles - self.gate_before)
+
+    @property
+    def break_even(self) -> float:
+        """The hit rate below which the bet costs more than it saves (measured)."""
+        gain = self.gain
+        if gain is None:
+            return 0.0
+        if gain <= 0:
+            return 1.0
+        return self.waste / (self.waste + gain)
+
+
+@dataclass
+class SpecCandidate(Candidate):
+    """A speculative merge: the gate's unit and the predicted branch's units.
+
+    Members (beyond :class:`~.fusion.Candidate`)
+    -------
+    leaf : the predicted branch body.
+    probability : how often the gate's unit is followed by that branch.
+    hit_gain, waste : estimated cycles a hit saves and a miss wastes.
+    """
+
+    leaf: Leaf | None = None
+    probability: float = 0.0
+    hit_gain: float = 0.0
+    waste: float = 0.0
+
+    def describe(self) -> str:
+        return (f"bet on {self.leaf.describe()} after unit {self.chain[0]}: taken "
+                f"{100 * self.probability:.0f}%; a hit saves ~{self.hit_gain:.0f} cycles "
+                f"(estimate), a miss wastes ~{self.waste:.0f} (measured cycles of the branch)")
 
 
 class AdaptiveRuntime:
@@ -173,6 +251,11 @@ class AdaptiveRuntime:
         self.cache = cache if cache is not None else CompileCache(None)
         self.on_event, self.fault = on_event, fault
         self.graph, self.simplify_log = simplify(graph)
+        self.spec_threshold = self.config.spec_threshold
+        self.bet: _Bet | None = None
+        self.bets_total = self.misspeculations = 0
+        self.break_even: dict[Leaf, float] = {}  # measured, from bets that stopped paying
+        self.warm_cycles: dict[int, float] = {}  # region -> decayed mean of warm runs
         base, _ = self._compile([Subgraph(i + 1, list(u))
                                  for i, u in enumerate(initial_units(self.graph))])
         self.units = UnitGraph(base)
@@ -223,13 +306,14 @@ class AdaptiveRuntime:
         if staged is not None:
             self._landed(staged)
         res = self._checked(inputs, res)
-        self._learn(res)
+        outcome = self._learn(res)
         if self.n >= self.config.warmup and self.n % self.config.decide_every == 0:
             self._decide()
         out = AdaptiveInference(res.outputs, res.cycles, res.counters, res.trace,
                                 res.checked, res.scalars, index=self.n,
                                 plan=tuple(u.id for u in self._ran_on.units),
-                                model=self._ran_on, events=self._fresh)
+                                model=self._ran_on, events=self._fresh,
+                                speculation=outcome)
         out.host_seconds = time.perf_counter() - t0
         out.overhead_seconds = out.host_seconds - device_seconds
         return out
@@ -270,7 +354,8 @@ class AdaptiveRuntime:
         self.session.install(v.previous)
         self.rollbacks += 1
         self.units.adopt(v.previous.units, self.n, "rollback")
-        if v.change.kind == "merge":
+        self.bet = v.bet
+        if v.change.kind != "split":
             self.units.quarantine(u.id, self.n, reason)
             self.refused[frozenset(u.nodes)] = f"unit {u.id} is quarantined"
         else:
@@ -285,12 +370,34 @@ class AdaptiveRuntime:
         return res
 
     # ---- learning ------------------------------------------------------------------------
-    def _learn(self, res: Inference) -> None:
+    def _learn(self, res: Inference) -> str:
         regions = self.model.regions
         ids = [r.region for r in res.trace]
         features = {"route": tuple(sorted(res.scalars.items()))} if res.scalars else None
         self.profiler.observe(ids, res.trace, features)
+        b = self.bet
+        if b is not None and b.unit.id in ids:
+            lost = any(i not in b.top for i in ids)
+            d = self.config.profiler.decay
+            b.bets, b.losses = b.bets * d + 1, b.losses * d + lost
+            recs = [r for r in res.trace if r.region == b.unit.id]
+            c = sum(r.cycles for r in recs)
+            if any(r.tag_misses for r in recs):
+                pass  # a cold run (tags refilling after a swap) is not the bet's cost
+            elif lost:
+                b.miss_cycles = c if b.miss_cycles is None else d * b.miss_cycles + (1 - d) * c
+            else:
+                b.hit_cycles = c if b.hit_cycles is None else d * b.hit_cycles + (1 - d) * c
+            b.total += 1
+            b.lost += lost
+            self.bets_total += 1
+            self.misspeculations += lost
+        d = self.config.profiler.decay
         for rec in res.trace:
+            if not rec.tag_misses:  # warm runs only: what a unit costs in steady state
+                w = self.warm_cycles.get(rec.region)
+                self.warm_cycles[rec.region] = rec.cycles if w is None else \
+                    d * w + (1 - d) * rec.cycles
             unit = regions.get(rec.region)
             if unit is None:
                 continue
@@ -300,6 +407,9 @@ class AdaptiveRuntime:
             if work is not None:
                 self.cost.observe(work, rec.cycles)
         del self.cost.samples[:-COST_SAMPLES]
+        if b is not None and b.unit.id in ids:
+            return "miss" if lost else "hit"
+        return ""
 
     def cost_error(self) -> tuple[float, float]:
         """(error of the profile's coefficients, error after refitting)."""
@@ -320,8 +430,29 @@ class AdaptiveRuntime:
                 reason = (f"cold: runs {f:.2f}/inference < {self.config.defuse_threshold}")
                 self._submit(_Change("split", u, self.units.plan_without(u), reason))
                 return
+        b = self.bet
+        if b is not None and self.n - b.since >= self.config.settle \
+                and b.hit_rate < b.break_even:
+            old = self.spec_threshold
+            self.spec_threshold = min(0.95, old + self.config.spec_step)
+            self.break_even[b.leaf] = b.break_even
+            reason = (f"bet stops paying: hit rate {100 * b.hit_rate:.0f}% < break-even "
+                      f"{100 * b.break_even:.0f}%; speculation threshold {100 * old:.0f}% -> "
+                      f"{100 * self.spec_threshold:.0f}%")
+            self._submit(_Change("split", b.unit, self.units.plan_without(b.unit), reason,
+                                 graph=self.graph))
+            return
         best = self.best_candidate()
         if best is None:
+            return
+        if isinstance(best, SpecCandidate):
+            unit = self.units.merged(best.chain, self.n, best.describe(), kind=SPECULATIVE)
+            stats = [self.warm_cycles[uid] for uid in best.chain]
+            bet = _Bet(unit, best.leaf, sum(stats), stats[0], best.waste)
+            self.break_even.pop(best.leaf, None)
+            self._submit(_Change("speculate", unit, self.units.plan_with(unit),
+                                 best.describe(), graph=hoist(self.model.graph, best.leaf),
+                                 bet=bet))
             return
         unit = self.units.merged(best.chain, self.n, best.describe())
         self._submit(_Change("merge", unit, self.units.plan_with(unit), best.describe()))
@@ -341,7 +472,46 @@ class AdaptiveRuntime:
             if f < self.config.fuse_threshold or refusal(self.units, chain, self.refused):
                 continue
             out.append(score_chain(self.model, self.units, chain, f, self.cost, bounds))
+        out += self.speculative_candidates(bounds)
         out.sort(key=lambda c: (-c.score, c.chain))
+        return out
+
+    def speculative_candidates(self, bounds=None) -> list[SpecCandidate]:
+        """Bets on a branch body that the profiler sees follow its gate often enough
+        (at least ``spec_threshold``) and that pay on average: the probability times
+        what a hit saves must beat the rest times what a miss wastes (the branch's
+        measured cycles, computed for nothing)."""
+        if self.bet is not None or (self.pending and self.pending.kind == "speculate"):
+            return []
+        g, out = self.model.graph, []
+        active = self.units.active()
+        owner = {n: u for u in active for n in u.nodes}
+        for leaf in leaves(g):
+            gate = _gate_unit(g, leaf, owner)
+            body = [u for u in active if set(u.nodes) <= set(leaf.npu_nodes)]
+            if gate is None or {n for u in body for n in u.nodes} != set(leaf.npu_nodes):
+                continue
+            chain = (gate.id, *(u.id for u in body))
+            key = frozenset(n for uid in chain for n in self.units[uid].nodes)
+            if key in self.refused or any(u.kind == SPECULATIVE for u in body):
+                continue
+            p = self.profiler.edge_probability(gate.id, body[0].id)
+            if p < max(self.spec_threshold, self.break_even.get(leaf, 0.0)):
+                continue
+            if any(uid not in self.warm_cycles for uid in chain):
+                continue  # not measured warm yet
+            waste = sum(self.warm_cycles[u.id] for u in body)
+            gain = score_chain(self.model, self.units, chain, 1.0, self.cost,
+                               bounds or {}).score
+            if p < waste / max(waste + gain, 1e-9):
+                continue  # below the estimated break-even: misses would eat the hits
+            f = self.profiler.unit_frequency(gate.id)
+            # Ranked by what hits save; whether misses eat it is measured once the
+            # bet runs (a bet below its measured break-even is split again).
+            score = f * p * gain
+            c = score_chain(self.model, self.units, chain, f, self.cost, bounds or {})
+            out.append(SpecCandidate(chain, f, c.saved_bytes, c.saved_transfers,
+                                     c.complementary, score, leaf, p, gain, waste))
         return out
 
     def best_candidate(self) -> Candidate | None:
@@ -350,26 +520,29 @@ class AdaptiveRuntime:
 
     # ---- compiling and swapping ----------------------------------------------------------
     def _submit(self, change: _Change) -> None:
-        kind = "fuse" if change.kind == "merge" else "defuse"
-        parts = change.unit.parts if change.kind == "merge" else (change.unit.id,)
+        kind = {"merge": "fuse", "speculate": "speculate", "split": "defuse"}[change.kind]
+        parts = change.unit.parts if change.kind != "split" else (change.unit.id,)
         self._event(f"{kind}-planned", parts, change.reason)
         self.pending = change
         self.compiles_started += 1
+        graph = change.graph if change.graph is not None else self.model.graph
         if self._pool is not None:
-            change.future = self._pool.submit(self._compile, change.plan)
+            change.future = self._pool.submit(self._compile, change.plan, graph)
         else:
-            self._finish_compile(change, self._compile_safely(change.plan))
+            self._finish_compile(change, self._compile_safely(change.plan, graph))
 
-    def _compile_safely(self, plan):
+    def _compile_safely(self, plan, graph):
         try:
-            return self._compile(plan), None
+            return self._compile(plan, graph), None
         except CompileError as e:
             return None, str(e)
 
-    def _compile(self, plan: list[Subgraph]) -> tuple[CompiledModel, bool]:
+    def _compile(self, plan: list[Subgraph], graph: Graph | None = None
+                 ) -> tuple[CompiledModel, bool]:
+        graph = self.graph if graph is None else graph
         return self.cache.get_or_compile(
-            self.graph, plan, self.hw,
-            compile_fn=lambda: compile_model(self.graph, self.hw, plan, simplified=True))
+            graph, plan, self.hw,
+            compile_fn=lambda: compile_model(graph, self.hw, plan, simplified=True))
 
     def _finish_compile(self, change: _Change, outcome) -> None:
         result, error = outcome
@@ -383,7 +556,7 @@ class AdaptiveRuntime:
             return
         model, hit = result
         change.model, change.hit = model, hit
-        if change.kind == "merge":
+        if change.kind == "merge":  # (a bet's worth is its hit rate: measured)
             why = self._no_gain(model, u)
             if why:
                 self.refused[frozenset(u.nodes)] = why
@@ -391,8 +564,8 @@ class AdaptiveRuntime:
                 self._event("fuse-refused", (u.id,), why)
                 self.pending = None
                 return
-            if self.fault is not None:
-                change.model = self.fault(model, u.id)
+        if change.kind != "split" and self.fault is not None:
+            change.model = self.fault(model, u.id)
         self._note_resources(model)
         u.record(self.n, "compiled", "cache hit" if hit else "compiled")
         self._event("compiled", (u.id,), f"{'cache hit' if hit else 'compiled'}: "
@@ -435,8 +608,17 @@ class AdaptiveRuntime:
                               if i not in {s.id for s in c.plan}])
         self._event("swapped-in", (c.unit.id,),
                     f"bank version {self.session.version}, plan {self._plan_ids()}")
+        before = self.bet
+        if c.kind == "speculate":
+            c.bet.since = self.n
+            top_nodes = {n.name for n in self.model.graph.nodes}
+            c.bet.top = frozenset(s.id for s in self.model.units
+                                  if set(s.nodes) <= top_nodes)
+            self.bet = c.bet
+        elif self.bet is not None and c.unit.id == self.bet.unit.id:
+            self.bet = None
         if self.config.validate_runs:
-            self.validating = _Validation(c, previous, self.config.validate_runs)
+            self.validating = _Validation(c, previous, self.config.validate_runs, before)
 
     def _no_gain(self, model: CompiledModel, u: Unit) -> str | None:
         """Why a compiled merge is not worth swapping in (cost model), or None."""
@@ -490,12 +672,32 @@ class AdaptiveRuntime:
             "swaps": self.swaps,
             "rollbacks": self.rollbacks,
             "compiles": self.compiles_started,
+            "speculation": {"bets": self.bets_total, "misspeculations": self.misspeculations,
+                            "threshold": self.spec_threshold,
+                            "active": None if self.bet is None else {
+                                "unit": self.bet.unit.id, "branch": self.bet.leaf.describe(),
+                                "hit_rate": self.bet.hit_rate,
+                                "break_even": self.bet.break_even,
+                                "gain_per_hit": self.bet.gain,
+                                "waste_per_miss": self.bet.waste}},
             "cache": self.cache.stats(),
             "cost_model_error": {"profile": before, "refit": after},
             "units": self.units.as_dict()["units"],
             "events": [e.as_dict() for e in self.events],
             "profiler": self.profiler.snapshot(),
         }
+
+
+def _gate_unit(g: Graph, leaf: Leaf, owner: dict) -> Unit | None:
+    """The active unit holding the ArgMax whose result decides ``leaf``'s top If."""
+    top = g.node(leaf.top_if)
+    prod = {o: n for n in g.nodes for o in n.outputs}
+    n = prod.get(top.inputs[0])
+    while n is not None and isinstance(n, Equal):
+        n = prod.get(n.inputs[0])
+    if isinstance(n, ArgMax) and n.name in owner:
+        return owner[n.name]
+    return None
 
 
 def _mismatch(got: dict, want: dict) -> str | None:

@@ -5,8 +5,9 @@ often enough. Its score estimates the cycles a merge saves per inference:
 
 * data locality: every tensor produced inside the chain and read only inside it
   stops crossing DRAM (one store, one load per reader, their bus beats and DMA
-  latencies, priced with the cost model's current coefficients), and one region
-  boundary (the queues drain at each mark) goes away per merged link;
+  latencies, priced with the cost model's current coefficients), a tensor several
+  of its units read is loaded once, and one region boundary (the queues drain at
+  each mark) goes away per merged link;
 * resource complementarity: a compute-bound unit beside a memory-bound one lets
   the merged unit's DMA overlap its compute, worth a bonus factor.
 
@@ -89,12 +90,19 @@ def locality(model: CompiledModel, units: UnitGraph, chain) -> tuple[int, int]:
     readers = _consumers(model)
     prod = {o: n.name for _, n in model.graph.walk() for o in n.outputs}
     tensors = scope_tensors(model.graph)
+    owner = {n: uid for uid in chain for n in units[uid].nodes}
     saved_bytes = saved_transfers = 0
     for t in model.place.arena:
         who = readers.get(t, [])
         if prod.get(t) in inside and who and all(r in inside for r in who):
             saved_bytes += tensors[t].size * (1 + len(who))
             saved_transfers += 1 + len(who)
+        elif prod.get(t) not in inside:
+            # Read by several units of the chain: the merged unit loads it once.
+            extra = len({owner[r] for r in who if r in owner}) - 1
+            if extra > 0:
+                saved_bytes += tensors[t].size * extra
+                saved_transfers += extra
     return saved_bytes, saved_transfers
 
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from ..compiler import CompiledModel
 from ..ir import Subgraph
 
-ORIGINAL, MERGED = "original", "merged"
+ORIGINAL, MERGED, SPECULATIVE = "original", "merged", "speculative"
 ACTIVE, IDLE, RETIRED, QUARANTINED = "active", "idle", "retired", "quarantined"
 MERGED_BASE = 1024  # merged units of consecutive originals: MERGED_BASE + first*64 + last
 OTHER_BASE = 8192
+SPEC_BASE = 16384  # speculative merges: SPEC_BASE + first*64 + last original unit
 
 
 def merged_unit_id(originals) -> int | None:
@@ -53,7 +54,8 @@ class Unit:
     id : the region id its code carries (unique over the graph's lifetime).
     nodes : graph node names, in scope order.
     parts : the unit ids it was merged from (empty for an original unit).
-    kind : ``original`` or ``merged``.
+    kind : ``original``, ``merged`` (a chain of one scope) or ``speculative``
+        (a branch's predicted path hoisted into the unit that decides it).
     state : ``active`` (in the running plan), ``idle`` (not in it, may return),
         ``retired`` (split back into its parts) or ``quarantined`` (failed
         validation; never used again).
@@ -140,7 +142,7 @@ class UnitGraph:
         return None
 
     # ---- changes (each returns the new plan; the runtime installs it) ------------------
-    def merged(self, chain, inference: int, reason: str) -> Unit:
+    def merged(self, chain, inference: int, reason: str, kind: str = MERGED) -> Unit:
         """The unit covering a chain of active units, made (idle) if new.
 
         A chain merged before and split again reuses its unit and id, so its
@@ -152,14 +154,14 @@ class UnitGraph:
             if existing.state == QUARANTINED:
                 raise ValueError(f"unit {existing.id} is quarantined")
             return existing
-        uid = self._merged_id(nodes)
+        uid = self._merged_id(nodes, kind)
         u = Unit(uid, tuple(sorted(nodes, key=self.order.__getitem__)), tuple(chain),
-                 kind=MERGED)
+                 kind=kind)
         u.record(inference, "created", reason)
         self.units[uid] = u
         return u
 
-    def _merged_id(self, nodes) -> int:
+    def _merged_id(self, nodes, kind: str = MERGED) -> int:
         """A region id that depends only on which original units are covered, so a
         merged unit gets the same id in every session (compiled plans are cached
         across sessions and processes, and their region marks carry the ids).
@@ -168,7 +170,10 @@ class UnitGraph:
         originals ``a..b`` (the usual case: a chain) gets ``MERGED_BASE + a*64 + b``;
         anything else the next free id above ``OTHER_BASE``.
         """
-        uid = merged_unit_id({self.owner[n] for n in nodes})
+        covered = sorted({self.owner[n] for n in nodes})
+        uid = merged_unit_id(covered) if kind == MERGED else None
+        if kind == SPECULATIVE and covered[-1] < 64:
+            uid = SPEC_BASE + covered[0] * 64 + covered[-1]
         if uid is None:
             uid = max(OTHER_BASE, max(self.units) + 1)
         if uid in self.units:
@@ -199,7 +204,7 @@ class UnitGraph:
                 u.state = ACTIVE
                 events.append((u, u.record(inference, "swapped-in", reason)))
             elif u.id not in ids and u.state == ACTIVE:
-                u.state = RETIRED if u.kind == MERGED else IDLE
+                u.state = IDLE if u.kind == ORIGINAL else RETIRED
                 events.append((u, u.record(inference, "swapped-out", reason)))
         return events
 
