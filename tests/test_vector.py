@@ -141,6 +141,24 @@ def test_long_rows(seed):
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_pool_partial_chunk(name, seed):
+    """The pool of random program 5014: rows of 9 bytes (a full window and one lane on
+    the default NPU), 3 taps 9 apart, windows 27 apart, a dense destination; source and
+    destination at random (mostly unaligned) places, twice."""
+    config = CONFIGS[name]
+    st = Stimulus(config, seed)
+    st.set_cfg(CfgField.POOL_COUNT, 3)
+    st.set_cfg(CfgField.POOL_STRIDE, 9)
+    st.set_cfg(CfgField.POOL_ISTRIDE, 27)
+    st.set_cfg(CfgField.OUT_STRIDE, 0)
+    a = st.region(81)
+    st.cmds.append(command(VectorOp.MAX, a=a, d=st.region(27, avoid=[(a, 81)]), m=3, n=9))
+    a = st.region(81)
+    st.cmds.append(command(VectorOp.MAX, a=a, d=st.region(27, avoid=[(a, 81)]), m=3, n=9))
+    run_and_check(config, st, seed, grant=0.5)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_requant_extremes(name, seed):
     """Products at +-2**62, shifts 0/1/62/63 (ties at 63), clamps at both ends."""
     config = CONFIGS[name]

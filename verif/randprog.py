@@ -3,13 +3,15 @@
 A program is a sequence of *groups* (load -> compute -> store pipelines linked by
 dependency tokens, of several kinds: GEMM with K accumulation and epilogue,
 element-wise add, clip, max-pool, argmax feeding a branch), scalar blocks, hardware
-loops (with a ``sync`` closing the body), forward branches that skip code, region
-marks and tagged loads whose tags hit on later iterations.
+loops (with a ``sync`` closing the body and one after the loop, which runs even when
+the count is 0), forward branches that skip code, region marks and tagged loads whose
+tags hit on later iterations.
 
 Race freedom is what makes a random program comparable with the golden model, which
 executes in program order: every group writes fresh scratchpad regions (a bump
 allocator; a ``sync`` recycles them when a partition fills up) and fresh DRAM output
 areas, and everything a queue reads was produced before the token it pops.
+:func:`find_races` checks it on the golden model, for any program.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from firmware import asm
+from firmware import asm, isa
 from firmware.config import NPUConfig
+from firmware.golden import Machine
+from firmware.isa import Queue, Token
 from firmware.quant import quantize_multiplier
 
 IN_BASE, IN_BYTES = 0x0, 0x10000  # random input data
@@ -231,8 +235,11 @@ class _Gen:
             self.bump = [0] * len(self.bump)  # the body starts from empty buffers
             self.group(depth + 1)
             self.emit("sync")
-            self.bump = [0] * len(self.bump)
             self.lines.append(f"{end}:")
+            # A count of 0 skips the body with both its syncs: the buffers are
+            # recycled only after a sync that runs whatever the count.
+            self.emit("sync")
+            self.bump = [0] * len(self.bump)
         else:
             self.scalar_block()
         if region:
@@ -250,3 +257,145 @@ def random_program(config: NPUConfig, seed: int, groups: int = 6) -> RandomProgr
     source = "\n".join(g.lines) + "\n"
     data = rng.integers(0, 256, IN_BYTES, dtype=np.uint8)
     return RandomProgram(source, asm.assemble(source), g.partitions, {IN_BASE: data})
+
+
+# ---- race check ---------------------------------------------------------------------------
+_QUEUES = ("load", "compute", "store")
+
+
+class _Recorder(np.ndarray):
+    """A memory array that logs the indices of every ``[]`` read and write."""
+
+    log: list
+
+    def __getitem__(self, idx):
+        self.log.append((False, idx))
+        return np.asarray(self)[idx]
+
+    def __setitem__(self, idx, value):
+        self.log.append((True, idx))
+        np.asarray(self)[idx] = value
+
+
+class _RaceMachine(Machine):
+    """The golden model, recording which queue instruction touched which scratchpad or
+    DRAM byte and which earlier instructions are ordered before it (vector clocks)."""
+
+    def __init__(self, config: NPUConfig, dram_bytes: int):
+        super().__init__(config, dram_bytes=dram_bytes)
+        self.races: list[str] = []
+        self.spaces = {}
+        for name in ("sp", "dram"):
+            rec = getattr(self, name).view(_Recorder)
+            rec.log = []
+            setattr(self, name, rec)
+            n = len(rec)
+            # Per byte: the last writer (queue, number) and the last reader in each queue.
+            self.spaces[name] = (np.arange(n), np.full(n, -1, np.int8), np.zeros(n, np.int32),
+                                 np.zeros((len(_QUEUES), n), np.int32))
+
+    def _reset_run_state(self):
+        super()._reset_run_state()
+        if hasattr(self, "spaces"):
+            for _, wq, _, rn in self.spaces.values():
+                wq.fill(-1)
+                rn.fill(0)
+        # Queue instructions are numbered from 1 per queue. clock[q][r] = c: the
+        # instructions 1..c of queue r complete before the next one of queue q starts
+        # (its own queue included: a queue runs in order).
+        self.clock = {q: np.zeros(len(_QUEUES), np.int64) for q in _QUEUES}
+        self.sent = {c: [] for c in isa.TOKEN_CHANNELS}  # the clocks tokens carry
+
+    def _drain(self, queues):
+        """The sequencer waits until ``queues`` are idle: later instructions see all."""
+        done = np.max([self.clock[q] for q in queues], axis=0)
+        for q in _QUEUES:
+            self.clock[q] = np.maximum(self.clock[q], done)
+
+    def _exec(self, ins, pc):
+        spec = ins.spec
+        if spec.queue is Queue.SEQ:
+            if ins.mnemonic in ("sync", "end", "ptsel"):
+                self._drain(_QUEUES)
+            elif ins.mnemonic == "tinv":
+                self._drain(("load",))
+            return super()._exec(ins, pc)
+        q = spec.queue.value
+        qi = _QUEUES.index(q)
+        seen = self.clock[q].copy()
+        for flag in (Token.POP_PREV, Token.POP_NEXT):
+            if ins.tokens & flag:
+                ch = isa.token_channel(spec.queue, flag)
+                if self.sent[ch]:  # (else the model stops with TOKEN_DEADLOCK)
+                    seen = np.maximum(seen, self.sent[ch].pop(0))
+        me = self.clock[q][qi] + 1
+        for rec in (self.sp, self.dram):
+            rec.log.clear()
+        nxt = super()._exec(ins, pc)
+        for name in ("sp", "dram"):
+            self._check(name, ins, pc, qi, me, seen)
+        seen[qi] = me
+        self.clock[q] = seen
+        for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
+            if ins.tokens & flag:
+                self.sent[isa.token_channel(spec.queue, flag)].append(seen.copy())
+        return nxt
+
+    def _check(self, name, ins, pc, qi, me, seen):
+        rec = getattr(self, name)
+        addrs, wq, wn, rn = self.spaces[name]
+        for write in (False, True):
+            idx = [addrs[i].ravel() for w, i in rec.log if w == write]
+            if not idx:
+                continue
+            a = np.unique(np.concatenate(idx))
+            # Unordered with the last writer of a byte (another queue, not seen yet).
+            lq = wq[a]
+            bad = (lq >= 0) & (lq != qi)
+            bad[bad] = wn[a[bad]] > seen[lq[bad]]
+            what = "write" if write else "read"
+            for b in a[bad][:1]:
+                self.races.append(
+                    f"pc {pc} {ins.mnemonic} ({_QUEUES[qi]}) {what}s {name}[{b:#x}] "
+                    f"unordered with write #{wn[b]} of the {_QUEUES[wq[b]]} queue")
+            if write:
+                for r in range(len(_QUEUES)):
+                    if r == qi:
+                        continue
+                    bad = rn[r, a] > seen[r]
+                    for b in a[bad][:1]:
+                        self.races.append(
+                            f"pc {pc} {ins.mnemonic} ({_QUEUES[qi]}) writes {name}[{b:#x}] "
+                            f"unordered with read #{rn[r, b]} of the {_QUEUES[r]} queue")
+                wq[a], wn[a] = qi, me
+            else:
+                rn[qi, a] = me
+
+
+def find_races(config: NPUConfig, program: asm.Program, partitions, dram=None, args=(),
+               runs: int = 1, dram_bytes: int = 1 << 20) -> list[str]:
+    """Races of a program, found by running it on the golden model.
+
+    A race is a pair of scratchpad or DRAM accesses from different queues, at least
+    one a write, that nothing orders: not a token chain, not a ``sync`` (nor ``end``,
+    ``ptsel``, or ``tinv`` for loads). Inside a queue, program order counts as order.
+    The golden model runs everything in program order, so the RTL may legally give a
+    racy program a different answer. Returns one line per race found (at most one
+    per instruction, memory and kind), or ``[]`` when the program is race-free;
+    a run that stops with an error is reported too.
+
+    ``partitions``, ``dram`` (address -> array) and ``args`` are as for a job;
+    ``runs`` runs follow each other on the same machine.
+    """
+    m = _RaceMachine(config, dram_bytes=dram_bytes)
+    for addr, data in (dram or {}).items():
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        np.asarray(m.dram)[addr: addr + len(raw)] = raw
+    m.write_program(program)
+    m.set_partitions(partitions)
+    m.swap()
+    for _ in range(runs):
+        res = m.run(args)
+        if not res.ok:
+            m.races.append(f"run stopped: {res}")
+    return m.races
