@@ -3,7 +3,7 @@
 ::
 
     npu run MODEL.onnx [--backend golden|verilator] [--digits N | --inputs FILE.npz]
-            [--adaptive [--phases 012|789] [--cache PATH | --no-cache]]
+            [--adaptive [--phases 012|789] [--batch B] [--cache PATH | --no-cache]]
     npu report MODEL [--config NAME]
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME]
     npu disasm MODEL.onnx [--config NAME]
@@ -124,7 +124,11 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     batch, labels = phase_inputs(rt.graph, opts) if opts.phases else load_inputs(rt.graph, opts)
     console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU with the adaptive "
                   f"runtime: {len(batch)} inputs, initial plan {rt.report()['plan']}")
-    results = rt.run_many(batch)
+    if opts.batch > 1:
+        results = [r for i in range(0, len(batch), opts.batch)
+                   for r in rt.run_batch(batch[i:i + opts.batch])]
+    else:
+        results = rt.run_many(batch)
     rt.close()
     report(rt.model, results, labels, console)
     rep = rt.report()
@@ -335,6 +339,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--phases", help="with --digits N: a stream whose class mix shifts, e.g. "
                    "'012|789' (two phases)")
     p.add_argument("--seed", type=int, default=0, help="stream seed for --phases")
+    p.add_argument("--batch", type=int, default=1, help="with --adaptive: serve B inputs "
+                   "per call (the runtime builds a guarded batch variant when it can)")
     p.add_argument("--cache", help="compile cache file (default: $NPU_CACHE_DIR/"
                    "compile.sqlite or ~/.cache/npu/compile.sqlite)")
     p.add_argument("--no-cache", action="store_true", help="keep compiled plans in memory only")

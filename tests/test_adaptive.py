@@ -7,6 +7,7 @@ runs the same loop on the Verilator NPU.
 """
 
 import numpy as np
+import pytest
 
 from firmware.config import CONFIGS
 from host.adaptive import AdaptiveConfig, AdaptiveRuntime
@@ -276,3 +277,41 @@ def test_a_broken_speculative_unit_is_rolled_back(seed):
     assert rt.rollbacks >= 1
     assert any(u.state == QUARANTINED and u.kind == "speculative"
                for u in rt.units.units.values())
+
+
+# ---- the specializer in the loop -----------------------------------------------------------------
+
+
+def test_batches_get_a_guarded_batch_variant(seed):
+    rt = _runtime("mlp")
+    xs = list(_stream(rt, 48, [ALL], seed))
+    per_inf = []
+    for i in range(0, 48, 8):
+        rs = rt.run_batch(xs[i:i + 8])
+        assert len(rs) == 8 and all(r.checked for r in rs)
+        for r, x in zip(rs, xs[i:i + 8], strict=True):
+            for k, v in run_reference(rt.graph, x).items():
+                assert np.array_equal(r.outputs[k], v)
+        per_inf.append(rs[0].cycles)
+    kinds = [e.kind for e in rt.events]
+    assert "specialized" in kinds and "specialize-validated" in kinds, kinds
+    assert rs[0].plan == ("batch8",)
+    assert per_inf[-1] * 2 < per_inf[0], per_inf  # weight tiles serve 8 rows
+    # A batch the guard rejects (another size of one input) runs on the generic plan.
+    bad = [dict(x) for x in xs[:8]]
+    bad[3] = {k: v.reshape(-1) for k, v in bad[3].items()}
+    with pytest.raises(ValueError):
+        rt.run_batch(bad)  # the generic plan refuses the malformed input too
+    assert any(e.kind == "guard-failed" for e in rt.events)
+    # Single inferences after batches: the generic plan comes back, still correct.
+    r = rt.run(xs[0])
+    assert r.checked and r.plan != ("batch8",)
+
+
+def test_routed_models_are_not_batched(seed):
+    rt = _runtime("moe")
+    xs = list(_stream(rt, 16, [ALL], seed))
+    for i in range(0, 16, 4):
+        assert all(r.checked for r in rt.run_batch(xs[i:i + 4]))
+    refused = [e for e in rt.events if e.kind == "specialize-refused"]
+    assert len(refused) == 1 and "per-input routing" in refused[0].detail

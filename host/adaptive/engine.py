@@ -63,6 +63,7 @@ class AdaptiveConfig:
     spec_threshold : the branch probability a speculative merge needs to be
         planned (raised by ``spec_step`` each time a bet stops paying).
     spec_step : how much a failed bet raises ``spec_threshold``.
+    specialize_after : batches of one size seen before a batch variant is built.
     async_compile : compile in a worker thread (False: inline, deterministic).
     check : compare every inference with the reference interpreter (a mismatch
         outside validation raises :class:`~host.runtime.MismatchError`).
@@ -76,6 +77,7 @@ class AdaptiveConfig:
     decide_every: int = 2
     settle: int = 12
     validate_runs: int = 3
+    specialize_after: int = 3
     spec_threshold: float = 0.6
     spec_step: float = 0.1
     async_compile: bool = True
@@ -273,6 +275,11 @@ class AdaptiveRuntime:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="npu-compile") \
             if self.config.async_compile else None
         self._fresh: list[RuntimeEvent] = []
+        self.batch_sizes: dict[int, int] = {}  # input profiling: batch sizes asked for
+        self.variants: dict = {}  # batch size -> BatchVariant, or None (refused)
+        self._variant_checks: dict[int, int] = {}
+        self._variant_session: Session | None = None
+        self._on_device: CompiledModel | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
@@ -283,6 +290,7 @@ class AdaptiveRuntime:
     def load(self) -> None:
         """Write constants and the initial plan to the NPU."""
         self.session.load()
+        self._on_device = self.model
 
     def close(self) -> None:
         if self._pool is not None:
@@ -299,6 +307,7 @@ class AdaptiveRuntime:
         if staged is not None:
             def stage():
                 self.session.stage(staged.model)
+        self._restore_generic()
         self._ran_on = self.model
         t_dev = time.perf_counter()
         res = self.session.run(inputs, while_running=stage)
@@ -317,6 +326,110 @@ class AdaptiveRuntime:
         out.host_seconds = time.perf_counter() - t0
         out.overhead_seconds = out.host_seconds - device_seconds
         return out
+
+    # ---- batches: the specializer's batch variants --------------------------------------
+    def run_batch(self, inputs_list: list[dict]) -> list[AdaptiveInference]:
+        """Serve several inferences at once.
+
+        The runtime profiles the batch sizes it is asked for. Once a size has come
+        ``specialize_after`` times and the model can be batched (no per-input
+        routing), it compiles a batch-specialized variant of the current plan
+        (:mod:`.specialize`: every GEMM streams B rows per weight tile) through the
+        cache. The variant's guard (count, shapes, dtypes) picks it per call; a
+        guard failure or a model that cannot be batched runs the inputs one by one
+        on the generic plan, and the variant's first ``validate_runs`` batches are
+        checked input by input against the reference (a mismatch quarantines it).
+        """
+        B = len(inputs_list)
+        self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
+        if B > 1 and B not in self.variants and \
+                self.batch_sizes[B] >= self.config.specialize_after:
+            self._specialize(B)
+        v = self.variants.get(B)
+        if v is not None and not v.guard(inputs_list):
+            self._fresh = []
+            self._event("guard-failed", (), f"batch{B}: {v.guard_failure(inputs_list)}; "
+                        "running the generic plan")
+            v = None
+        if v is None:
+            return [self.run(x) for x in inputs_list]
+        return self._run_variant(v, inputs_list)
+
+    def _specialize(self, B: int) -> None:
+        from .specialize import SpecializationError, batch_graph
+
+        self._fresh = []
+        try:
+            bg = batch_graph(self.model.graph, B)
+            model, hit = self.cache.get_or_compile(
+                bg, [Subgraph(u.id, list(u.nodes)) for u in self.model.units], self.hw,
+                specialization=f"batch{B}")
+        except (SpecializationError, CompileError) as e:
+            self.variants[B] = None
+            self._event("specialize-refused", (), f"batch{B}: {e}")
+            return
+        from .specialize import BatchVariant
+
+        self.variants[B] = BatchVariant(model, B, self.model.graph)
+        self._variant_checks[B] = self.config.validate_runs
+        self._event("specialized", tuple(u.id for u in model.units),
+                    f"batch{B} ({'cache hit' if hit else 'compiled'}): {B} inputs per run, "
+                    f"{len(model.program)} instructions")
+
+    def _run_variant(self, v, inputs_list) -> list[AdaptiveInference]:
+        t0 = time.perf_counter()
+        self._fresh = []
+        if self._on_device is not v.model:
+            self._variant_session = Session(self.driver, v.model, check=False,
+                                            const_base=self.session.const_base,
+                                            arena_base=self.session.arena_base)
+            if v.model.const_image() != self.model.const_image():
+                self._variant_session.load()
+            else:
+                self._variant_session.install(v.model)
+            self._on_device = v.model
+        res = self._variant_session.run(v.stack(inputs_list))
+        outs = v.unstack(res.outputs)
+        B = v.batch
+        left = self._variant_checks.get(B, 0)
+        checked = False
+        if left or self.config.check:
+            bad = [b for b in (_mismatch(o, run_reference(self.graph, x))
+                               for o, x in zip(outs, inputs_list, strict=True)) if b]
+            if bad:
+                reason = f"batch{B} failed validation: {bad[0]}"
+                self.variants[B] = None
+                self._event("rollback", (), reason)
+                self.rollbacks += 1
+                return [self.run(x) for x in inputs_list]
+            checked = True
+            if left:
+                self._variant_checks[B] = left - 1
+                if left == 1:
+                    self._event("specialize-validated", (), f"batch{B}: "
+                                f"{self.config.validate_runs} batches equal the reference")
+        self.profiler.observe([r.region for r in res.trace], res.trace)
+        self.n += B
+        host = (time.perf_counter() - t0) / B
+        # Each inference carries its share of the run's cycles and counters.
+        share = {k: v // B if isinstance(v, int) else [x // B for x in v]
+                 for k, v in res.counters.items()}
+        return [AdaptiveInference(o, res.cycles // B, share, res.trace, checked,
+                                  index=self.n - B + i + 1, plan=(f"batch{B}",),
+                                  model=v.model, events=self._fresh if i == 0 else [],
+                                  host_seconds=host)
+                for i, o in enumerate(outs)]
+
+    def _restore_generic(self) -> None:
+        """Put the generic plan back on the device after a batch variant ran."""
+        if self._on_device is self.model:
+            return
+        if self._on_device is not None and \
+                self._on_device.const_image() != self.model.const_image():
+            self.session.load()
+        else:
+            self.session.install(self.model)
+        self._on_device = self.model
 
     def run_many(self, batch, progress=None) -> list[AdaptiveInference]:
         out = []
@@ -352,6 +465,7 @@ class AdaptiveRuntime:
         u = v.change.unit
         reason = f"shadow validation failed at inference {self.n}: {bad}"
         self.session.install(v.previous)
+        self._on_device = v.previous
         self.rollbacks += 1
         self.units.adopt(v.previous.units, self.n, "rollback")
         self.bet = v.bet
@@ -599,6 +713,7 @@ class AdaptiveRuntime:
         previous = previous or self.model
         if staged and not self.session.confirm():
             raise RuntimeError("the staged plan did not land at the run boundary")
+        self._on_device = self.session.model
         self.pending = None
         self.swaps += 1
         for u, _ in self.units.adopt(c.plan, self.n, c.reason):
