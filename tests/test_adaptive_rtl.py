@@ -14,7 +14,7 @@ from verif.rtl_device import run_scenario
     ("mlp", 10, "0123456789", "1", "rollback"),  # the fused unit is broken
     ("moe", 48, "012|789", "0", "merge-validated,defuse-planned"),  # hot, then cold
     # one expert hot: a speculative merge across the gate's branch, then misses
-    ("moe", 36, "3|0123456789", "0", "speculate-validated,defuse-planned"),
+    ("moe", 40, "6|0123456789", "0", "speculate-validated,defuse-planned"),
 ])
 def test_adaptive_on_rtl(model, inputs, phases, fault, expect, seed, regress):
     run_scenario("verif.model_scenarios:adaptive_vs_golden", "default", seed=seed,

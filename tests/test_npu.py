@@ -19,8 +19,8 @@ from verif.scenarios import TABLE, VMAX_REUSE, program_jobs
 
 # Random programs, all in one simulation: about 0.34 s each on the loaded 2-core
 # machine (mostly the AXI4-Lite traffic of loading and checking them), so the default
-# fits about 60 s; --regress runs thousands.
-RANDOM_COUNT = 160
+# takes about 110 s (a few hundred programs); --regress runs thousands.
+RANDOM_COUNT = 240
 RANDOM_COUNT_REGRESS = 2000
 
 

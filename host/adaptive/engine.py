@@ -258,6 +258,7 @@ class AdaptiveRuntime:
         self.bets_total = self.misspeculations = 0
         self.break_even: dict[Leaf, float] = {}  # measured, from bets that stopped paying
         self.warm_cycles: dict[int, float] = {}  # region -> decayed mean of warm runs
+        self.lost_at: dict[Leaf, int] = {}  # when a bet on a branch was last split
         base, _ = self._compile([Subgraph(i + 1, list(u))
                                  for i, u in enumerate(initial_units(self.graph))])
         self.units = UnitGraph(base)
@@ -550,6 +551,7 @@ class AdaptiveRuntime:
             old = self.spec_threshold
             self.spec_threshold = min(0.95, old + self.config.spec_step)
             self.break_even[b.leaf] = b.break_even
+            self.lost_at[b.leaf] = self.n
             reason = (f"bet stops paying: hit rate {100 * b.hit_rate:.0f}% < break-even "
                       f"{100 * b.break_even:.0f}%; speculation threshold {100 * old:.0f}% -> "
                       f"{100 * self.spec_threshold:.0f}%")
@@ -609,8 +611,12 @@ class AdaptiveRuntime:
             key = frozenset(n for uid in chain for n in self.units[uid].nodes)
             if key in self.refused or any(u.kind == SPECULATIVE for u in body):
                 continue
+            if self.n - self.lost_at.get(leaf, -10**9) < 2 * self.config.settle:
+                continue  # a bet that just stopped paying: observe before betting again
             p = self.profiler.edge_probability(gate.id, body[0].id)
-            if p < max(self.spec_threshold, self.break_even.get(leaf, 0.0)):
+            # A branch whose bet lost needs a margin over its measured break-even.
+            floor = self.break_even[leaf] + 0.05 if leaf in self.break_even else 0.0
+            if p < max(self.spec_threshold, floor):
                 continue
             if any(uid not in self.warm_cycles for uid in chain):
                 continue  # not measured warm yet
@@ -797,6 +803,10 @@ class AdaptiveRuntime:
                                 "waste_per_miss": self.bet.waste}},
             "cache": self.cache.stats(),
             "cost_model_error": {"profile": before, "refit": after},
+            "batch_sizes": {str(b): n for b, n in sorted(self.batch_sizes.items())},
+            "batch_variants": {str(b): "refused" if v is None else f"batch{b}, "
+                               f"{len(v.model.program)} instructions"
+                               for b, v in sorted(self.variants.items())},
             "units": self.units.as_dict()["units"],
             "events": [e.as_dict() for e in self.events],
             "profiler": self.profiler.snapshot(),

@@ -73,6 +73,20 @@ def print_report(rep: dict, console: Console) -> None:
         f"rollbacks, {rep['compiles']} plan changes compiled ({cache['compiles']} compiles, "
         f"{cache['hits']} cache hits); cost model error {100 * err['profile']:.0f}% from "
         f"the profile, {100 * err['refit']:.1f}% refit", highlight=False)
+    spec = rep.get("speculation")
+    if spec:
+        rate = spec["misspeculations"] / spec["bets"] if spec["bets"] else 0.0
+        line = (f"speculation: {spec['bets']} bets, {spec['misspeculations']} "
+                f"mis-speculations ({100 * rate:.0f}%), threshold "
+                f"{100 * spec['threshold']:.0f}%")
+        if spec.get("active"):
+            a = spec["active"]
+            line += (f"; betting on {a['branch']} (unit {a['unit']}): hit rate "
+                     f"{100 * a['hit_rate']:.0f}%, break-even {100 * a['break_even']:.0f}%")
+        console.print(line, highlight=False)
+    if rep.get("batch_variants"):
+        console.print("batch variants: " + ", ".join(
+            f"B={b}: {v}" for b, v in rep["batch_variants"].items()), highlight=False)
     fig = rep.get("stream")
     if fig and fig["cycles"]:
         console.print(
