@@ -114,11 +114,20 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     events live and its report at the end (saved for ``npu report``)."""
     from .adaptive import AdaptiveConfig, AdaptiveRuntime
     from .adaptive.cache import CompileCache, default_cache_path
-    from .adaptive.report import print_report, report_path, save_report, stream_figures
+    from .adaptive.report import (
+        load_state,
+        print_report,
+        report_path,
+        save_report,
+        state_path,
+        stream_figures,
+    )
 
     cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()))
+    saved = state_path(Path(opts.model).stem, drv.config)
+    state = None if opts.fresh or opts.no_cache else load_state(saved)
     rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check),
-                         cache=cache, on_event=lambda e: console.print(
+                         cache=cache, state=state, on_event=lambda e: console.print(
                              f"[cyan]{e}", highlight=False, soft_wrap=True))
     rt.load()
     batch, labels = phase_inputs(rt.graph, opts) if opts.phases else load_inputs(rt.graph, opts)
@@ -135,6 +144,8 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     rep["stream"] = stream_figures(results)
     print_report(rep, console)
     path = save_report(rep, report_path(Path(opts.model).stem, drv.config))
+    if not opts.no_cache:
+        save_report(rt.state(), saved)
     console.print(f"report saved to {path} (npu report {opts.model})", highlight=False)
     return all(r.checked for r in results) or opts.no_check
 
@@ -343,7 +354,10 @@ def _parser() -> argparse.ArgumentParser:
                    "per call (the runtime builds a guarded batch variant when it can)")
     p.add_argument("--cache", help="compile cache file (default: $NPU_CACHE_DIR/"
                    "compile.sqlite or ~/.cache/npu/compile.sqlite)")
-    p.add_argument("--no-cache", action="store_true", help="keep compiled plans in memory only")
+    p.add_argument("--no-cache", action="store_true", help="keep compiled plans in memory "
+                   "only (and neither load nor save the runtime's state)")
+    p.add_argument("--fresh", action="store_true", help="with --adaptive: ignore the state "
+                   "an earlier run saved (profile and plan) and start from the initial plan")
     common(p, True)
     p = sub.add_parser("report", help="the report of the last adaptive run of a model")
     p.add_argument("model")

@@ -315,3 +315,23 @@ def test_routed_models_are_not_batched(seed):
         assert all(r.checked for r in rt.run_batch(xs[i:i + 4]))
     refused = [e for e in rt.events if e.kind == "specialize-refused"]
     assert len(refused) == 1 and "per-input routing" in refused[0].detail
+
+
+def test_a_saved_state_starts_the_next_run_warm(seed):
+    cache = CompileCache(None)
+    rt = _runtime("mlp", cache=cache)
+    xs = list(_stream(rt, 16, [ALL], seed))
+    for x in xs:
+        rt.run(x)
+    state = rt.state()
+    plan = rt.report()["plan"]
+    assert state["merged"] == [[1, 2]] and plan == [1090]
+    compiles = cache.compiles
+    warm = _runtime("mlp", cache=cache, state=state)
+    assert [e.kind for e in warm.events] == ["restored"]
+    first = warm.run(xs[0])
+    assert first.plan == (1090,) and first.checked
+    assert cache.compiles == compiles  # the plan came from the cache
+    # A state of another model is ignored, with the reason.
+    other = _runtime("moe", state=state)
+    assert [e.kind for e in other.events] == ["state-ignored"]

@@ -242,12 +242,18 @@ class AdaptiveRuntime:
     on_event : called with each :class:`RuntimeEvent` as it happens.
     fault : test-only compiler fault injection: ``fault(model, unit_id)`` returns a
         broken copy of a freshly compiled plan whose merged unit ``unit_id`` is new.
+    state : what :meth:`state` saved at the end of an earlier run of this model on
+        this hardware profile: the profile so far and the merged units of its plan.
+        The runtime starts on that plan (compiled plans come from the cache) with
+        the profiler's knowledge; a state of another model or profile is ignored
+        (event ``state-ignored``).
     """
 
     def __init__(self, driver: NPUDriver, graph: Graph, config: AdaptiveConfig | None = None,
                  *, cache: CompileCache | None = None,
                  on_event: Callable[[RuntimeEvent], None] | None = None,
-                 fault: Callable[[CompiledModel, int], CompiledModel] | None = None):
+                 fault: Callable[[CompiledModel, int], CompiledModel] | None = None,
+                 state: dict | None = None):
         self.driver, self.config = driver, config or AdaptiveConfig()
         self.hw = driver.config
         self.cache = cache if cache is not None else CompileCache(None)
@@ -276,6 +282,8 @@ class AdaptiveRuntime:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="npu-compile") \
             if self.config.async_compile else None
         self._fresh: list[RuntimeEvent] = []
+        if state is not None:
+            self._restore(state)
         self.batch_sizes: dict[int, int] = {}  # input profiling: batch sizes asked for
         self.variants: dict = {}  # batch size -> BatchVariant, or None (refused)
         self._variant_checks: dict[int, int] = {}
@@ -760,6 +768,56 @@ class AdaptiveRuntime:
             if sub.id in self.units.units:
                 self.units[sub.id].resources = {k: v for k, v in sub.resources.items()
                                                 if k != "work"}
+
+    # ---- warm start ----------------------------------------------------------------------
+    def state(self) -> dict:
+        """What a later run of this model on this profile starts from (JSON-ready):
+        the profiler's state and the merged units of the plan (as chains of original
+        units; speculative bets are re-learned)."""
+        from ..profiles import profile_key
+        from .cache import graph_signature
+
+        merged = [self.units.originals(u.id) for u in self.units.active() if u.kind == MERGED]
+        return {"version": 1, "graph": graph_signature(self.graph),
+                "profile": profile_key(self.hw), "profiler": self.profiler.to_dict(),
+                "merged": merged, "inferences": self.n}
+
+    def _restore(self, state: dict) -> None:
+        from ..profiles import profile_key
+        from .cache import graph_signature
+
+        if state.get("version") != 1 or state.get("graph") != graph_signature(self.graph) \
+                or state.get("profile") != profile_key(self.hw):
+            self._event("state-ignored", (), "saved for another model, profile or version")
+            return
+        self.profiler = Profiler.from_dict(state["profiler"])
+        plan_units = []
+        for chain in state["merged"]:
+            try:
+                u = self.units.merged(tuple(chain), 0, "restored from the saved state")
+            except (KeyError, ValueError) as e:
+                self._event("state-ignored", tuple(chain), f"unit not restorable: {e}")
+                continue
+            plan_units.append(u)
+        if not plan_units:
+            return
+        plan = self.units.plan()
+        for u in plan_units:
+            covered = set(u.nodes)
+            plan = [s for s in plan if not covered & set(s.nodes)] + [Subgraph(u.id, list(u.nodes))]
+        order = self.units.order
+        plan.sort(key=lambda s: order[s.nodes[0]])
+        try:
+            model, hit = self._compile(plan)
+        except CompileError as e:
+            self._event("state-ignored", (), f"the saved plan does not compile: {e}")
+            return
+        self.units.adopt(plan, 0, "restored from the saved state")
+        self.session = Session(self.driver, model, check=False)
+        self._note_resources(model)
+        self._event("restored", tuple(s.id for s in plan),
+                    f"plan of an earlier run ({'cache hit' if hit else 'compiled'}), profile "
+                    f"of {state.get('inferences', 0)} inferences")
 
     # ---- reporting -----------------------------------------------------------------------
     def _plan_ids(self) -> list[int]:

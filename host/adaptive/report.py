@@ -27,6 +27,20 @@ def report_path(model_name: str, config: NPUConfig) -> Path:
     return root / "reports" / f"{model_name}-{profile_name(config) or profile_key(config)}.json"
 
 
+def state_path(model_name: str, config: NPUConfig) -> Path:
+    """Where the adaptive runtime keeps a model's profile and plan between runs."""
+    return report_path(model_name, config).parent.parent / "state" / \
+        report_path(model_name, config).name
+
+
+def load_state(path: Path) -> dict | None:
+    """A saved runtime state, or None when there is none (or it is unreadable)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def stream_figures(results) -> dict:
     """Per-inference figures of an adaptive run (JSON-ready lists and summaries)."""
     cycles = [int(r.cycles) for r in results]
