@@ -235,8 +235,8 @@ def test_unsupported_batched_matmul():
 
 def test_tensor_too_big_for_the_scratchpad():
     b = GraphBuilder("big")
-    x = b.input("x", (64, 300), scale=0.1)
-    b.output(b.qgemm(x, np.ones((300, 8), np.int8), None, out_scale=1.0), "y")
+    x = b.input("x", (2, 6000), scale=0.1)  # one row pair beyond the partition
+    b.output(b.qgemm(x, np.ones((6000, 1), np.int8), None, out_scale=1.0), "y")
     with pytest.raises(CompileError, match="scratchpad"):
         compile_model(b.build(), CONFIGS["small"])
 

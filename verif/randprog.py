@@ -315,7 +315,7 @@ class _RaceMachine(Machine):
     def _exec(self, ins, pc):
         spec = ins.spec
         if spec.queue is Queue.SEQ:
-            if ins.mnemonic in ("sync", "end", "ptsel"):
+            if ins.mnemonic in ("sync", "end", "ptsel", "region"):  # (isa.py: all drain)
                 self._drain(_QUEUES)
             elif ins.mnemonic == "tinv":
                 self._drain(("load",))
@@ -378,7 +378,7 @@ def find_races(config: NPUConfig, program: asm.Program, partitions, dram=None, a
 
     A race is a pair of scratchpad or DRAM accesses from different queues, at least
     one a write, that nothing orders: not a token chain, not a ``sync`` (nor ``end``,
-    ``ptsel``, or ``tinv`` for loads). Inside a queue, program order counts as order.
+    ``ptsel``, a region mark, or ``tinv`` for loads). Inside a queue, program order counts as order.
     The golden model runs everything in program order, so the RTL may legally give a
     racy program a different answer. Returns one line per race found (at most one
     per instruction, memory and kind), or ``[]`` when the program is race-free;

@@ -7,6 +7,8 @@ ones, and ``npu disasm`` shows readable source with the compiler's comments.
 
 from __future__ import annotations
 
+import copy
+
 from firmware import isa
 
 CONST_BASE = "r1"  # DRAM address of the model's constants (weights, biases)
@@ -32,7 +34,7 @@ class Emitter:
         self._reg_value: dict[str, int] = {}
         self._next_scratch = 0
         self.result_regs: dict[str, str] = {}  # tensor name -> register
-        self._pending_pop = False
+        self._pending_pop = ""  # token flags the next compute instruction pops
         self._last_compute: int | None = None
         self._last_compute_looped = False
         self.work = Work()
@@ -48,11 +50,12 @@ class Emitter:
         A compute instruction takes a pending :meth:`pop_next_compute` token.
         """
         if text.startswith("loop") and self._pending_pop:
-            self.marker(pop="prev")  # a token taken inside the body would be taken per pass
+            self.marker()  # a token taken inside the body would be taken per pass
         if queue == "compute":
             if self._pending_pop:
-                pop = ",".join(p for p in (pop, "prev") if p)
-                self._pending_pop = False
+                want = set(filter(None, f"{pop},{self._pending_pop}".split(",")))
+                pop = ",".join(p for p in ("prev", "next") if p in want)
+                self._pending_pop = ""
             self._last_compute = len(self.lines)
             self._last_compute_looped = self._mult[-1] > 1
         self.work.add(text, self._mult[-1])
@@ -73,9 +76,13 @@ class Emitter:
         self.compute(f"cfg.{name} {value}", pop=pop, push=push)
         self.cfg[name] = value
 
-    def pop_next_compute(self):
-        """The next compute instruction waits for a load>compute token."""
-        self._pending_pop = True
+    def pop_next_compute(self, direction: str = "prev"):
+        """The next compute instruction waits for a token: ``"prev"`` from the load
+        queue (its data arrived), ``"next"`` from the store queue (a buffer it
+        writes was stored)."""
+        if direction not in ("prev", "next"):
+            raise ValueError(f"no token direction {direction!r}")
+        self._pending_pop = ",".join(filter(None, (self._pending_pop, direction)))
 
     def push_after_last_compute(self, direction: str):
         """Send a token (``"next"``: to the store queue) when the last compute
@@ -107,6 +114,18 @@ class Emitter:
         """State at the start of a run: cfg at reset, registers unknown."""
         self.cfg = dict(CFG_RESET)
         self._reg_value.clear()
+
+    def checkpoint(self) -> tuple:
+        """The emitter's whole state, for :meth:`rollback` (code written after it is
+        discarded, as if it had never been emitted)."""
+        state = {k: v for k, v in self.__dict__.items() if k != "lines"}
+        return len(self.lines), copy.deepcopy(state)
+
+    def rollback(self, checkpoint: tuple):
+        """Return to a :meth:`checkpoint`."""
+        n, state = checkpoint
+        del self.lines[n:]
+        self.__dict__.update(copy.deepcopy(state))
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

@@ -18,6 +18,15 @@ Scratchpad: partition ``p0`` holds the resident weight blobs of the whole model
 fusion plans keeps them resident); ``p1`` is the working area each unit
 allocates from its start. Convolution and pooling run channels-last
 (:mod:`.layout`).
+
+A unit that does not fit at once (working partition, accumulator rows, 4096
+``gemm`` rows) is emitted again as M tiles when its nodes work on independent
+rows (GEMMs, element-wise adds and clips): tiles of rows stream through double
+buffers, every node of the unit runs on a tile before the next (fused
+intermediates stay on chip), weights are loaded once. The tiles are unrolled
+(tokens never sit in a hardware loop), so a long M costs instructions. A
+convolution keeps its tensors on chip whole and runs its output rows in groups
+that fit the accumulators. Units that fit are emitted exactly as before.
 """
 
 from __future__ import annotations
@@ -38,6 +47,12 @@ ALIGN = 8
 WORK_LIMIT = 1 << 16  # working-area offsets travel in 16-bit immediates (gemm, vreq)
 MAX_ROW_BYTES = 4096  # load/store bytes per row, vector n
 MAX_ROWS = 256  # load/store rows
+
+
+class TooBig(CompileError):
+    """A unit's working set does not fit at once: the scratchpad's working
+    partition, the accumulator rows, or one ``gemm`` (4096 rows). The lowering
+    then splits the unit's rows into M tiles when it can."""
 
 
 def align(n: int, a: int = ALIGN) -> int:
@@ -176,14 +191,35 @@ class Lowering:
 
     # ---- one unit ---------------------------------------------------------------------
     def unit(self, u: UnitInfo) -> dict:
-        """Emit unit ``u``; return its resource use."""
-        e = self.e
-        work = e.work.snapshot()
-        e.op(f"region.begin {u.id}")
-        e.comment("unit " + ", ".join(f"{n.op} {n.name}" for n in u.nodes))
+        """Emit unit ``u``; return its resource use.
+
+        A unit whose working set fits is emitted whole (every tensor on chip at
+        once). Otherwise its rows are split into M tiles streamed through the
+        working partition (:meth:`_unit_tiled`); a unit that cannot be split
+        raises :class:`CompileError` saying why.
+        """
+        checkpoint = self.e.checkpoint()
+        try:
+            return self._unit_whole(u)
+        except TooBig as err:
+            self.e.rollback(checkpoint)
+            return self._unit_tiled(u, err)
+
+    def _reset(self):
         self.sp: dict[str, int] = {}
         self._top = 0
         self._blob_at: dict[str, tuple[str, int]] = {}
+        self._tile: tuple[int, int] | None = None  # (rows M, rows of this tile)
+
+    def _begin(self, u: UnitInfo, note: str = ""):
+        self.e.op(f"region.begin {u.id}")
+        self.e.comment("unit " + ", ".join(f"{n.op} {n.name}" for n in u.nodes) + note)
+
+    def _unit_whole(self, u: UnitInfo) -> dict:
+        e = self.e
+        work = e.work.snapshot()
+        self._reset()
+        self._begin(u)
         stats = {"macs": 0}  # DMA bytes and the rest: stats["work"]
         # Load groups: unit inputs with the first node's constants, then one group
         # per later node that has constants; each group ends in a token.
@@ -221,17 +257,166 @@ class Lowering:
             raise CompileError(f"unit {u.id}: outputs {sorted(stored)} are never produced")
         e.op(f"region.end {u.id}")
         stats["scratchpad_bytes"] = self._top
+        stats["m_tiles"] = 1
         stats["work"] = e.work.since(work)
         return stats
 
+    # ---- M tiling -----------------------------------------------------------------------
+    def _row_split(self, u: UnitInfo) -> tuple[int, dict[str, int]]:
+        """The unit's independent rows ``M`` and the bytes per row of every tensor
+        it touches (by root). Raises ``CompileError`` saying why rows are not
+        independent."""
+        for n in u.nodes:
+            if not isinstance(n, (QGemm, QAdd, Clip)):
+                raise CompileError(f"{n.op} {n.name!r} does not work on independent rows "
+                                   "(only GEMMs and element-wise adds and clips split)")
+        gemms = [n for n in u.nodes if isinstance(n, QGemm)]
+        if gemms:
+            ms = {self.tensor[self.root(n.inputs[0])].size // n.weight.shape[0]
+                  for n in gemms}
+            if len(ms) > 1:
+                raise CompileError(f"its GEMMs have different row counts {sorted(ms)}")
+            rows = ms.pop()
+        else:  # element-wise only: every byte is a row
+            rows = self.tensor[self.root(u.nodes[0].inputs[0])].size
+        row_bytes = {}
+        for n in u.nodes:
+            for t in (*n.inputs, *n.outputs):
+                r = self.root(t)
+                size = self.tensor[r].size
+                if size % rows:
+                    raise CompileError(f"tensor {r!r} ({size} bytes) is not {rows} rows")
+                row_bytes[r] = size // rows
+        return rows, row_bytes
+
+    def _unit_tiled(self, u: UnitInfo, why: CompileError) -> dict:
+        """Emit ``u`` as M tiles: rows of its inputs stream through the working
+        partition, every node runs on a tile (weights stay where they are: loaded
+        once, resident or in the working area), and the tile's outputs leave.
+
+        Inputs and stored outputs are double-buffered; in program order tile
+        ``t + 1``'s loads come before tile ``t``'s compute, so they overlap it.
+        Tokens (never inside a hardware loop): load>compute per tile (its
+        inputs, with tile 0 also the constants); compute>load when a tile is done
+        with its input buffers (tile ``t + 2`` reuses them); compute>store per
+        stored tensor; store>compute when a tile's stores are done (tile ``t + 2``
+        writes their buffers). Intermediates have one buffer (compute is in order).
+        """
+        e = self.e
+        try:
+            rows, row_bytes = self._row_split(u)
+        except CompileError as err:
+            raise self._refuse(why, f"M tiling cannot split unit {u.id}: {err}") from None
+        work = e.work.snapshot()
+        self._reset()
+        blobs = [self.place.blobs[n.name] for n in u.nodes if n.name in self.place.blobs]
+        try:
+            for b in blobs:
+                self._place_blob(b)
+        except TooBig as err:
+            raise self._refuse(why, f"M tiling: {err}") from None
+        loaded = list(u.inputs)
+        stored = list(u.outputs)
+        mids = [r for r in row_bytes
+                if r not in loaded and r not in stored and r in self._produced(u)]
+        bufs = [(r, 2) for r in loaded + stored] + [(r, 1) for r in mids]
+        per_row = sum(k * row_bytes[r] for r, k in bufs)
+        room = self.work_limit() - self._top - ALIGN * sum(k for _, k in bufs)
+        cap = max(0, room) // per_row
+        if any(isinstance(n, QGemm) for n in u.nodes):
+            cap = min(cap, self.config.acc_rows, 4096)
+        if cap < 1:
+            raise self._refuse(why, f"M tiling: one row of unit {u.id} needs {per_row} bytes "
+                               f"of scratchpad (double-buffered), the working partition "
+                               f"has {max(0, room)} left after the constants")
+        count = ceil_div(rows, cap)
+        base, extra = divmod(rows, count)
+        sizes = [base + 1] * extra + [base] * (count - extra)
+        starts = [sum(sizes[:t]) for t in range(count)]
+        tile = sizes[0]
+        buffers = {r: [self.alloc(tile * row_bytes[r], r) for _ in range(k)] for r, k in bufs}
+
+        def use(t: int):
+            self._tile = (rows, sizes[t])
+            for r, b in buffers.items():
+                self.sp[r] = b[t % len(b)]
+
+        def load(t: int) -> bool:
+            use(t)
+            items = [("blob", b) for b in blobs] if t == 0 else []
+            items += [("tensor", r) for r in loaded]
+            for i, (kind, what) in enumerate(items):
+                push = "next" if i == len(items) - 1 else ""
+                if kind == "blob":
+                    self._load_blob(what, push)
+                else:  # buffer t % 2 was read by tile t - 2
+                    self._load_tensor(what, push, start=starts[t] * row_bytes[what],
+                                      pop="next" if i == 0 and t >= 2 else "")
+            return bool(items)
+
+        self._begin(u, f" (M tiled: {count} tiles of {tile} rows or fewer, {rows} rows)")
+        stats = {"macs": 0}
+        has_load = [load(0)]
+        for t in range(count):
+            if t + 1 < count:
+                has_load.append(load(t + 1))
+            use(t)
+            if has_load[t]:
+                e.pop_next_compute("prev")
+            if t >= 2 and stored:  # tile t - 2's stores freed the output buffers
+                e.pop_next_compute("next")
+            left = list(stored)
+            for n in u.nodes:
+                stats["macs"] += self.node(n)
+                for o in n.outputs:
+                    r = self.root(o)
+                    if r in left:
+                        left.remove(r)
+                        e.push_after_last_compute("next")
+                        last = not left and t + 2 < count
+                        self._store_tensor(r, start=starts[t] * row_bytes[r],
+                                           push="prev" if last else "")
+            if left:
+                raise CompileError(f"unit {u.id}: outputs {sorted(left)} are never produced")
+            if t + 2 < count and loaded:  # tile t + 2 may load into these input buffers
+                e.push_after_last_compute("prev")
+        e.op(f"region.end {u.id}")
+        self._tile = None
+        stats["scratchpad_bytes"] = self._top
+        stats["m_tiles"] = count
+        stats["work"] = e.work.since(work)
+        return stats
+
+    def _produced(self, u: UnitInfo) -> set[str]:
+        return {self.root(o) for n in u.nodes for o in n.outputs}
+
+    @staticmethod
+    def _refuse(why: CompileError, reason: str) -> CompileError:
+        err = CompileError(f"{why} ({reason})")
+        err.node = why.node
+        return err
+
     # ---- scratchpad allocation ---------------------------------------------------------
+    def work_limit(self) -> int:
+        """Bytes of the working partition a unit can address."""
+        return min(self.work_size, WORK_LIMIT)
+
     def alloc(self, nbytes: int, what: str) -> int:
         at = self._top
         self._top = align(at + nbytes)
-        if self._top > min(self.work_size, WORK_LIMIT):
-            raise CompileError(f"{what}: the unit needs {self._top} bytes of scratchpad, "
-                               f"the working partition has {min(self.work_size, WORK_LIMIT)}")
+        if self._top > self.work_limit():
+            raise TooBig(f"{what}: the unit needs {self._top} bytes of scratchpad, "
+                         f"the working partition has {self.work_limit()}")
         return at
+
+    def size(self, tensor: str) -> int:
+        """Bytes of ``tensor`` the current code covers: all of it, or in an M tile
+        its rows of the tile."""
+        t = self.tensor[self.root(tensor)]
+        if self._tile is None:
+            return t.size
+        rows, tile_rows = self._tile
+        return t.size // rows * tile_rows
 
     def at(self, tensor: str) -> int:
         r = self.root(tensor)
@@ -265,35 +450,48 @@ class Lowering:
             return "r0", offset
         return self.e.reg(offset), 0
 
-    def _load_tensor(self, name: str, push: str):
-        t = self.tensor[name]
+    def _load_tensor(self, name: str, push: str, *, start: int = 0, pop: str = ""):
+        """Load ``size(name)`` bytes of ``name`` from byte ``start`` in DRAM; the
+        first transfer pops ``pop``, the last pushes ``push``."""
         sp = self.out(name)
-        pieces = self._pieces(t.size)
+        pieces = self._pieces(self.size(name))
         for i, (off, rows, nbytes) in enumerate(pieces):
-            dram = self.e.reg(self.place.arena[name] + off, base="r2")
+            dram = self.e.reg(self.place.arena[name] + start + off, base="r2")
             reg, imm = self._sp_reg(sp + off, 11)
             self.e.op(f"load {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
+                      pop=pop if i == 0 else "",
                       push=push if i == len(pieces) - 1 else "", queue="load")
 
+    def _place_blob(self, b: Blob) -> tuple[str, int]:
+        """Where blob ``b`` lives in this unit (allocated in the working area the
+        first time when it is not resident)."""
+        if b.node not in self._blob_at:
+            if b.slot:
+                self._blob_at[b.node] = (P_WEIGHTS, b.sp)
+            else:
+                self._blob_at[b.node] = (P_WORK, self.alloc(len(b.data),
+                                                            f"constants of {b.node}"))
+        return self._blob_at[b.node]
+
     def _load_blob(self, b: Blob, push: str):
-        if b.slot:
-            part, sp, tag = P_WEIGHTS, b.sp, f", tag={b.slot}"
-        else:
-            part, sp, tag = P_WORK, self.alloc(len(b.data), f"constants of {b.node}"), ""
-        self._blob_at[b.node] = (part, sp)
+        part, sp = self._place_blob(b)
+        tag = f", tag={b.slot}" if b.slot else ""
         dram = self.e.reg(b.dram, base="r1")
         reg, imm = self._sp_reg(sp, 11)
         self.e.op(f"load {part}, {reg}, {dram}, r0, {b.rows}, {b.row_bytes}, off={imm}{tag}",
                   push=push, queue="load")
 
-    def _store_tensor(self, name: str):
-        t = self.tensor[name]
+    def _store_tensor(self, name: str, *, start: int = 0, push: str = ""):
+        """Store ``size(name)`` bytes of ``name`` to byte ``start`` in DRAM; the
+        first transfer pops the compute token, the last pushes ``push``."""
         sp = self.at(name)
-        for i, (off, rows, nbytes) in enumerate(self._pieces(t.size)):
-            dram = self.e.reg(self.place.arena[name] + off, base="r2")
+        pieces = self._pieces(self.size(name))
+        for i, (off, rows, nbytes) in enumerate(pieces):
+            dram = self.e.reg(self.place.arena[name] + start + off, base="r2")
             reg, imm = self._sp_reg(sp + off, 11)
             self.e.op(f"store {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
-                      pop="prev" if i == 0 else "", queue="store")
+                      pop="prev" if i == 0 else "",
+                      push=push if i == len(pieces) - 1 else "", queue="store")
 
     # ---- operators --------------------------------------------------------------------
     def node(self, n: Node) -> int:
@@ -332,8 +530,8 @@ class Lowering:
         """
         cfg, e = self.config, self.e
         if m > cfg.acc_rows:
-            raise CompileError(f"{m} output rows exceed the {cfg.acc_rows} accumulator "
-                               "rows (M tiling is not built)", n.name)
+            raise TooBig(f"{m} output rows exceed the {cfg.acc_rows} accumulator rows",
+                         n.name)
         full, rem = divmod(nn, cfg.cols)
         stepping = (full + (rem > 0)) * m <= cfg.acc_rows
         wj, yj, aj = regs
@@ -369,12 +567,10 @@ class Lowering:
 
     def qgemm(self, n: QGemm) -> int:
         cfg, e = self.config, self.e
-        x = self.tensor[n.inputs[0]]
         k, nn = n.weight.shape
-        m = x.size // k
+        m = self.size(n.inputs[0]) // k
         if m > 4096:
-            raise CompileError(f"{m} rows exceed one gemm (4096); M tiling is not built",
-                               n.name)
+            raise TooBig(f"{m} rows exceed one gemm (4096)", n.name)
         x_off, y_off = self.at(n.inputs[0]), self.out(n.outputs[0])
         part, wsp, blob = self._weights(n)
         if m > 1:
@@ -437,14 +633,20 @@ class Lowering:
         e.set_cfg("out_stride", oc)
         self._requant_cfg(n.requant)
         wo, xo, ao, *cols = e.scratch(6)
-        for b in range(bn):
-            def chain(wj, aj, n_j, b=b):
+        # Output rows in groups that fit the accumulators (one group when all do).
+        if ow > cfg.acc_rows:
+            raise CompileError(f"an output row of {ow} positions exceeds the "
+                               f"{cfg.acc_rows} accumulator rows", n.name)
+        per = oh if oh * ow <= cfg.acc_rows else cfg.acc_rows // ow
+        groups = [(b, r0, min(per, oh - r0)) for b in range(bn) for r0 in range(0, oh, per)]
+        for b, r0, nr in groups:
+            def chain(wj, aj, n_j, b=b, r0=r0, nr=nr):
                 # One output row (ow positions) per iteration: every reduction tile.
-                e.op(f"li {xo}, {xp + b * hp * wp * c}")
+                e.op(f"li {xo}, {xp + (b * hp + r0 * sh) * wp * c}")
                 e.op(f"addi {ao}, {aj}, 0")
-                end = e.new_label("rows") if oh >= 2 else None
+                end = e.new_label("rows") if nr >= 2 else None
                 if end:
-                    e.op(f"loop {oh}, {end}")
+                    e.op(f"loop {nr}, {end}")
                 e.op(f"addi {wo}, {wj}, 0")
                 for i, ((_, k_t), off) in enumerate(zip(tiles, rel, strict=True)):
                     e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
@@ -457,8 +659,8 @@ class Lowering:
                 if end:
                     e.loop_end(end)
 
-            self._column_tiles(n, part, wsp, blob, oc, oh * ow, y_off + b * oh * ow * oc, chain,
-                               cols)
+            self._column_tiles(n, part, wsp, blob, oc, nr * ow,
+                               y_off + (b * oh + r0) * ow * oc, chain, cols)
         return bn * oh * ow * oc * c * kh * kw
 
     def _need_nhwc(self, n: Node, tensor: str):
@@ -540,7 +742,7 @@ class Lowering:
         for name, v in (("clip_lo", n.lo), ("clip_hi", n.hi), ("in_stride", 0),
                         ("out_stride", 0)):
             e.set_cfg(name, v)
-        for off, rows, nb in self._flat(self.tensor[n.inputs[0]].size):
+        for off, rows, nb in self._flat(self.size(n.inputs[0])):
             e.compute(f"vclip {P_WORK}, {e.reg(dst + off)}, {P_WORK}, {e.reg(src + off)}, "
                       f"{rows}, {nb}")
 
@@ -555,7 +757,7 @@ class Lowering:
                         ("clip_lo", n.lo), ("clip_hi", n.hi), ("in_stride", 0),
                         ("out_stride", 0)):
             e.set_cfg(name, v)
-        for off, rows, nb in self._flat(self.tensor[n.inputs[0]].size):
+        for off, rows, nb in self._flat(self.size(n.inputs[0])):
             e.compute(f"vadd {P_WORK}, {e.reg(y + off)}, {P_WORK}, {e.reg(a + off)}, "
                       f"{P_WORK}, {e.reg(b + off)}, {rows}, {nb}")
 
