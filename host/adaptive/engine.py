@@ -28,8 +28,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..compiler import CompiledModel, compile_model
 from ..compiler.cost import CostModel
 from ..compiler.plan import CompileError, initial_units, simplify
@@ -37,9 +35,11 @@ from ..driver import NPUDriver
 from ..ir import ArgMax, Equal, Graph, Subgraph
 from ..reference import run_reference
 from ..runtime import Inference, MismatchError, Session
+from .batching import BatchServing
 from .cache import CompileCache
 from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
+from .records import AdaptiveInference, RuntimeEvent, mismatch
 from .speculate import Leaf, hoist, leaves
 from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
 
@@ -64,6 +64,8 @@ class AdaptiveConfig:
         planned (raised by ``spec_step`` each time a bet stops paying).
     spec_step : how much a failed bet raises ``spec_threshold``.
     specialize_after : batches of one size seen before a batch variant is built.
+    route_cover : a routed batch variant bets on the fewest branches that took
+        this share of the inputs.
     async_compile : compile in a worker thread (False: inline, deterministic).
     check : compare every inference with the reference interpreter (a mismatch
         outside validation raises :class:`~host.runtime.MismatchError`).
@@ -78,6 +80,7 @@ class AdaptiveConfig:
     settle: int = 12
     validate_runs: int = 3
     specialize_after: int = 3
+    route_cover: float = 0.95
     spec_threshold: float = 0.6
     spec_step: float = 0.1
     async_compile: bool = True
@@ -96,49 +99,6 @@ class AdaptiveConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.decide_every < 1:
             raise ValueError("decide_every must be >= 1")
-
-
-@dataclass
-class RuntimeEvent:
-    """Something the runtime did, at an inference index (streamed live, reported)."""
-
-    inference: int
-    kind: str
-    units: tuple[int, ...]
-    detail: str = ""
-
-    def __str__(self) -> str:
-        ids = "+".join(map(str, self.units))
-        return f"[{self.inference:5d}] {self.kind:<16} unit {ids:<12} {self.detail}"
-
-    def as_dict(self) -> dict:
-        return {"inference": self.inference, "kind": self.kind, "units": list(self.units),
-                "detail": self.detail}
-
-
-@dataclass
-class AdaptiveInference(Inference):
-    """An :class:`~host.runtime.Inference` plus what the runtime did around it.
-
-    Members
-    -------
-    index : 1-based position in the stream.
-    plan : the unit ids of the plan that computed it.
-    model : that plan's compiled program.
-    events : runtime events during this inference.
-    host_seconds : host time spent on it (runs, checks, profiling, decisions).
-    overhead_seconds : the part of it the adaptive loop adds to the plain run
-        (reference check, profiling, deciding, staging a plan, a rollback re-run).
-    speculation : ``"hit"`` or ``"miss"`` when a speculative unit ran, else ``""``.
-    """
-
-    index: int = 0
-    plan: tuple[int, ...] = ()
-    model: CompiledModel | None = field(default=None, repr=False)
-    events: list[RuntimeEvent] = field(default_factory=list)
-    host_seconds: float = 0.0
-    overhead_seconds: float = 0.0
-    speculation: str = ""
 
 
 @dataclass
@@ -230,7 +190,7 @@ class SpecCandidate(Candidate):
                 f"(estimate), a miss wastes ~{self.waste:.0f} (measured cycles of the branch)")
 
 
-class AdaptiveRuntime:
+class AdaptiveRuntime(BatchServing):
     """A model served on one NPU by the adaptive loop (see the module text).
 
     Parameters
@@ -284,11 +244,7 @@ class AdaptiveRuntime:
         self._fresh: list[RuntimeEvent] = []
         if state is not None:
             self._restore(state)
-        self.batch_sizes: dict[int, int] = {}  # input profiling: batch sizes asked for
-        self.variants: dict = {}  # batch size -> BatchVariant, or None (refused)
-        self._variant_checks: dict[int, int] = {}
-        self._variant_session: Session | None = None
-        self._on_device: CompiledModel | None = None
+        self._init_batching()
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
@@ -336,110 +292,6 @@ class AdaptiveRuntime:
         out.overhead_seconds = out.host_seconds - device_seconds
         return out
 
-    # ---- batches: the specializer's batch variants --------------------------------------
-    def run_batch(self, inputs_list: list[dict]) -> list[AdaptiveInference]:
-        """Serve several inferences at once.
-
-        The runtime profiles the batch sizes it is asked for. Once a size has come
-        ``specialize_after`` times and the model can be batched (no per-input
-        routing), it compiles a batch-specialized variant of the current plan
-        (:mod:`.specialize`: every GEMM streams B rows per weight tile) through the
-        cache. The variant's guard (count, shapes, dtypes) picks it per call; a
-        guard failure or a model that cannot be batched runs the inputs one by one
-        on the generic plan, and the variant's first ``validate_runs`` batches are
-        checked input by input against the reference (a mismatch quarantines it).
-        """
-        B = len(inputs_list)
-        self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
-        if B > 1 and B not in self.variants and \
-                self.batch_sizes[B] >= self.config.specialize_after:
-            self._specialize(B)
-        v = self.variants.get(B)
-        if v is not None and not v.guard(inputs_list):
-            self._fresh = []
-            self._event("guard-failed", (), f"batch{B}: {v.guard_failure(inputs_list)}; "
-                        "running the generic plan")
-            v = None
-        if v is None:
-            return [self.run(x) for x in inputs_list]
-        return self._run_variant(v, inputs_list)
-
-    def _specialize(self, B: int) -> None:
-        from .specialize import SpecializationError, batch_graph
-
-        self._fresh = []
-        try:
-            bg = batch_graph(self.model.graph, B)
-            model, hit = self.cache.get_or_compile(
-                bg, [Subgraph(u.id, list(u.nodes)) for u in self.model.units], self.hw,
-                specialization=f"batch{B}")
-        except (SpecializationError, CompileError) as e:
-            self.variants[B] = None
-            self._event("specialize-refused", (), f"batch{B}: {e}")
-            return
-        from .specialize import BatchVariant
-
-        self.variants[B] = BatchVariant(model, B, self.model.graph)
-        self._variant_checks[B] = self.config.validate_runs
-        self._event("specialized", tuple(u.id for u in model.units),
-                    f"batch{B} ({'cache hit' if hit else 'compiled'}): {B} inputs per run, "
-                    f"{len(model.program)} instructions")
-
-    def _run_variant(self, v, inputs_list) -> list[AdaptiveInference]:
-        t0 = time.perf_counter()
-        self._fresh = []
-        if self._on_device is not v.model:
-            self._variant_session = Session(self.driver, v.model, check=False,
-                                            const_base=self.session.const_base,
-                                            arena_base=self.session.arena_base)
-            if v.model.const_image() != self.model.const_image():
-                self._variant_session.load()
-            else:
-                self._variant_session.install(v.model)
-            self._on_device = v.model
-        res = self._variant_session.run(v.stack(inputs_list))
-        outs = v.unstack(res.outputs)
-        B = v.batch
-        left = self._variant_checks.get(B, 0)
-        checked = False
-        if left or self.config.check:
-            bad = [b for b in (_mismatch(o, run_reference(self.graph, x))
-                               for o, x in zip(outs, inputs_list, strict=True)) if b]
-            if bad:
-                reason = f"batch{B} failed validation: {bad[0]}"
-                self.variants[B] = None
-                self._event("rollback", (), reason)
-                self.rollbacks += 1
-                return [self.run(x) for x in inputs_list]
-            checked = True
-            if left:
-                self._variant_checks[B] = left - 1
-                if left == 1:
-                    self._event("specialize-validated", (), f"batch{B}: "
-                                f"{self.config.validate_runs} batches equal the reference")
-        self.profiler.observe([r.region for r in res.trace], res.trace)
-        self.n += B
-        host = (time.perf_counter() - t0) / B
-        # Each inference carries its share of the run's cycles and counters.
-        share = {k: v // B if isinstance(v, int) else [x // B for x in v]
-                 for k, v in res.counters.items()}
-        return [AdaptiveInference(o, res.cycles // B, share, res.trace, checked,
-                                  index=self.n - B + i + 1, plan=(f"batch{B}",),
-                                  model=v.model, events=self._fresh if i == 0 else [],
-                                  host_seconds=host)
-                for i, o in enumerate(outs)]
-
-    def _restore_generic(self) -> None:
-        """Put the generic plan back on the device after a batch variant ran."""
-        if self._on_device is self.model:
-            return
-        if self._on_device is not None and \
-                self._on_device.const_image() != self.model.const_image():
-            self.session.load()
-        else:
-            self.session.install(self.model)
-        self._on_device = self.model
-
     def run_many(self, batch, progress=None) -> list[AdaptiveInference]:
         out = []
         for i, inputs in enumerate(batch):
@@ -454,7 +306,7 @@ class AdaptiveRuntime:
         if v is None and not self.config.check:
             return res
         expected = run_reference(self.graph, inputs)
-        bad = _mismatch(res.outputs, expected)
+        bad = mismatch(res.outputs, expected)
         if bad is None:
             res.checked = True
             if v is not None:
@@ -486,7 +338,7 @@ class AdaptiveRuntime:
         self._event("rollback", (u.id,), reason)
         self._ran_on = v.previous
         res = self.session.run(inputs)
-        bad = _mismatch(res.outputs, expected)
+        bad = mismatch(res.outputs, expected)
         if bad is not None:
             raise MismatchError(f"inference {self.n} after rollback: {bad}")
         res.checked = True
@@ -862,7 +714,7 @@ class AdaptiveRuntime:
             "cache": self.cache.stats(),
             "cost_model_error": {"profile": before, "refit": after},
             "batch_sizes": {str(b): n for b, n in sorted(self.batch_sizes.items())},
-            "batch_variants": {str(b): "refused" if v is None else f"batch{b}, "
+            "batch_variants": {str(b): "refused" if v is None else f"{v.name}, "
                                f"{len(v.model.program)} instructions"
                                for b, v in sorted(self.variants.items())},
             "units": self.units.as_dict()["units"],
@@ -880,13 +732,4 @@ def _gate_unit(g: Graph, leaf: Leaf, owner: dict) -> Unit | None:
         n = prod.get(n.inputs[0])
     if isinstance(n, ArgMax) and n.name in owner:
         return owner[n.name]
-    return None
-
-
-def _mismatch(got: dict, want: dict) -> str | None:
-    for name, w in want.items():
-        g = got.get(name)
-        if g is None or g.shape != w.shape or not np.array_equal(g, w):
-            gv = None if g is None else g.ravel()[:8]
-            return f"output {name!r}: NPU {gv} != reference {w.ravel()[:8]}"
     return None
