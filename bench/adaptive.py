@@ -35,6 +35,7 @@ from bench.common import RESULTS, report
 
 PHASES = ["012", "3456", "789"]
 PER_PHASE = 40
+BATCH = 8  # inputs per call when serving in batches
 MODEL = "moe"
 WINDOW = 5  # rolling mean for convergence
 CONVERGED = 0.05  # within 5% of the static plan's steady state
@@ -139,7 +140,71 @@ def scenario(device, config, seed):
                adaptive_overhead_ms=[1000 * o for o in overhead], swap_stalls=stalls,
                speculation=spec, events=[e.as_dict() for e in rt.events], swaps=rt.swaps,
                rollbacks=rt.rollbacks, final_plan=rt.report()["plan"])
+    # Serving in batches of BATCH: the adaptive runtime's routed batch variants
+    # against, per phase, the best bet chosen offline (no re-betting).
+    best_bets = _static_bets(base.graph, config, by_phase, cache)
+    out["static_batched_bets"] = [name for name, _ in best_bets]
+
+    def serve_batched(rt, pick=None):
+        cycles, spec, overhead = [], [], []
+        for i in range(0, len(xs), BATCH):
+            if pick is not None:
+                rt.variants[BATCH] = pick(phase_of[i])
+                rt._variant_checks[BATCH] = 0
+            for r in rt.run_batch(xs[i:i + BATCH]):
+                assert r.checked
+                cycles.append(r.cycles)
+                spec.append(r.speculation)
+                overhead.append(1000 * (r.host_seconds if r.plan and str(r.plan[0]).startswith(
+                    "route") else r.overhead_seconds))
+        return cycles, spec, overhead
+
+    rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(async_compile=False, warmup=10**9,
+                                                    rebet=False), cache=cache)
+    rt.load()
+    out["static_batched_cycles"], _, _ = serve_batched(rt, lambda k: best_bets[k][1])
+    rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(async_compile=False), cache=cache)
+    rt.load()
+    (out["adaptive_batched_cycles"], out["adaptive_batched_speculation"],
+     _) = serve_batched(rt)
+    out["batched_events"] = [e.as_dict() for e in rt.events]
     Path(os.environ["NPU_BENCH_OUT"]).write_text(json.dumps(out))
+
+
+def _static_bets(graph, config, phase_inputs, cache):
+    """Per phase, the routed batch variant whose bet costs the fewest cycles per
+    inference on that phase (golden model; misses run on the generic plan)."""
+    import itertools
+
+    from host.adaptive import AdaptiveConfig, AdaptiveRuntime
+    from host.adaptive.routed import branch_leaves, routed_variant
+    from host.device import GoldenDevice
+    from host.driver import NPUDriver
+
+    leaves = branch_leaves(graph)
+    variants = []
+    for k in range(1, len(leaves) + 1):
+        for bet in itertools.combinations(leaves, k):
+            variants.append(routed_variant(
+                graph, config, list(bet), BATCH,
+                lambda g, u, bet=bet: cache.get_or_compile(
+                    g, u, config, specialization=f"route{BATCH}:" + ";".join(
+                        lf.describe() for lf in bet))[0]))
+    best = []
+    for xs in phase_inputs:
+        scored = []
+        for v in variants:
+            rt = AdaptiveRuntime(NPUDriver(GoldenDevice(config)), graph,
+                                 AdaptiveConfig(async_compile=False, warmup=10**9,
+                                                rebet=False, check=False), cache=cache)
+            rt.load()
+            rt.variants[BATCH], rt._variant_checks[BATCH] = v, 0
+            cyc = [r.cycles for i in range(0, len(xs) - BATCH + 1, BATCH)
+                   for r in rt.run_batch(xs[i:i + BATCH])]
+            scored.append((float(np.mean(cyc)), v.name, v))
+        scored.sort(key=lambda t: t[0])
+        best.append((scored[0][1], scored[0][2]))
+    return best
 
 
 def figures(raw: dict) -> dict:
@@ -191,6 +256,30 @@ def figures(raw: dict) -> dict:
     f["misspeculation_cost_cycles"] = float(
         (cyc["adaptive"][misses] - cyc["unfused"][misses]).mean()) if misses.any() else 0.0
     f["host_overhead_ms_per_inference"] = float(np.mean(raw["adaptive_overhead_ms"]))
+    # Serving in batches of BATCH (a routed batch variant per call).
+    bat = {p: np.array(raw[f"{p}_batched_cycles"], dtype=float) for p in ("static", "adaptive")}
+    for p in ("static", "adaptive"):
+        f[f"{p}_batched_steady_cycles_per_inference"] = float(bat[p][steady].mean())
+    f["batch"] = BATCH
+    f["steady_speedup_adaptive_batched_over_unfused"] = (
+        f["unfused_steady_cycles_per_inference"]
+        / f["adaptive_batched_steady_cycles_per_inference"])
+    for k in range(len(raw["phases"])):
+        m = (phase_of == k) & steady
+        f[f"batched_gap_to_static_phase{k}"] = float(bat["adaptive"][m].mean()
+                                                     / bat["static"][m].mean() - 1)
+    for k in range(1, len(raw["phases"])):
+        m = phase_of == k
+        target = bat["static"][m & steady].mean() * (1 + CONVERGED)
+        roll = np.convolve(bat["adaptive"][m], np.ones(WINDOW) / WINDOW, mode="valid")
+        hit = np.flatnonzero(roll <= target)
+        f[f"batched_inferences_to_converge_after_shift{k}"] = int(hit[0]) if len(hit) else None
+    bspec = np.array(raw["adaptive_batched_speculation"])
+    f["batched_misspeculation_rate"] = float(np.mean(bspec == "miss"))
+    bmiss = bspec == "miss"
+    f["batched_misspeculation_cost_cycles"] = float(
+        (bat["adaptive"][bmiss] - bat["adaptive"][~bmiss].mean()).mean()) if bmiss.any() else 0.0
+    f["static_batched_bets"] = "; ".join(raw["static_batched_bets"])
     f["static_plans"] = "; ".join(raw["static_plans"])
     f["final_adaptive_plan"] = str(raw["final_plan"])
     return f
@@ -205,6 +294,9 @@ def plot(raw: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(11, 4.5))
     for p, style in (("unfused", ":"), ("static", "--"), ("adaptive", "-")):
         ax.plot(raw[f"{p}_cycles"], style, label=p, linewidth=1.2)
+    for p, style in (("static_batched", "--"), ("adaptive_batched", "-")):
+        ax.plot(raw[f"{p}_cycles"], style, label=f"{p.replace('_', ' ')} (B={BATCH})",
+                linewidth=1.0, alpha=0.8)
     phase_of = raw["phase_of"]
     for i in range(1, len(phase_of)):
         if phase_of[i] != phase_of[i - 1]:

@@ -185,7 +185,7 @@ class BatchServing:
         checked = self._check_rows(v, outs, inputs_list)
         if checked is None:
             return [self.run(x) for x in inputs_list]
-        d = self.config.profiler.decay
+        d = self.config.route_decay
         self.routes = {k: c * d ** B for k, c in self.routes.items()}
         for _, path in rows:
             self.routes[path] = self.routes.get(path, 0.0) + 1.0
@@ -207,7 +207,9 @@ class BatchServing:
             r.speculation = r.speculation or "hit"
             r.index = first + i + 1
         # Re-place the bet when the routes moved away from it.
-        if misses and len(misses) > (1 - self.config.route_cover) * B * 2:
+        if not self.config.rebet:
+            pass
+        elif misses and len(misses) > (1 - self.config.route_cover) * B * 2:
             bet = self._cover_set()
             if [lf.path for lf in bet] != [lf.path for lf in v.bet]:
                 self._place_bet(B, bet, f"{len(misses)}/{B} inputs of the last batch missed "

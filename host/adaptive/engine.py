@@ -66,6 +66,10 @@ class AdaptiveConfig:
     specialize_after : batches of one size seen before a batch variant is built.
     route_cover : a routed batch variant bets on the fewest branches that took
         this share of the inputs.
+    route_decay : per-input decay of the observed routes (faster than the
+        profiler's: a routed bet should follow a shift within a few batches).
+    rebet : re-place a routed bet when the routes move (False keeps the variant
+        it has: what a static plan does).
     async_compile : compile in a worker thread (False: inline, deterministic).
     check : compare every inference with the reference interpreter (a mismatch
         outside validation raises :class:`~host.runtime.MismatchError`).
@@ -79,8 +83,10 @@ class AdaptiveConfig:
     decide_every: int = 2
     settle: int = 12
     validate_runs: int = 3
-    specialize_after: int = 3
+    specialize_after: int = 2
     route_cover: float = 0.95
+    route_decay: float = 0.85
+    rebet: bool = True
     spec_threshold: float = 0.6
     spec_step: float = 0.1
     async_compile: bool = True
