@@ -2,17 +2,19 @@
 
 ::
 
-    npu run MODEL.onnx [--backend golden|verilator] [--digits N | --inputs FILE.npz]
+    npu run MODEL.onnx [--backend golden|verilator|serial [--port PATH --baud N]]
+            [--digits N | --inputs FILE.npz]
             [--adaptive [--phases 012|789] [--batch B] [--cache PATH | --no-cache]]
     npu report MODEL [--config NAME]
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME]
     npu disasm MODEL.onnx [--config NAME]
-    npu info [--backend golden|verilator] [--config NAME]
+    npu info [--backend golden|verilator|serial] [--config NAME]
     npu precompile --profile NAME [--model M ...] [--cache PATH]
 
 The golden backend runs the golden model in-process. The verilator backend
 builds the RTL (the first time, minutes; cached under build/sim/) and runs the
-same host code inside the simulation, over the NPU's real AXI ports.
+same host code inside the simulation, over the NPU's real AXI ports. The serial
+backend drives an FPGA board through its UART bridge (docs/bridge.md).
 """
 
 from __future__ import annotations
@@ -231,6 +233,19 @@ def _on_backend(opts, argv) -> int:
         from .device import GoldenDevice
 
         return 0 if COMMANDS[opts.command](GoldenDevice(CONFIGS[opts.config]), opts) else 1
+    if opts.backend == "serial":
+        if not opts.port:
+            print("--backend serial needs --port PATH", file=sys.stderr)
+            return 2
+        import serial
+
+        from .serial_device import SerialDevice
+
+        device = SerialDevice(serial.Serial(opts.port, opts.baud, timeout=2.0))
+        try:
+            return 0 if COMMANDS[opts.command](device, opts) else 1
+        finally:
+            device.close()
     from verif.rtl_device import run_scenario
     from verif.sim import CocotbTestFailure
 
@@ -334,7 +349,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default="default", choices=sorted(CONFIGS),
                        help="hardware configuration (default: default)")
         if backend:
-            p.add_argument("--backend", default="golden", choices=("golden", "verilator"))
+            p.add_argument("--backend", default="golden", choices=("golden", "verilator", "serial"))
+            p.add_argument("--port", help="with --backend serial: the board's serial port")
+            p.add_argument("--baud", type=int, default=115_200, help="with --backend serial")
 
     p = sub.add_parser("run", help="run a model and report")
     p.add_argument("model", help="an .onnx file or a bundled model name (mlp, cnn, moe, "

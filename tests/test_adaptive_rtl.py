@@ -12,7 +12,7 @@ from verif.rtl_device import run_scenario
 @pytest.mark.parametrize("model, inputs, phases, fault, expect", [
     ("mlp", 10, "0123456789", "0", "swapped-in,merge-validated"),
     ("mlp", 10, "0123456789", "1", "rollback"),  # the fused unit is broken
-    ("moe", 48, "012|789", "0", "merge-validated,defuse-planned"),  # hot, then cold
+    ("moe", 48, "0167|59", "0", "merge-validated,defuse-planned"),  # hot, then cold
     # one expert hot: a speculative merge across the gate's branch, then misses
     ("moe", 40, "6|0123456789", "0", "speculate-validated,defuse-planned"),
 ])

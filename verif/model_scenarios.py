@@ -68,6 +68,7 @@ def adaptive_vs_golden(device, config, seed):
     """
     from host.adaptive import AdaptiveConfig, AdaptiveRuntime
     from host.adaptive.faults import corrupt_requant
+    from host.adaptive.profiler import ProfilerConfig
     from host.datasets import class_mix_stream
 
     name = os.environ.get("NPU_MODEL", "mlp")
@@ -76,8 +77,9 @@ def adaptive_vs_golden(device, config, seed):
               for ph in os.environ.get("NPU_PHASES", "0123456789").split("|")]
     fault = corrupt_requant if os.environ.get("NPU_FAULT") == "1" else None
     expect = [k for k in os.environ.get("NPU_EXPECT", "swapped-in").split(",") if k]
+    # Short streams: a faster-fading profile, so phases show within them.
     knobs = AdaptiveConfig(async_compile=False, warmup=4, decide_every=2, validate_runs=2,
-                           settle=6)
+                           settle=6, profiler=ProfilerConfig(decay=0.9))
     graph = load_onnx(model_path(name))
     rt = AdaptiveRuntime(NPUDriver(device), graph, knobs, fault=fault)
     rt.load()
