@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -130,7 +131,7 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     state = None if opts.fresh or opts.no_cache else load_state(saved)
     rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check),
                          cache=cache, state=state, on_event=lambda e: console.print(
-                             f"[cyan]{e}", highlight=False, soft_wrap=True))
+                             f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
     rt.load()
     batch, labels = phase_inputs(rt.graph, opts) if opts.phases else load_inputs(rt.graph, opts)
     console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU with the adaptive "
@@ -178,6 +179,8 @@ def report(model, results, labels, console: Console):
     cost = CostModel(model.config)
     runs: dict[int, list] = {}
     for r in results:
+        if any(isinstance(p, str) for p in getattr(r, "plan", ())):
+            continue  # a batch variant's run: its regions are not the plan's units
         for t in r.trace:
             runs.setdefault(t.region, []).append(t)
     table = Table("unit", "nodes", "runs", "cycles", "predicted", "MACs", "DRAM rd", "DRAM wr",

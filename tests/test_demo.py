@@ -7,10 +7,19 @@ from host import demo
 
 
 def test_demo_serves_the_gated_moe_adaptively(capsys, tmp_path, monkeypatch):
+    """Batches of 8 (the default): routed batch variants, and the speedup line."""
     monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path))
     assert demo.main(["--backend", "golden", "--digits", "40"]) == 0
     out = capsys.readouterr().out
     assert "moe on the golden NPU with the adaptive runtime" in out
     assert "40/40 results equal the reference interpreter" in out
-    assert "swapped-in" in out and "validated" in out
+    assert "specialized" in out and "route8[" in out and "speedup:" in out
     assert (tmp_path / "reports" / "moe-default.json").exists()
+
+
+def test_demo_one_at_a_time_fuses_and_swaps(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path))
+    assert demo.main(["--backend", "golden", "--digits", "40", "--batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "40/40 results equal the reference interpreter" in out
+    assert "swapped-in" in out and "validated" in out

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from firmware.config import NPUConfig
@@ -45,7 +46,16 @@ def stream_figures(results) -> dict:
     """Per-inference figures of an adaptive run (JSON-ready lists and summaries)."""
     cycles = [int(r.cycles) for r in results]
     half = len(cycles) // 2
+    # The baseline: inferences on the plan the stream started with (warm ones:
+    # the first run fills the tags), measured in the same run.
+    first = results[0].plan if results else ()
+    base = [c for r, c in zip(results[1:], cycles[1:], strict=True) if r.plan == first]
+    spec = [r.speculation for r in results if getattr(r, "speculation", "")]
     return {
+        "initial_plan_cycles": float(np.mean(base)) if base else None,
+        "speedup_second_half_over_initial": (float(np.mean(base) / np.mean(cycles[half:]))
+                                             if base and cycles[half:] else None),
+        "misspeculation_rate": spec.count("miss") / len(spec) if spec else None,
         "cycles": cycles,
         "dram_bytes": [int(r.counters["dram_read_bytes"] + r.counters["dram_write_bytes"])
                        for r in results],
@@ -95,19 +105,26 @@ def print_report(rep: dict, console: Console) -> None:
                 f"{100 * spec['threshold']:.0f}%")
         if spec.get("active"):
             a = spec["active"]
-            line += (f"; betting on {a['branch']} (unit {a['unit']}): hit rate "
+            line += (f"; betting on {escape(a['branch'])} (unit {a['unit']}): hit rate "
                      f"{100 * a['hit_rate']:.0f}%, break-even {100 * a['break_even']:.0f}%")
         console.print(line, highlight=False)
     if rep.get("batch_variants"):
-        console.print("batch variants: " + ", ".join(
-            f"B={b}: {v}" for b, v in rep["batch_variants"].items()), highlight=False)
+        console.print(escape("batch variants: " + ", ".join(
+            f"B={b}: {v}" for b, v in rep["batch_variants"].items())), highlight=False)
     fig = rep.get("stream")
     if fig and fig["cycles"]:
         console.print(
             f"cycles per inference: {fig['mean_cycles_first_half']:.0f} (first half), "
-            f"{fig['mean_cycles_second_half']:.0f} (second half); host overhead "
+            f"{fig['mean_cycles_second_half']:.0f} (second half); host time "
             f"{np.mean(fig['host_ms']):.1f} ms per inference; {fig['checked']}/"
             f"{len(fig['cycles'])} results equal the reference", highlight=False)
+        if fig.get("initial_plan_cycles"):
+            line = (f"[bold]speedup: {fig['speedup_second_half_over_initial']:.2f}x[/] "
+                    f"(second half {fig['mean_cycles_second_half']:.0f} cycles per inference "
+                    f"vs {fig['initial_plan_cycles']:.0f} on the initial plan)")
+            if fig.get("misspeculation_rate") is not None:
+                line += f"; mis-speculation rate {100 * fig['misspeculation_rate']:.1f}%"
+            console.print(line, highlight=False)
     quarantined = [u for u in rep["units"] if u["state"] == "quarantined"]
     for u in quarantined:
         console.print(f"[red]unit {u['id']} quarantined: {u['history'][-1]['reason']}")

@@ -27,6 +27,8 @@ from ..reference import eval_node, to_external, to_internal
 from .specialize import SpecializationError, batch_graph
 from .speculate import Leaf, hoist, leaves
 
+ROUTED_REGION = 32768  # the variant's one region (apart from every plan's unit ids)
+
 
 @dataclass
 class RoutedVariant:
@@ -189,7 +191,7 @@ def routed_variant(graph: Graph, config: NPUConfig, bet: list[Leaf], batch: int,
     passes its cache).
     """
     hoisted, batched = routed_graph(graph, bet, batch)
-    units = [Subgraph(1, [n.name for n in batched.nodes if n.device == "npu"])]
+    units = [Subgraph(ROUTED_REGION, [n.name for n in batched.nodes if n.device == "npu"])]
     compile_fn = compile_fn or (lambda g, u: compile_model(g, config, u, simplified=True))
     return RoutedVariant(compile_fn(batched, units), batch, hoisted, tuple(bet))
 
