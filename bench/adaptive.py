@@ -308,7 +308,7 @@ def plot(raw: dict, path: Path) -> Path:
     ax.set_xlabel("inference (phases: " + " | ".join(raw["phases"]) + "; green: swap, "
                   "purple: de-fuse planned)")
     ax.set_ylabel("NPU cycles")
-    ax.set_title(f"{MODEL}: cycles per inference under three plans")
+    ax.set_title(f"{MODEL}: cycles per inference, one at a time and {BATCH} per call")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
