@@ -32,7 +32,7 @@ from ..compiler import CompiledModel, compile_model
 from ..compiler.cost import CostModel
 from ..compiler.plan import CompileError, initial_units, simplify
 from ..driver import NPUDriver
-from ..ir import ArgMax, Equal, Graph, Subgraph
+from ..ir import Graph, Subgraph
 from ..reference import run_reference
 from ..runtime import Inference, MismatchError, Session
 from .batching import BatchServing
@@ -40,7 +40,7 @@ from .cache import CompileCache
 from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
 from .records import AdaptiveInference, RuntimeEvent, mismatch
-from .speculate import Leaf, hoist, leaves
+from .speculate import Bet, Leaf, SpecCandidate, gate_unit, hoist, leaves
 from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
 
 COST_SAMPLES = 512  # measured regions the cost model refits on (most recent)
@@ -114,7 +114,7 @@ class _Change:
     plan: list[Subgraph]
     reason: str
     graph: Graph | None = None  # the graph the plan compiles (None: the current one)
-    bet: _Bet | None = None
+    bet: Bet | None = None
     future: Future | None = None
     model: CompiledModel | None = None
     error: str | None = None
@@ -126,74 +126,7 @@ class _Validation:
     change: _Change
     previous: CompiledModel
     left: int
-    bet: _Bet | None = None  # the bet running before the change
-
-
-@dataclass
-class _Bet:
-    """A speculative unit's wager and its record (decayed and total)."""
-
-    unit: Unit
-    leaf: Leaf
-    before: float  # cycles of the gate's and the branch's units before the merge
-    gate_before: float  # cycles of the gate's unit alone
-    estimated_waste: float
-    top: frozenset = frozenset()  # region ids outside the branches (a hit runs only these)
-    bets: float = 0.0
-    losses: float = 0.0
-    total: int = 0
-    lost: int = 0
-    since: int = 0
-    hit_cycles: float | None = None  # decayed mean cycles of the merged region
-    miss_cycles: float | None = None
-
-    @property
-    def hit_rate(self) -> float:
-        return 1.0 - self.losses / self.bets if self.bets else 1.0
-
-    @property
-    def gain(self) -> float | None:
-        """Measured cycles a hit saves (None before the first hit)."""
-        return None if self.hit_cycles is None else self.before - self.hit_cycles
-
-    @property
-    def waste(self) -> float:
-        """Measured cycles a miss wastes (the estimate before the first miss)."""
-        if self.miss_cycles is None:
-            return self.estimated_waste
-        return max(0.0, self.miss_cycles - self.gate_before)
-
-    @property
-    def break_even(self) -> float:
-        """The hit rate below which the bet costs more than it saves (measured)."""
-        gain = self.gain
-        if gain is None:
-            return 0.0
-        if gain <= 0:
-            return 1.0
-        return self.waste / (self.waste + gain)
-
-
-@dataclass
-class SpecCandidate(Candidate):
-    """A speculative merge: the gate's unit and the predicted branch's units.
-
-    Members (beyond :class:`~.fusion.Candidate`)
-    -------
-    leaf : the predicted branch body.
-    probability : how often the gate's unit is followed by that branch.
-    hit_gain, waste : estimated cycles a hit saves and a miss wastes.
-    """
-
-    leaf: Leaf | None = None
-    probability: float = 0.0
-    hit_gain: float = 0.0
-    waste: float = 0.0
-
-    def describe(self) -> str:
-        return (f"bet on {self.leaf.describe()} after unit {self.chain[0]}: taken "
-                f"{100 * self.probability:.0f}%; a hit saves ~{self.hit_gain:.0f} cycles "
-                f"(estimate), a miss wastes ~{self.waste:.0f} (measured cycles of the branch)")
+    bet: Bet | None = None  # the bet running before the change
 
 
 class AdaptiveRuntime(BatchServing):
@@ -226,7 +159,7 @@ class AdaptiveRuntime(BatchServing):
         self.on_event, self.fault = on_event, fault
         self.graph, self.simplify_log = simplify(graph)
         self.spec_threshold = self.config.spec_threshold
-        self.bet: _Bet | None = None
+        self.bet: Bet | None = None
         self.bets_total = self.misspeculations = 0
         self.break_even: dict[Leaf, float] = {}  # measured, from bets that stopped paying
         self.warm_cycles: dict[int, float] = {}  # region -> decayed mean of warm runs
@@ -430,7 +363,7 @@ class AdaptiveRuntime(BatchServing):
         if isinstance(best, SpecCandidate):
             unit = self.units.merged(best.chain, self.n, best.describe(), kind=SPECULATIVE)
             stats = [self.warm_cycles[uid] for uid in best.chain]
-            bet = _Bet(unit, best.leaf, sum(stats), stats[0], best.waste)
+            bet = Bet(unit, best.leaf, sum(stats), stats[0], best.waste)
             self.break_even.pop(best.leaf, None)
             self._submit(_Change("speculate", unit, self.units.plan_with(unit),
                                  best.describe(), graph=hoist(self.model.graph, best.leaf),
@@ -469,7 +402,7 @@ class AdaptiveRuntime(BatchServing):
         active = self.units.active()
         owner = {n: u for u in active for n in u.nodes}
         for leaf in leaves(g):
-            gate = _gate_unit(g, leaf, owner)
+            gate = gate_unit(g, leaf, owner)
             body = [u for u in active if set(u.nodes) <= set(leaf.npu_nodes)]
             if gate is None or {n for u in body for n in u.nodes} != set(leaf.npu_nodes):
                 continue
@@ -727,15 +660,3 @@ class AdaptiveRuntime(BatchServing):
             "events": [e.as_dict() for e in self.events],
             "profiler": self.profiler.snapshot(),
         }
-
-
-def _gate_unit(g: Graph, leaf: Leaf, owner: dict) -> Unit | None:
-    """The active unit holding the ArgMax whose result decides ``leaf``'s top If."""
-    top = g.node(leaf.top_if)
-    prod = {o: n for n in g.nodes for o in n.outputs}
-    n = prod.get(top.inputs[0])
-    while n is not None and isinstance(n, Equal):
-        n = prod.get(n.inputs[0])
-    if isinstance(n, ArgMax) and n.name in owner:
-        return owner[n.name]
-    return None

@@ -24,7 +24,9 @@ import copy
 from dataclasses import dataclass
 
 from ..compiler.plan import CompileError
-from ..ir import Equal, Graph, If
+from ..ir import ArgMax, Equal, Graph, If
+from .fusion import Candidate
+from .units import Unit
 
 
 @dataclass(frozen=True)
@@ -93,3 +95,97 @@ def hoist(graph: Graph, leaf: Leaf) -> Graph:
     except Exception as e:  # a hoisted node needs something only its branch defines
         raise CompileError(f"cannot hoist {leaf.describe()}: {e}") from e
     return g
+
+
+# ---- bets (the runtime's record of a speculative merge) ------------------------------
+
+
+@dataclass
+class Bet:
+    """A speculative unit's wager and its record (decayed and total).
+
+    Members
+    -------
+    unit : the speculative unit; leaf : the branch it bets on.
+    before, gate_before : warm cycles of the gate's and the branch's units before
+        the merge, and of the gate's unit alone.
+    estimated_waste : the branch's cycles (what a miss wastes, until measured).
+    top : region ids outside the branches (a hit runs only these).
+    bets, losses : decayed counts; total, lost : plain counts.
+    since : the inference it was swapped in at.
+    hit_cycles, miss_cycles : decayed mean cycles of its region on hits and misses.
+    """
+
+    unit: Unit
+    leaf: Leaf
+    before: float  # cycles of the gate's and the branch's units before the merge
+    gate_before: float  # cycles of the gate's unit alone
+    estimated_waste: float
+    top: frozenset = frozenset()  # region ids outside the branches (a hit runs only these)
+    bets: float = 0.0
+    losses: float = 0.0
+    total: int = 0
+    lost: int = 0
+    since: int = 0
+    hit_cycles: float | None = None  # decayed mean cycles of the merged region
+    miss_cycles: float | None = None
+
+    @property
+    def hit_rate(self) -> float:
+        return 1.0 - self.losses / self.bets if self.bets else 1.0
+
+    @property
+    def gain(self) -> float | None:
+        """Measured cycles a hit saves (None before the first hit)."""
+        return None if self.hit_cycles is None else self.before - self.hit_cycles
+
+    @property
+    def waste(self) -> float:
+        """Measured cycles a miss wastes (the estimate before the first miss)."""
+        if self.miss_cycles is None:
+            return self.estimated_waste
+        return max(0.0, self.miss_cycles - self.gate_before)
+
+    @property
+    def break_even(self) -> float:
+        """The hit rate below which the bet costs more than it saves (measured)."""
+        gain = self.gain
+        if gain is None:
+            return 0.0
+        if gain <= 0:
+            return 1.0
+        return self.waste / (self.waste + gain)
+
+
+@dataclass
+class SpecCandidate(Candidate):
+    """A speculative merge: the gate's unit and the predicted branch's units.
+
+    Members (beyond :class:`~.fusion.Candidate`)
+    -------
+    leaf : the predicted branch body.
+    probability : how often the gate's unit is followed by that branch.
+    hit_gain, waste : estimated cycles a hit saves and a miss wastes.
+    """
+
+    leaf: Leaf | None = None
+    probability: float = 0.0
+    hit_gain: float = 0.0
+    waste: float = 0.0
+
+    def describe(self) -> str:
+        return (f"bet on {self.leaf.describe()} after unit {self.chain[0]}: taken "
+                f"{100 * self.probability:.0f}%; a hit saves ~{self.hit_gain:.0f} cycles "
+                f"(estimate), a miss wastes ~{self.waste:.0f} (measured cycles of the branch)")
+
+
+def gate_unit(g: Graph, leaf: Leaf, owner: dict) -> Unit | None:
+    """The active unit holding the ArgMax whose result decides ``leaf``'s top If."""
+    top = g.node(leaf.top_if)
+    prod = {o: n for n in g.nodes for o in n.outputs}
+    n = prod.get(top.inputs[0])
+    while n is not None and isinstance(n, Equal):
+        n = prod.get(n.inputs[0])
+    if isinstance(n, ArgMax) and n.name in owner:
+        return owner[n.name]
+    return None
