@@ -20,14 +20,17 @@ from firmware.config import CONFIGS, NPUConfig
 PROFILES: dict[str, NPUConfig] = {
     "default": CONFIGS["default"],
     "small": CONFIGS["small"],
-    # FPGA boards. Provisional until the FPGA issue (#7) builds these tops and
-    # confirms what fits: the numbers below are the planned builds.
-    # ULX3S, ECP5 LFE5U-85F: the default 8x8 array and 64 KiB scratchpad (it is
-    # the default build, so profile_name() reports it as "default").
+    # FPGA boards: the builds of hdl/boards/ulx3s.py and hdl/boards/icebreaker.py
+    # (tests/test_boards.py checks these stay equal; docs/fpga.md says why each is so).
+    # ULX3S, ECP5 LFE5U-85F: the default 8x8 array and 64 KiB scratchpad (it is the
+    # default build, so profile_name() reports it as "default").
     "ulx3s": NPUConfig(rows=8, cols=8, sp_bytes=64 * 1024),
-    # iCEBreaker, iCE40 UP5K: 4x4 array, the 32 KiB scratchpad in SPRAM (4 banks).
-    "icebreaker": NPUConfig(rows=4, cols=4, sp_bytes=32 * 1024, sp_banks=4, acc_rows=256,
-                            partitions=4, tag_slots=8, imem_depth=512, trace_depth=32),
+    # iCEBreaker, iCE40 UP5K: the smallest build every bundled model compiles for
+    # (4x4 array, 32-bit bus, 6 KiB scratchpad, 320-instruction banks).
+    "icebreaker": NPUConfig(rows=4, cols=4, sp_bytes=6 * 1024, sp_banks=2, acc_rows=64,
+                            partitions=2, pt_sets=1, tag_slots=4, imem_depth=320,
+                            bus_bytes=4, loop_depth=2, region_depth=2, trace_depth=4,
+                            queue_depth=2),
 }
 """Known hardware profiles by name (insertion order: the preferred name first)."""
 

@@ -464,8 +464,8 @@ def test_profile_key_is_stable_and_sensitive():
 def test_profile_database():
     assert set(PROFILES) >= {"default", "small", "ulx3s", "icebreaker"}
     assert profile("small") is CONFIGS["small"] and profile("default") == NPUConfig()
-    ice = profile("icebreaker")
-    assert (ice.rows, ice.cols, ice.sp_bytes, ice.sp_banks, ice.tag_slots) == (4, 4, 32768, 4, 8)
+    ice = profile("icebreaker")  # (tests/test_boards.py ties it to the board's build)
+    assert ice.rows * ice.cols < profile("ulx3s").rows * profile("ulx3s").cols
     assert (profile("ulx3s").rows, profile("ulx3s").sp_bytes) == (8, 65536)
     with pytest.raises(KeyError, match="known profiles: default, small"):
         profile("de10")

