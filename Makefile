@@ -32,7 +32,7 @@ help:
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
-	@echo "make synth    FPGA build (BOARD=ulx3s|icebreaker)"
+	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker; build/synth/BOARD/report.md)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
@@ -61,7 +61,7 @@ regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
-	@echo "synthesis arrives with the FPGA issue (hdl/boards/); nothing to build yet" >&2; exit 1
+	$(PY) -m hdl.boards.synth --board $(BOARD)
 
 lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests bench
