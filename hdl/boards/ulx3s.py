@@ -142,6 +142,8 @@ class ULX3STop(Elaboratable):
         m.domains.sync = ClockDomain("sync")
         m.d.comb += ClockSignal("sync").eq(clk)
         m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
+        # nextpnr also derives this from the oscillator's constraint and the PLL setting
+        # (the net may be renamed by synthesis, which nextpnr then warns about).
         platform.add_clock_constraint(clk, self.clk_freq)
 
         m.submodules.soc = soc = self.soc
