@@ -15,13 +15,12 @@ device).
 
 from __future__ import annotations
 
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import Elaboratable, Instance, Module, Signal
 from amaranth.lib import io
-from amaranth.lib.cdc import ResetSynchronizer
 
 from firmware.config import NPUConfig
 
-from .soc import BoardSoC, stretch
+from .soc import BoardSoC, clock_and_uart, stretch
 
 __all__ = ["CONFIG", "RAM_BYTES", "CLK_HZ", "BAUD", "FAMILY", "TOOL_OPTIONS", "ICEBreakerTop",
            "make_top", "pll_params", "platform"]
@@ -123,18 +122,8 @@ class ICEBreakerTop(Elaboratable):
             i_RESETB=1, i_BYPASS=0,
             o_PLLOUTGLOBAL=clk, o_LOCK=locked,
         )
-        m.domains.sync = ClockDomain("sync")
-        m.d.comb += ClockSignal("sync").eq(clk)
-        m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
-        # nextpnr also derives this from the oscillator's constraint and the PLL setting
-        # (the net may be renamed by synthesis, which nextpnr then warns about).
-        platform.add_clock_constraint(clk, self.clk_freq)
-
-        m.submodules.soc = soc = self.soc
-        uart = platform.request("uart", 0, dir="-")
-        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
-        m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
-        m.d.comb += [soc.rx.eq(rx.i), tx.o.eq(soc.tx)]
+        soc = self.soc
+        clock_and_uart(m, platform, soc, clk, locked, self.clk_freq)
         m.submodules.led_r = led_r = io.Buffer("o", platform.request("led_r", 0, dir="-"))
         m.submodules.led_g = led_g = io.Buffer("o", platform.request("led_g", 0, dir="-"))
         m.d.comb += [

@@ -125,3 +125,24 @@ def heartbeat(m: Module, clk_freq: int, name: str):
     with m.Else():
         m.d.sync += count.eq(count + 1)
     return beat
+
+
+def clock_and_uart(m: Module, platform, soc: BoardSoC, clk, locked, clk_freq: int) -> None:
+    """What every board top does around its PLL: the sync domain on the PLL's
+    output (held in reset until it locks, constrained to ``clk_freq``) and the
+    board's UART pins wired to the SoC."""
+    from amaranth.hdl import ClockDomain, ClockSignal
+    from amaranth.lib import io
+    from amaranth.lib.cdc import ResetSynchronizer
+
+    m.domains.sync = ClockDomain("sync")
+    m.d.comb += ClockSignal("sync").eq(clk)
+    m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
+    # nextpnr also derives this from the oscillator's constraint and the PLL setting
+    # (the net may be renamed by synthesis, which nextpnr then warns about).
+    platform.add_clock_constraint(clk, clk_freq)
+    m.submodules.soc = soc
+    uart = platform.request("uart", 0, dir="-")
+    m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
+    m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
+    m.d.comb += [soc.rx.eq(rx.i), tx.o.eq(soc.tx)]

@@ -13,13 +13,12 @@ for DRAM (the bundled models need at most ~13 KiB of constants and activations).
 
 from __future__ import annotations
 
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import Elaboratable, Instance, Module, Signal
 from amaranth.lib import io
-from amaranth.lib.cdc import ResetSynchronizer
 
 from firmware.config import NPUConfig
 
-from .soc import BoardSoC, heartbeat, stretch
+from .soc import BoardSoC, clock_and_uart, heartbeat, stretch
 
 __all__ = ["CONFIG", "RAM_BYTES", "CLK_HZ", "BAUD", "FAMILY", "TOOL_OPTIONS", "ULX3STop",
            "make_top", "pll_params", "platform"]
@@ -139,18 +138,8 @@ class ULX3STop(Elaboratable):
             i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0,
             o_CLKOP=clk, o_LOCK=locked,
         )
-        m.domains.sync = ClockDomain("sync")
-        m.d.comb += ClockSignal("sync").eq(clk)
-        m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
-        # nextpnr also derives this from the oscillator's constraint and the PLL setting
-        # (the net may be renamed by synthesis, which nextpnr then warns about).
-        platform.add_clock_constraint(clk, self.clk_freq)
-
-        m.submodules.soc = soc = self.soc
-        uart = platform.request("uart", 0, dir="-")
-        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
-        m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
-        m.d.comb += [soc.rx.eq(rx.i), tx.o.eq(soc.tx)]
+        soc = self.soc
+        clock_and_uart(m, platform, soc, clk, locked, self.clk_freq)
 
         leds = []
         for i in (0, 1, 6, 7):
