@@ -611,20 +611,16 @@ def speculative_plans(graph: Graph, limit: int = 64
     gate's unit (the id the runtime gives it), with every chain merge of the other
     units; at most ``limit`` in all.
     """
-    from .speculate import hoist, leaves
+    from .speculate import gate_unit, hoist, leaves
     from .units import SPEC_BASE
 
     units = [Subgraph(i + 1, u) for i, u in enumerate(initial_units(graph))]
     owner = {n: u for u in units for n in u.nodes}
-    prod = {o: n for n in graph.nodes for o in n.outputs}
     out = []
     for leaf in leaves(graph):
-        n = prod.get(graph.node(leaf.top_if).inputs[0])
-        while n is not None and n.op == "Equal":
-            n = prod.get(n.inputs[0])
-        if n is None or n.op != "ArgMax" or n.name not in owner:
+        gate = gate_unit(graph, leaf, owner)
+        if gate is None:
             continue
-        gate = owner[n.name]
         body = [u for u in units if set(u.nodes) <= set(leaf.npu_nodes)]
         ids = [gate.id] + [u.id for u in body]
         spec = Subgraph(SPEC_BASE + min(ids) * 64 + max(ids),

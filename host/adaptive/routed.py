@@ -73,12 +73,13 @@ class RoutedVariant:
     def finish(self, batched_outputs: dict, inputs_list) -> list[tuple[dict | None, tuple]]:
         """Per input: its graph outputs from the batch's rows (None: a miss, the
         input took a branch outside the bet) and the branch path it took."""
+        index = _index(self.hoisted)  # (once per batch, not per input)
         out = []
         for r, x in enumerate(inputs_list):
             env = {k: to_internal(self.hoisted.tensors[k], x[k]) for k in self.hoisted.inputs}
             for name, v in batched_outputs.items():
                 env[name] = np.asarray(v)[r:r + 1]
-            out.append(_finish_row(self.hoisted, env))
+            out.append(_finish_row(self.hoisted, env, index))
         return out
 
 
@@ -141,16 +142,23 @@ class _Miss(Exception):
     """The input needs an NPU node the batch did not compute (a branch outside the bet)."""
 
 
-def _finish_row(g: Graph, env: dict) -> tuple[dict | None, tuple]:
+def _index(g: Graph) -> tuple[dict, dict]:
+    """(producer of every tensor, every tensor) over all scopes of ``g``."""
+    prod = {o: n for _, n in g.walk() for o in n.outputs}
+    tensors = dict(g.tensors)
+    for _, n in g.walk():
+        if isinstance(n, If):
+            tensors.update(n.then_graph.tensors)
+            tensors.update(n.else_graph.tensors)
+    return prod, tensors
+
+
+def _finish_row(g: Graph, env: dict, index) -> tuple[dict | None, tuple]:
     """The graph outputs of one input, evaluated on demand from ``env`` (the input
     and the batch's rows for it; None when it needs a branch outside the bet), and
     the path of branches it took."""
     path = []
-    prod = {o: n for _, n in g.walk() for o in n.outputs}
-    tensors = {}
-    for sg, _ in [(g, None)] + [(b, None) for _, n in g.walk() if isinstance(n, If)
-                                for b in (n.then_graph, n.else_graph)]:
-        tensors.update(sg.tensors)
+    prod, tensors = index
 
     def value(t: str):
         if t in env:

@@ -179,13 +179,16 @@ class SpecCandidate(Candidate):
                 f"(estimate), a miss wastes ~{self.waste:.0f} (measured cycles of the branch)")
 
 
-def gate_unit(g: Graph, leaf: Leaf, owner: dict) -> Unit | None:
-    """The active unit holding the ArgMax whose result decides ``leaf``'s top If."""
-    top = g.node(leaf.top_if)
+def routing_argmax(g: Graph, leaf: Leaf) -> ArgMax | None:
+    """The ArgMax whose result decides ``leaf``'s top If (through Equal), if any."""
     prod = {o: n for n in g.nodes for o in n.outputs}
-    n = prod.get(top.inputs[0])
+    n = prod.get(g.node(leaf.top_if).inputs[0])
     while n is not None and isinstance(n, Equal):
         n = prod.get(n.inputs[0])
-    if isinstance(n, ArgMax) and n.name in owner:
-        return owner[n.name]
-    return None
+    return n if isinstance(n, ArgMax) else None
+
+
+def gate_unit(g: Graph, leaf: Leaf, owner: dict) -> Unit | None:
+    """The unit (of ``owner``: node -> unit) holding ``leaf``'s routing ArgMax."""
+    n = routing_argmax(g, leaf)
+    return owner.get(n.name) if n is not None else None
