@@ -57,6 +57,20 @@ class Candidate:
                 + f"; ~{self.score:.0f} cycles/inference")
 
 
+_FACTS: list = []  # (model, facts) of the last model asked about (one per plan)
+
+
+def _graph_facts(model: CompiledModel) -> tuple[dict, dict, dict]:
+    """(readers, producer names, tensors) of a plan's graph, computed once per plan:
+    every candidate of every decision asks for them."""
+    if _FACTS and _FACTS[0][0] is model:
+        return _FACTS[0][1]
+    facts = (_consumers(model), {o: n.name for _, n in model.graph.walk() for o in n.outputs},
+             scope_tensors(model.graph))
+    _FACTS[:] = [(model, facts)]
+    return facts
+
+
 def _consumers(model: CompiledModel) -> dict[str, list[str]]:
     """Tensor (alias roots resolved) -> names of the nodes reading it ('@out' for
     graph and branch outputs)."""
@@ -87,9 +101,7 @@ def _consumers(model: CompiledModel) -> dict[str, list[str]]:
 def locality(model: CompiledModel, units: UnitGraph, chain) -> tuple[int, int]:
     """(bytes, transfers) per run that a merge of ``chain`` keeps off DRAM."""
     inside = {n for uid in chain for n in units[uid].nodes}
-    readers = _consumers(model)
-    prod = {o: n.name for _, n in model.graph.walk() for o in n.outputs}
-    tensors = scope_tensors(model.graph)
+    readers, prod, tensors = _graph_facts(model)
     owner = {n: uid for uid in chain for n in units[uid].nodes}
     saved_bytes = saved_transfers = 0
     for t in model.place.arena:
