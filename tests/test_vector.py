@@ -130,7 +130,8 @@ def test_long_rows(seed):
     st.set_cfg(CfgField.POOL_STRIDE, 5)
     st.set_cfg(CfgField.POOL_ISTRIDE, 0)
     a = st.region(700)
-    st.cmds.append(command(VectorOp.MAX, a=a, d=st.region(600, avoid=[(a, 700)]), m=2, n=600))
+    # two dense rows of 600: the destination spans 1200 bytes
+    st.cmds.append(command(VectorOp.MAX, a=a, d=st.region(1200, avoid=[(a, 700)]), m=2, n=600))
     st.set_cfg(CfgField.POOL_COUNT, 255)  # the longest window
     st.set_cfg(CfgField.POOL_STRIDE, 1)
     w = st.region(300)
