@@ -28,15 +28,19 @@ from .ports import (
 __all__ = ["ProcessingElement", "GemmEngine"]
 
 PSUM_BITS = 32
+PE_STAGES = 3
+"""Cycles from a cell's activation input to its partial-sum output."""
 
 
 class ProcessingElement(wiring.Component):
     """One multiply-accumulate cell of the array, holding two weights.
 
     Every cycle the cell forwards its activation (and the weight bank that goes with
-    it) to the right and ``psum_in + a_in * w[sel_in]`` downwards, both registered.
-    The weight bank travels with each activation, so rows of different gemms using
-    different banks can be in the array at the same time.
+    it) to the right, one cycle later, and ``psum_in + a_in * w[sel_in]`` downwards,
+    :data:`PE_STAGES` cycles later: the cell below, which sees the same activation
+    row one cycle later, adds it in its last stage. The weight bank travels with each
+    activation, so rows of different gemms using different banks can be in the array
+    at the same time.
 
     Members
     -------
@@ -45,13 +49,14 @@ class ProcessingElement(wiring.Component):
     sel_in : In(1)
         Weight bank to multiply ``a_in`` with.
     psum_in : In(signed(32))
-        Partial sum from the cell above (0 in the top row).
+        Partial sum from the cell above (0 in the top row), read ``PE_STAGES - 1``
+        cycles after the ``a_in`` it goes with.
     a_out : Out(signed(8))
         ``a_in``, one cycle later.
     sel_out : Out(1)
         ``sel_in``, one cycle later.
     psum_out : Out(signed(32))
-        ``psum_in + a_in * w[sel_in]`` (wrapping), one cycle later.
+        ``psum_in + a_in * w[sel_in]`` (wrapping), ``PE_STAGES`` cycles after ``a_in``.
     w_we : In(2)
         Write ``w_data`` into weight bank ``b`` when bit ``b`` is set; the new weight
         is used from the next cycle on.
@@ -74,12 +79,21 @@ class ProcessingElement(wiring.Component):
         for b in range(2):
             with m.If(self.w_we[b]):
                 m.d.sync += w[b].eq(self.w_data)
-        weight = Mux(self.sel_in, w[1], w[0])
+        # Three stages, so that no path holds more than one of: the weight-bank mux,
+        # the multiplier (a DSP block, often far from the cell's logic), the adder.
+        # The partial sum from above is read in the third, which is exactly when the
+        # cell above (one cycle ahead on the same activation row) presents it.
+        a_q = Signal(signed(8))
+        w_q = Signal(signed(8))
+        prod = Signal(signed(16))  # int8 x int8 fits 16 bits
         m.d.sync += [
+            a_q.eq(self.a_in),
+            w_q.eq(Mux(self.sel_in, w[1], w[0])),
+            prod.eq(a_q * w_q),
             self.a_out.eq(self.a_in),
             self.sel_out.eq(self.sel_in),
-            # int8 x int8 fits 16 bits; the 32-bit sum wraps like the golden model's.
-            self.psum_out.eq(self.psum_in + self.a_in * weight),
+            # the 32-bit sum wraps like the golden model's
+            self.psum_out.eq(self.psum_in + prod),
         ]
         return m
 
@@ -145,7 +159,7 @@ class GemmEngine(wiring.Component):
         if not isinstance(config, NPUConfig):
             raise TypeError(f"config must be an NPUConfig, not {config!r}")
         self.config = config
-        self.latency = config.rows + config.cols
+        self.latency = config.rows + config.cols + PE_STAGES - 1
         super().__init__({
             "cmd": In(command_stream(array_command_layout(config))),
             "sp": Out(sp_window_signature(config)),
@@ -227,9 +241,16 @@ class GemmEngine(wiring.Component):
         wl_start = Signal()
         wl_resp = Signal()
         wl_done = Signal()
-        # The loader's last read is granted: a swap gemm may start streaming in the next
-        # cycle, since its rows reach weight row r no earlier than that row is written.
+        # The loader's last read is granted (``wl_issued``). A swap gemm may start
+        # streaming in the cycle after ``wl_released``: its rows reach weight row r no
+        # earlier than that row is written. Rows are written two cycles after their
+        # read is granted (the write enables fan out to every cell: registered), which
+        # the skew hides when k >= 2; a single row is read by the gemm's first
+        # activation at once, so a one-row wload releases one cycle after its read.
         wl_issued = Signal()
+        wl_issued_q = Signal()
+        wl_released = Signal()
+        m.d.comb += wl_released.eq(Mux(wl_k == 1, wl_issued_q, wl_issued))
         wl_pending = Signal()  # reads still to be issued
         m.d.comb += [
             wl_start.eq(wl_busy & ~wl_started & bank_free(wl_bank)),
@@ -255,7 +276,7 @@ class GemmEngine(wiring.Component):
             m.d.sync += [
                 front.eq(bank),
                 nxt_valid.eq(1),
-                nxt_wait.eq(p.swap & wl_pending & ~wl_issued),
+                nxt_wait.eq(p.swap & wl_pending & ~wl_released),
                 nxt_bank.eq(bank),
                 nxt_sp.eq(p.sp),
                 nxt_stride.eq(p.stride),
@@ -265,7 +286,7 @@ class GemmEngine(wiring.Component):
                 nxt_accum.eq(p.accumulate),
                 nxt_kn.eq(p.k * p.n),
             ]
-        with m.Elif(wl_issued):
+        with m.Elif(wl_released):
             m.d.sync += nxt_wait.eq(0)
 
         # ---- scratchpad arbitration ---------------------------------------------------
@@ -297,7 +318,8 @@ class GemmEngine(wiring.Component):
             gs_fire.eq(fire & ~sel_wl),
             wl_issued.eq((wl_fire & (wl_left == 1)) | (wl_start & (wl_k == 0))),
         ]
-        m.d.sync += [held.eq(sp.valid & ~sp.ready), held_wl.eq(sel_wl)]
+        m.d.sync += [held.eq(sp.valid & ~sp.ready), held_wl.eq(sel_wl),
+                     wl_issued_q.eq(wl_issued)]
 
         resp_wl = Signal()
         resp_gs = Signal()
@@ -315,17 +337,21 @@ class GemmEngine(wiring.Component):
         with m.If(wl_done):
             m.d.sync += wl_busy.eq(0)
         # Row r of the shadow bank: cleared at the start when r >= k, else written from
-        # its response (columns >= n as zero). The two never fall in the same cycle.
+        # its response (columns >= n as zero), one cycle later. The two never fall in
+        # the same cycle.
         row_we = [Signal(name=f"w_row_we{r}") for r in range(R)]
         col_data = [Signal(signed(8), name=f"w_col{c}") for c in range(C)]
+        w_bank = Signal()
+        m.d.sync += w_bank.eq(wl_bank)
         for r in range(R):
-            m.d.comb += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_row == r)))
+            m.d.sync += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_row == r)))
         for c in range(C):
-            m.d.comb += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(c), 0))
+            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(c), 0))
 
         # ---- gemm streamer --------------------------------------------------------------
         last_fire = gs_fire & (cur_rows == 1)
-        m.d.comb += promote.eq(nxt_valid & ~(nxt_wait & ~wl_issued) & (~cur_busy | last_fire))
+        m.d.comb += promote.eq(nxt_valid & ~(nxt_wait & ~wl_released)
+                               & (~cur_busy | last_fire))
         r_acc = Signal(AB)
         r_accum = Signal()
         r_n = Signal(range(C + 1))
@@ -391,12 +417,13 @@ class GemmEngine(wiring.Component):
                     cell.a_in.eq(a_in),
                     cell.sel_in.eq(s_in),
                     cell.psum_in.eq(0 if r == 0 else pe[r - 1][c].psum_out),
-                    cell.w_we.eq(Mux(wl_bank, 0b10, 0b01) & row_we[r].replicate(2)),
+                    cell.w_we.eq(Mux(w_bank, 0b10, 0b01) & row_we[r].replicate(2)),
                     cell.w_data.eq(col_data[c]),
                 ]
 
         # Column c leaves the array c cycles after column 0: delay the early columns so a
-        # whole output row is ready together, rows + cols - 1 cycles after it entered.
+        # whole output row is ready together, rows + cols + PE_STAGES - 2 cycles after
+        # it entered.
         out = []
         for c in range(C):
             v = pe[R - 1][c].psum_out
@@ -411,7 +438,7 @@ class GemmEngine(wiring.Component):
             "valid": 1, "last": 1, "accumulate": 1,
             "acc": AB, "n": range(C + 1), "kn": range(R * C + 1),
         })
-        depth = R + C - 1
+        depth = R + C + PE_STAGES - 2
         meta = [Signal(meta_layout, name="meta_in")]
         m.d.comb += [
             meta[0].valid.eq(gs_resp),
@@ -453,7 +480,7 @@ class GemmEngine(wiring.Component):
             ]
 
         # ---- status ----------------------------------------------------------------------
-        inflight = Signal(range(R + C + 4))  # granted gemm rows not yet written
+        inflight = Signal(range(self.latency + 4))  # granted gemm rows not yet written
         m.d.sync += inflight.eq(inflight + gs_fire - wr.valid)
         m.d.comb += [
             self.gemm_done.eq(wr.valid & wr.last),
