@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
@@ -57,8 +57,8 @@ CFG_SHAPES = {
 # refused. Three entries sustain one read per cycle; the scratchpad queues are
 # deeper so that one of the two ADD sources can run up to three windows ahead of
 # the other, off the banks the other one needs.
-_ACC_QUEUE_DEPTH = 3
-_SP_QUEUE_DEPTH = 6
+_ACC_QUEUE_DEPTH = 4
+_SP_QUEUE_DEPTH = 7
 
 
 class _Walker:
@@ -289,9 +289,9 @@ class VectorUnit(wiring.Component):
         })
         qa_layout = data.StructLayout({"data": W * 8, "tag": tag_layout})
         qacc_layout = data.StructLayout({"data": C * 32, "tag": tag_layout})
-        m.submodules.qa = qa = SyncFIFO(width=qa_layout.size, depth=_SP_QUEUE_DEPTH)
-        m.submodules.qacc = qacc = SyncFIFO(width=qacc_layout.size, depth=_ACC_QUEUE_DEPTH)
-        m.submodules.qb = qb = SyncFIFO(width=W * 8, depth=_SP_QUEUE_DEPTH)
+        m.submodules.qa = qa = SyncFIFOBuffered(width=qa_layout.size, depth=_SP_QUEUE_DEPTH)
+        m.submodules.qacc = qacc = SyncFIFOBuffered(width=qacc_layout.size, depth=_ACC_QUEUE_DEPTH)
+        m.submodules.qb = qb = SyncFIFOBuffered(width=W * 8, depth=_SP_QUEUE_DEPTH)
 
         wa = _Walker("ra", aw, W)
         wb = _Walker("rb", spb, W)
@@ -397,18 +397,28 @@ class VectorUnit(wiring.Component):
         m.d.comb += [qa.r_en.eq(take & qa.r_rdy), qacc.r_en.eq(take & ~qa.r_rdy),
                      qb.r_en.eq(take & is_add)]
 
-        # Per-command constants of the arithmetic path.
+        # Per-command constants of the arithmetic path, registered: they change only
+        # when a command is accepted (the pipeline is empty then) and its first
+        # operands reach S2 cycles later, so the copy is never stale when used, and
+        # the multipliers start from registers, not from the opcode decoder.
         req, add = op == VectorOp.REQ, is_add
-        coef_a = Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))
-        coef_b = Mux(add, regs[CfgField.ADD_MUL_B], 0)
-        qshift = Mux(req | add, regs[CfgField.QSHIFT], 0)
-        zp = Mux(req | add, regs[CfgField.QZP], 0)
-        lo = Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])
-        hi = Mux(op == VectorOp.MAX, 127, regs[CfgField.CLIP_HI])
+        coef_a = Signal(signed(32))
+        coef_b = Signal(signed(32))
+        qshift = Signal(6)
+        zp, lo, hi = Signal(signed(8)), Signal(signed(8)), Signal(signed(8))
         # (1 << (s-1)) - 1: with bit s of the value added, the floor shift rounds
         # half to even.
         half_m1 = Signal(63)
-        m.d.comb += half_m1.eq(Mux(qshift == 0, 0, (Const(1, 64) << (qshift - 1)[:6]) - 1))
+        shift_now = Mux(req | add, regs[CfgField.QSHIFT], 0)
+        m.d.sync += [
+            coef_a.eq(Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))),
+            coef_b.eq(Mux(add, regs[CfgField.ADD_MUL_B], 0)),
+            qshift.eq(shift_now),
+            zp.eq(Mux(req | add, regs[CfgField.QZP], 0)),
+            lo.eq(Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])),
+            hi.eq(Mux(op == VectorOp.MAX, 127, regs[CfgField.CLIP_HI])),
+            half_m1.eq(Mux(shift_now == 0, 0, (Const(1, 64) << (shift_now - 1)[:6]) - 1)),
+        ]
 
         # S1
         s1_valid, s1_row, s1_am, s1_final = Signal(), Signal(), Signal(), Signal()
@@ -468,29 +478,46 @@ class VectorUnit(wiring.Component):
             self.acc.wmask.eq(Cat(cmd.n > j for j in range(C))),
         ]
 
-        # ARGMAX: reduce the chunk (first lane wins ties) in S1, merge in S2.
+        # ARGMAX: reduce the chunk (first lane wins ties) to two candidates in S1 and to
+        # one in S2, merge it into the running best in S3, so that the comparator tree
+        # is not one long path.
+        def reduce(cands, levels):
+            for _ in range(levels):
+                if len(cands) == 1:
+                    break
+                merged = []
+                for (lv, lval, lidx), (rv, rval, ridx) in zip(cands[0::2], cands[1::2],
+                                                              strict=True):
+                    right = rv & (~lv | (rval > lval))
+                    merged.append((lv | rv, Mux(right, rval, lval), Mux(right, ridx, lidx)))
+                cands = merged
+            return cands
+
+        chunk = tag.k << shift_w
+        half = reduce([(tag.rem > j, a_bytes[j], chunk | j) for j in range(W)],
+                      max(shift_w - 1, 0))
+        pair = [(Signal(name=f"am{i}_valid"), Signal(signed(8), name=f"am{i}_val"),
+                 Signal(N_BITS, name=f"am{i}_idx")) for i in range(len(half))]
+        s2_am, s2_final, s1_first, am_first = Signal(), Signal(), Signal(), Signal()
         am_val = Signal(signed(8))
         am_idx = Signal(N_BITS)
-        am_first = Signal()
         best_val = Signal(signed(8))
         best_idx = Signal(N_BITS)
-        cands = [(tag.rem > j, a_bytes[j], Const(j, shift_w or 1)) for j in range(W)]
-        while len(cands) > 1:
-            merged = []
-            for (lv, lval, lidx), (rv, rval, ridx) in zip(cands[0::2], cands[1::2],
-                                                          strict=True):
-                right = rv & (~lv | (rval > lval))
-                merged.append((lv | rv, Mux(right, rval, lval), Mux(right, ridx, lidx)))
-            cands = merged
         with m.If(move & take):
-            m.d.sync += [am_val.eq(cands[0][1]), am_idx.eq((tag.k << shift_w) | cands[0][2]),
-                         am_first.eq(tag.k == 0)]
+            for (sv, sval, sidx), (hv, hval, hidx) in zip(pair, half, strict=True):
+                m.d.sync += [sv.eq(hv), sval.eq(hval), sidx.eq(hidx)]
+            m.d.sync += s1_first.eq(tag.k == 0)
+        (_, last_val, last_idx), = reduce(pair, 1)
+        with m.If(move):
+            m.d.sync += [s2_am.eq(s1_am), s2_final.eq(s1_final & s1_am)]
+            with m.If(s1_am):
+                m.d.sync += [am_val.eq(last_val), am_idx.eq(last_idx), am_first.eq(s1_first)]
         new_better = am_first | (am_val > best_val)
         new_val = Mux(new_better, am_val, best_val)
         new_idx = Mux(new_better, am_idx, best_idx)
-        with m.If(s1_am & move):
+        with m.If(s2_am & move):
             m.d.sync += [best_val.eq(new_val), best_idx.eq(new_idx)]
-            with m.If(s1_final):
+            with m.If(s2_final):
                 m.d.comb += complete.eq(1)
                 m.d.sync += [self.result.eq(new_idx), self.result_valid.eq(1)]
         with m.If(s1_row & s1_final):
