@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 SEED ?=
 BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth lint docs clean
+.PHONY: help setup test demo sim regress synth synth-blocks lint docs clean
 
 help:
 	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
@@ -33,6 +33,7 @@ help:
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
 	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker; build/synth/BOARD/report.md)"
+	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
@@ -62,6 +63,9 @@ regress: setup
 
 synth: setup
 	$(PY) -m hdl.boards.synth --board $(BOARD)
+
+synth-blocks: setup
+	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))
 
 lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests bench

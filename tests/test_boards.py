@@ -600,6 +600,91 @@ def test_synth_cli_rejects_unknown_board(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+# ---- per-block timing (hdl.boards.blocks) ------------------------------------------------
+
+_CRITICAL_PATH_LOG = """\
+Info: Max frequency for clock 'clk': 39.14 MHz (FAIL at 100.00 MHz)
+Info: Critical path report for clock 'clk' (posedge -> posedge):
+Info:       type curr  total name
+Info:   clk-to-q  0.52  0.52 Source qa.consume_TRELLIS_FF_Q_1.Q
+Info:    routing  1.73  2.26 Net qa.consume[1] (54,7) -> (53,11)
+Info:                          Sink qa.storage.0.4$DPRAM_COMB1.B
+Info:                          Defined in:
+Info:                               /x/site-packages/amaranth/lib/fifo.py:166
+Info:      logic  0.24  2.49 Source qa.storage.0.4$DPRAM_COMB1.F
+Info:    routing  1.39  3.88 Net qa.storage.0.4_DO[1] (53,11) -> (53,8)
+Info:                          Sink c1$CCU2_COMB1.B
+Info:                          Defined in:
+Info:                               /share/lattice/cells_map_trellis.v:108.23-108.24
+Info:      logic  0.45  4.33 Source c1$CCU2_COMB1.FCO
+Info:    routing  0.00  4.33 Net c1_COUT (53,8) -> (53,8)
+Info:                          Sink c2$CCU2_COMB0.FCI
+Info:                          Defined in:
+Info:                               /work/clone/hdl/vector.py:482
+Info:                               /share/lattice/arith_map_ccu2c.v:74.7-80.4
+Info:      logic  0.07  4.40 Source c2$CCU2_COMB0.FCO
+Info:    routing  0.00  4.40 Net c2_COUT (53,8) -> (53,8)
+Info:                          Sink c3$CCU2_COMB0.FCI
+Info:                          Defined in:
+Info:                               /work/clone/hdl/vector.py:482
+Info:      logic  0.26  20.64 Source am_val_DI_LUT4_Z.OFX
+Info:    routing  0.38  21.02 Net am_val_DI (56,3) -> (56,3)
+Info:                          Sink am_val_TRELLIS_FF_Q_6.M
+Info:      setup  0.00  21.02 Source am_val_TRELLIS_FF_Q_6.M
+Info: 8.06 ns logic, 12.96 ns routing
+
+Warning: Max frequency for clock 'clk': 47.58 MHz (FAIL at 100.00 MHz)
+"""
+
+
+def test_block_critical_path_is_summarized_by_source_line():
+    from hdl.boards.blocks import parse_critical_path
+    from hdl.boards.synth import parse_nextpnr_log
+
+    cp = parse_critical_path(_CRITICAL_PATH_LOG)
+    assert cp["from"] == "qa.consume_TRELLIS_FF_Q_1.Q"
+    assert cp["to"] == "am_val_TRELLIS_FF_Q_6.M"
+    assert (cp["delay_ns"], cp["logic_ns"], cp["routing_ns"]) == (21.02, 8.06, 12.96)
+    # consecutive cells from one line are counted; vendor cell libraries are not listed
+    assert cp["sources"] == [["amaranth/lib/fifo.py:166", 1], ["hdl/vector.py:482", 2]]
+    assert parse_nextpnr_log(_CRITICAL_PATH_LOG)["fmax"] == {"clk": (47.58, 100.0)}
+    assert parse_critical_path("Info: Max frequency for clock 'clk': 39.14 MHz") is None
+
+
+def test_block_report_markdown_says_failed_and_where():
+    from firmware.config import NPUConfig
+    from hdl.boards.blocks import parse_critical_path, render_markdown
+
+    row = {"block": "vector", "fmax_mhz": 47.58, "target_mhz": 100.0, "met": False,
+           "lut4": 6824, "ff": 3537, "dsp": 48, "bram": 0, "lutram": 40,
+           "critical_path": parse_critical_path(_CRITICAL_PATH_LOG)}
+    ok = dict(row, block="gemm", fmax_mhz=120.0, met=True, critical_path=None)
+    text = render_markdown([row, ok], NPUConfig())
+    assert "| vector | 47.6 | 100 FAILED |" in text
+    assert "amaranth/lib/fifo.py:166, hdl/vector.py:482 x2" in text
+    assert "| gemm | 120.0 | 100 met |" in text
+
+
+def test_block_cli_rejects_unknown_block(capsys):
+    from hdl.boards.blocks import main
+
+    with pytest.raises(SystemExit):
+        main(["--blocks", "vector,fpu"])
+    assert "unknown block(s) fpu" in capsys.readouterr().err
+
+
+def test_every_timed_block_elaborates():
+    # The tool's block list stays in step with the NPU's blocks and their constructors.
+    from hdl.boards.blocks import BLOCKS, _blocks, block_rtlil
+    from hdl.boards.ulx3s import CONFIG
+
+    factories = _blocks()
+    assert set(factories) == set(BLOCKS)
+    for name in BLOCKS:
+        if name != "npu":  # the whole NPU is elaborated by the board and sim tests
+            assert "module \\top" in block_rtlil(factories[name](CONFIG)), name
+
+
 # ---- the SoC end to end over its UART ------------------------------------------------------
 
 _BIT = 8  # clock cycles per UART bit in the SoC smoke test (clk 1 MHz, 125 kbaud)

@@ -1,0 +1,234 @@
+"""Per-block timing on the ECP5: where the NPU's clock period goes.
+
+``python -m hdl.boards.blocks [--blocks vector,gemm,...] [--freq 100] [--out build/synth]``
+
+Each NPU block is synthesized alone (yosys ``synth_ecp5``) and placed and routed
+out of context on the ULX3S's LFE5U-85F (nextpnr ``--out-of-context``: no IO
+buffers, block ports left unconstrained), so a block's register-to-register fmax
+and its critical path come in minutes instead of the whole board build's hours.
+Paths that cross blocks (a ``ready`` that travels from the scratchpad arbiter into
+a requester's pipeline enable, say) only show in the whole build; this is the
+tool for finding and fixing the long paths inside each block.
+
+Writes ``<out>/blocks/report.json`` and ``report.md``: per block the LUT/FF/DSP/BRAM
+use, the routed fmax against the target, and the critical path summarized by the
+source lines it runs through (``hdl/vector.py:482 x8``), with its logic and
+routing delay. Each block's logs stay in ``<out>/blocks/<block>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from firmware.config import NPUConfig
+
+from .synth import _tool_env, parse_nextpnr_log, parse_yosys_stat
+
+__all__ = ["BLOCKS", "block_rtlil", "parse_critical_path", "time_block", "render_markdown", "main"]
+
+DEVICE = ("--85k", "--package", "CABGA381", "--speed", "6")
+"""The ULX3S's ECP5 (the board build's device)."""
+
+
+def _blocks() -> dict[str, Callable[[NPUConfig], object]]:
+    # Imported lazily: the module is importable (and its parsers testable) without
+    # elaborating anything.
+    from hdl.accumulator import Accumulator
+    from hdl.array import GemmEngine
+    from hdl.csr import CSRBlock
+    from hdl.dma import DMA
+    from hdl.imem import InstructionMemory
+    from hdl.partition import PartitionTable
+    from hdl.perf import PerfCounters, TraceFIFO
+    from hdl.queues import ComputeQueue, LoadQueue, StoreQueue
+    from hdl.scratchpad import Scratchpad
+    from hdl.sequencer import NUM_CHECKS, Sequencer
+    from hdl.tags import TagStore
+    from hdl.top import NPU, SP_PORTS
+    from hdl.vector import VectorUnit
+    return {
+        "gemm": GemmEngine, "vector": VectorUnit, "sequencer": Sequencer,
+        "scratchpad": lambda c: Scratchpad(c, ports=len(SP_PORTS)), "dma": DMA,
+        "csr": CSRBlock, "load_queue": LoadQueue, "compute_queue": ComputeQueue,
+        "store_queue": StoreQueue, "partition": lambda c: PartitionTable(c, checks=NUM_CHECKS),
+        "tags": TagStore, "accumulator": Accumulator, "counters": PerfCounters,
+        "trace": TraceFIFO, "imem": InstructionMemory, "npu": NPU,
+    }
+
+
+BLOCKS = ("gemm", "vector", "sequencer", "scratchpad", "dma", "csr", "load_queue",
+          "compute_queue", "store_queue", "partition", "tags", "accumulator", "counters",
+          "trace", "imem", "npu")
+"""Every block the tool knows, in the default order (``npu`` is the whole NPU, slow)."""
+
+_SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
+_PY_LINE = re.compile(r"(\S+\.py:\d+)")
+
+
+def _source(path: str) -> str:
+    """``.../site-packages/amaranth/lib/fifo.py:166`` -> ``amaranth/lib/fifo.py:166``;
+    ``/work/x/hdl/vector.py:482`` -> ``hdl/vector.py:482``."""
+    if "/amaranth/" in path:
+        return "amaranth/" + path.split("/amaranth/", 1)[1]
+    if "/hdl/" in path:
+        return "hdl/" + path.rsplit("/hdl/", 1)[1]
+    return path
+_SPLIT_RE = re.compile(r"Info: ([\d.]+) ns logic, ([\d.]+) ns routing")
+
+
+def parse_critical_path(text: str) -> dict | None:
+    """Summarize the last critical-path report of a nextpnr log (the routed one).
+
+    Returns ``{"from", "to", "delay_ns", "logic_ns", "routing_ns", "sources"}``, where
+    ``sources`` lists ``[file:line, cells on the path defined there]`` for the
+    project's (and amaranth.lib's) source lines in path order, or None when the log
+    has no critical path (nothing was routed).
+    """
+    parts = text.split("Critical path report for clock")
+    if len(parts) < 2:
+        return None
+    body = parts[-1].split("\n\n", 1)[0] + "\n"
+    ends = re.findall(r"(clk-to-q|setup)\s+[\d.]+\s+([\d.]+)\s+Source (\S+)", body)
+    sources: list[list] = []
+    for block in _SOURCE_RE.findall(body):
+        for loc in dict.fromkeys(_source(p) for p in _PY_LINE.findall(block)):
+            if sources and sources[-1][0] == loc:
+                sources[-1][1] += 1
+            else:
+                sources.append([loc, 1])
+    split = _SPLIT_RE.search(body)
+    return {
+        "from": ends[0][2] if ends else None,
+        "to": ends[-1][2] if ends else None,
+        "delay_ns": float(ends[-1][1]) if ends else None,
+        "logic_ns": float(split.group(1)) if split else None,
+        "routing_ns": float(split.group(2)) if split else None,
+        "sources": sources,
+    }
+
+
+def _run(cmd: list[str], cwd: Path, what: str):
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{what} failed ({' '.join(cmd[:1])}): {' / '.join(tail)}")
+
+
+def block_rtlil(component) -> str:
+    """RTLIL of a block with every signal of its signature as a port (members tied
+    to constants, such as fixed AXI fields, are not ports)."""
+    from amaranth.back import rtlil
+    from amaranth.hdl import Signal
+
+    ports = [v for _, _, v in component.signature.flatten(component) if isinstance(v, Signal)]
+    return rtlil.convert(component, name="top", ports=ports)
+
+
+def time_block(name: str, config: NPUConfig, out: Path, *, freq_mhz: float = 100.0,
+               router: str = "router2") -> dict:
+    """Synthesize, place and route block ``name`` alone; return its figures."""
+    factories = _blocks()
+    if name not in factories:
+        raise ValueError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}")
+    _tool_env()
+    work = (out / name).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in ("top.json", "pnr.log", "yosys.log"):
+        (work / stale).unlink(missing_ok=True)
+    (work / "top.il").write_text(block_rtlil(factories[name](config)))
+    t0 = time.monotonic()
+    # The tools are $YOSYS and $NEXTPNR_ECP5 (default: yowasp, which sees the working
+    # directory only: relative paths throughout).
+    _run([os.environ["YOSYS"], "-q", "-l", "yosys.log", "-p",
+          "read_rtlil top.il; synth_ecp5 -top top -json top.json; stat"], work, "yosys")
+    t1 = time.monotonic()
+    _run([os.environ["NEXTPNR_ECP5"], *DEVICE, "--out-of-context", "--json", "top.json",
+          "--freq", str(freq_mhz), "--timing-allow-fail", "--router", router,
+          "-l", "pnr.log", "-q"], work, "nextpnr")
+    t2 = time.monotonic()
+    log = (work / "pnr.log").read_text(errors="replace")
+    pnr = parse_nextpnr_log(log)
+    cells = parse_yosys_stat((work / "yosys.log").read_text(errors="replace"))
+    achieved = min((a for a, _ in pnr["fmax"].values()), default=None)
+    return {
+        "block": name,
+        "fmax_mhz": achieved,
+        "target_mhz": freq_mhz,
+        "met": achieved is not None and achieved >= freq_mhz,
+        "lut4": cells.get("LUT4", 0), "ff": cells.get("TRELLIS_FF", 0),
+        "dsp": cells.get("MULT18X18D", 0), "bram": cells.get("DP16KD", 0),
+        "lutram": cells.get("TRELLIS_DPR16X4", 0),
+        "critical_path": parse_critical_path(log),
+        "yosys_s": round(t1 - t0, 1), "nextpnr_s": round(t2 - t1, 1),
+    }
+
+
+def render_markdown(results: list[dict], config: NPUConfig) -> str:
+    """The report table and each block's critical path."""
+    lines = ["# Per-block timing (ECP5 LFE5U-85F, speed 6, out of context)", "",
+             f"NPU config: {config.rows}x{config.cols} array, {config.bus_bytes * 8}-bit bus, "
+             f"{config.sp_bytes // 1024} KiB scratchpad.", "",
+             "| block | fmax (MHz) | target | LUT4 | FF | DSP | DP16KD | LUTRAM | critical path "
+             "through |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        cp = r["critical_path"] or {}
+        where = ", ".join(f"{loc} x{n}" if n > 1 else loc for loc, n in cp.get("sources", []))
+        fmax = "-" if r["fmax_mhz"] is None else f"{r['fmax_mhz']:.1f}"
+        verdict = "met" if r["met"] else "FAILED"
+        lines.append(f"| {r['block']} | {fmax} | {r['target_mhz']:g} {verdict} | {r['lut4']} | "
+                     f"{r['ff']} | {r['dsp']} | {r['bram']} | {r['lutram']} | {where or '-'} |")
+    lines += ["", "Critical paths (logic + routing):", ""]
+    for r in results:
+        cp = r["critical_path"]
+        if cp:
+            lines.append(f"- **{r['block']}**: {cp['delay_ns']} ns ({cp['logic_ns']} logic, "
+                         f"{cp['routing_ns']} routing), `{cp['from']}` -> `{cp['to']}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hdl.boards.blocks",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", default=",".join(b for b in BLOCKS if b != "npu"),
+                    help="comma-separated blocks (default: all but the whole 'npu')")
+    ap.add_argument("--freq", type=float, default=100.0, help="target clock, MHz")
+    ap.add_argument("--router", default="router2", choices=("router1", "router2"))
+    ap.add_argument("--out", type=Path, default=Path("build/synth"))
+    args = ap.parse_args(argv)
+    names = [b.strip() for b in args.blocks.split(",") if b.strip()]
+    unknown = [b for b in names if b not in BLOCKS]
+    if unknown:
+        ap.error(f"unknown block(s) {', '.join(unknown)}; known: {', '.join(BLOCKS)}")
+    from hdl.boards.ulx3s import CONFIG
+    out = args.out / "blocks"
+    results = []
+    for name in names:
+        try:
+            r = time_block(name, CONFIG, out, freq_mhz=args.freq, router=args.router)
+        except RuntimeError as e:
+            print(f"{name}: {e}", file=sys.stderr)
+            return 1
+        results.append(r)
+        cp = r["critical_path"] or {}
+        where = ", ".join(loc for loc, _ in cp.get("sources", [])[:4])
+        print(f"{name:14s} {r['fmax_mhz'] or 0:7.1f} MHz  LUT4 {r['lut4']:6d}  DSP {r['dsp']:3d}"
+              f"  ({r['yosys_s'] + r['nextpnr_s']:.0f} s)  {where}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"device": "LFE5U-85F-6CABGA381", "npu_config": CONFIG.as_dict(),
+              "blocks": results}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(render_markdown(results, CONFIG))
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
