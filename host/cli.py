@@ -129,7 +129,8 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()))
     saved = state_path(Path(opts.model).stem, drv.config)
     state = None if opts.fresh or opts.no_cache else load_state(saved)
-    rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check),
+    rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
+                                                    async_compile=not opts.inline_compile),
                          cache=cache, state=state, on_event=lambda e: console.print(
                              f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
     rt.load()
@@ -376,6 +377,9 @@ def _parser() -> argparse.ArgumentParser:
                    "compile.sqlite or ~/.cache/npu/compile.sqlite)")
     p.add_argument("--no-cache", action="store_true", help="keep compiled plans in memory "
                    "only (and neither load nor save the runtime's state)")
+    p.add_argument("--inline-compile", action="store_true", help="with --adaptive: compile "
+                   "new plans on the inference path instead of a worker thread (the "
+                   "decisions then do not depend on thread timing: reproducible runs)")
     p.add_argument("--fresh", action="store_true", help="with --adaptive: ignore the state "
                    "an earlier run saved (profile and plan) and start from the initial plan")
     common(p, True)

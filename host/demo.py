@@ -33,10 +33,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="default")
     ap.add_argument("--batch", type=int, default=8,
                     help="inputs per call (routed batch variants; 1: one at a time)")
+    ap.add_argument("--inline-compile", action="store_true",
+                    help="compile on the inference path, not in a worker thread "
+                         "(reproducible: the decisions do not depend on thread timing)")
     ns = ap.parse_args(argv)
     return cli.main(["run", ns.model, "--backend", ns.backend, "--digits", str(ns.digits),
                      "--config", ns.config, "--adaptive", "--phases", ns.phases,
-                     "--batch", str(ns.batch)])
+                     "--batch", str(ns.batch)] + (["--inline-compile"] * ns.inline_compile))
 
 
 if __name__ == "__main__":
