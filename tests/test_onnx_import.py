@@ -152,6 +152,7 @@ def compare_float(model, graph, feeds, out_scale, seed):
     float rounding only near ties). End to end: flipped LSBs propagate through
     later layers, so the float outputs agree within a few output LSBs."""
     ref = ReferenceEvaluator(model).run(None, feeds, intermediate=True)
+    exact = total = 0
     for node in graph.nodes:
         if node.op in ("Quantize", "Dequantize"):
             continue
@@ -162,7 +163,10 @@ def compare_float(model, graph, feeds, out_scale, seed):
         want = ref_int8(graph, ref, node.outputs[0])
         diff = np.abs(got[node.outputs[0]].astype(np.int64) - want)
         assert diff.max() <= 1, f"seed {seed}: {node.name} off by {diff.max()}"
-        assert np.mean(diff == 0) >= 0.9, f"seed {seed}: {node.name} {np.mean(diff == 0)}"
+        exact, total = exact + int(np.sum(diff == 0)), total + diff.size
+    # "Mostly exact" over all the model's outputs: per node it is noise for small
+    # tensors (one flipped LSB of the cnn's 6 Gemm outputs is 83% exact).
+    assert exact >= 0.9 * total, f"seed {seed}: {exact} of {total} exact"
     got = run_reference(graph, feeds)["y"]
     lsb = np.abs(got - ref["y"]) / out_scale
     # The cnn has 6 outputs, so their mean is a noisy figure: over 1200 random
