@@ -44,8 +44,9 @@ def uart_divisor(clk_freq: int, baud: int) -> int:
     return divisor
 
 
-def _check_divisor(divisor):
+def _check_divisor(component, divisor):
     if not isinstance(divisor, int) or divisor < MIN_DIVISOR:
+        component._MustUse__silence = True  # a failed construction is not an unused design
         raise ValueError(f"divisor must be an int >= {MIN_DIVISOR}, not {divisor!r}")
 
 
@@ -75,11 +76,7 @@ class UartRx(wiring.Component):
     """
 
     def __init__(self, divisor: int):
-        try:
-            _check_divisor(divisor)
-        except ValueError:
-            self._MustUse__silence = True  # a failed construction is not an unused design
-            raise
+        _check_divisor(self, divisor)
         self.divisor = divisor
         super().__init__({
             "rx": In(1, init=1),
@@ -152,11 +149,7 @@ class UartTx(wiring.Component):
     """
 
     def __init__(self, divisor: int):
-        try:
-            _check_divisor(divisor)
-        except ValueError:
-            self._MustUse__silence = True  # a failed construction is not an unused design
-            raise
+        _check_divisor(self, divisor)
         self.divisor = divisor
         super().__init__({
             "inp": In(stream.Signature(8)),

@@ -37,9 +37,11 @@ def main(argv=None) -> int:
                     help="compile on the inference path, not in a worker thread "
                          "(reproducible: the decisions do not depend on thread timing)")
     ns = ap.parse_args(argv)
-    return cli.main(["run", ns.model, "--backend", ns.backend, "--digits", str(ns.digits),
-                     "--config", ns.config, "--adaptive", "--phases", ns.phases,
-                     "--batch", str(ns.batch)] + (["--inline-compile"] * ns.inline_compile))
+    args = ["run", ns.model, "--backend", ns.backend, "--digits", str(ns.digits),
+            "--config", ns.config, "--adaptive", "--phases", ns.phases, "--batch", str(ns.batch)]
+    if ns.inline_compile:
+        args.append("--inline-compile")
+    return cli.main(args)
 
 
 if __name__ == "__main__":

@@ -169,12 +169,7 @@ class Session:
 
     def run_many(self, batch: list[dict], progress=None) -> list[Inference]:
         """Run inferences one after another (``progress`` called after each)."""
-        out = []
-        for i, inputs in enumerate(batch):
-            out.append(self.run(inputs))
-            if progress is not None:
-                progress(i + 1, len(batch))
-        return out
+        return run_each(self.run, batch, progress)
 
 
 def _sub(a, b):
@@ -289,3 +284,14 @@ class _Executor:
                 self._cpu(inner)
         for o, bo in zip(n.outputs, branch.outputs, strict=True):
             self.env[o] = self.value(bo)
+
+
+def run_each(run, batch: list[dict], progress=None) -> list:
+    """``[run(inputs) for inputs in batch]``, calling ``progress(done, total)`` after each
+    (the ``run_many`` of every runtime)."""
+    out = []
+    for i, inputs in enumerate(batch):
+        out.append(run(inputs))
+        if progress is not None:
+            progress(i + 1, len(batch))
+    return out

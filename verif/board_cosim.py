@@ -145,20 +145,10 @@ class _Garble:
 
 def _agree(what: str, rtl, gold) -> None:
     """The board's inference equals the golden model's: outputs, exact counters, trace."""
-    from firmware.golden import EXACT_COUNTERS
-    from verif.scenarios import EXACT_TRACE
+    from verif.scenarios import assert_same_inference
 
     assert rtl.checked and gold.checked, f"{what}: not checked against the reference"
-    for out in gold.outputs:
-        assert np.array_equal(rtl.outputs[out], gold.outputs[out]), f"{what}: output {out}"
-    for c in EXACT_COUNTERS:
-        assert rtl.counters[c] == gold.counters[c], \
-            f"{what}: counter {c}: board {rtl.counters[c]}, golden {gold.counters[c]}"
-    assert len(rtl.trace) == len(gold.trace), \
-        f"{what}: {len(rtl.trace)} trace records on the board, {len(gold.trace)} golden"
-    for a, b in zip(rtl.trace, gold.trace, strict=True):
-        for f in EXACT_TRACE:
-            assert getattr(a, f) == getattr(b, f), f"{what}: trace {f}: board {a}, golden {b}"
+    assert_same_inference(what, rtl, gold, device="board")
 
 
 @cocotb.test()

@@ -11,7 +11,6 @@ import os
 
 import numpy as np
 
-from firmware.golden import EXACT_COUNTERS
 from host.cli import model_path
 from host.compiler import compile_model
 from host.datasets import load_digits_split
@@ -19,7 +18,7 @@ from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
 from host.runtime import Session
-from verif.scenarios import EXACT_TRACE
+from verif.scenarios import assert_same_inference
 
 
 def model_vs_golden(device, config, seed):
@@ -41,15 +40,7 @@ def model_vs_golden(device, config, seed):
     for i in rng.choice(len(split.x_test), size=count, replace=False):
         inputs = {graph.inputs[0]: split.x_test[i].reshape(shape).astype(np.float32)}
         rtl, gold = (s.run(inputs) for s in sessions)
-        for out in rtl.outputs:
-            assert np.array_equal(rtl.outputs[out], gold.outputs[out]), f"{name} #{i}: {out}"
-        for c in EXACT_COUNTERS:
-            assert rtl.counters[c] == gold.counters[c], \
-                f"{name} #{i}: counter {c}: RTL {rtl.counters[c]}, golden {gold.counters[c]}"
-        assert len(rtl.trace) == len(gold.trace), f"{name} #{i}: trace length"
-        for a, b in zip(rtl.trace, gold.trace, strict=True):
-            for f in EXACT_TRACE:
-                assert getattr(a, f) == getattr(b, f), f"{name} #{i}: trace {f}: {a} vs {b}"
+        assert_same_inference(f"{name} #{i}", rtl, gold)
         print(f"{name} digit #{i}: {int(np.argmax(rtl.outputs['logits']))} "
               f"(label {split.y_test[i]}), {rtl.cycles} cycles on the RTL, "
               f"{gold.cycles} estimated by the golden model; results, counters and trace agree")
@@ -101,12 +92,7 @@ def adaptive_vs_golden(device, config, seed):
             print(e)
         if any(e.kind == "rollback" for e in rtl.events):
             continue  # the RTL also ran the broken plan once: its tags differ
-        for c in EXACT_COUNTERS:
-            assert rtl.counters[c] == gold.counters[c], \
-                f"{where}: counter {c}: RTL {rtl.counters[c]}, golden {gold.counters[c]}"
-        for a, b in zip(rtl.trace, gold.trace, strict=True):
-            for f in EXACT_TRACE:
-                assert getattr(a, f) == getattr(b, f), f"{where}: trace {f}: {a} vs {b}"
+        assert_same_inference(where, rtl, gold)
     kinds = {e.kind for e in rt.events}
     print("candidates now:", *(c.describe() for c in rt.candidates()), sep="\n  ")
     print("cost model:", {k: round(v, 2) for k, v in rt.cost.coef.items()})

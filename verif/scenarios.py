@@ -36,6 +36,24 @@ TABLE = [(i * 1024, 1024) for i in range(8)]
 RUN_TIMEOUT = 2_000_000  # cycles an RTL run may take before the scenario calls it a hang
 
 
+def assert_same_inference(where: str, rtl, gold, device: str = "RTL") -> None:
+    """An inference on the RTL (or a board) equals the golden model's: the outputs
+    (values and dtypes), the exact counters and the exact fields of every trace record."""
+    assert rtl.outputs.keys() == gold.outputs.keys(), f"{where}: output names"
+    for k, v in rtl.outputs.items():
+        assert v.dtype == gold.outputs[k].dtype and np.array_equal(v, gold.outputs[k]), \
+            f"{where}: output {k}: {device} {v}, golden {gold.outputs[k]}"
+    for c in EXACT_COUNTERS:
+        assert rtl.counters[c] == gold.counters[c], \
+            f"{where}: counter {c}: {device} {rtl.counters[c]}, golden {gold.counters[c]}"
+    assert len(rtl.trace) == len(gold.trace), \
+        f"{where}: {len(rtl.trace)} trace records on the {device}, {len(gold.trace)} golden"
+    for a, b in zip(rtl.trace, gold.trace, strict=True):
+        for f in EXACT_TRACE:
+            assert getattr(a, f) == getattr(b, f), \
+                f"{where}: trace {f}: {device} {a}, golden {b}"
+
+
 @dataclass
 class Job:
     """One program run: code, tables, arguments and DRAM contents."""

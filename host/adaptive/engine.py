@@ -34,7 +34,7 @@ from ..compiler.plan import CompileError, initial_units, simplify
 from ..driver import NPUDriver
 from ..ir import Graph, Subgraph
 from ..reference import run_reference
-from ..runtime import Inference, MismatchError, Session
+from ..runtime import Inference, MismatchError, Session, run_each
 from .batching import BatchServing
 from .cache import CompileCache
 from .fusion import Candidate, refusal, score_chain
@@ -232,12 +232,8 @@ class AdaptiveRuntime(BatchServing):
         return out
 
     def run_many(self, batch, progress=None) -> list[AdaptiveInference]:
-        out = []
-        for i, inputs in enumerate(batch):
-            out.append(self.run(inputs))
-            if progress is not None:
-                progress(i + 1, len(batch))
-        return out
+        """Serve inferences one after another (``progress`` called after each)."""
+        return run_each(self.run, batch, progress)
 
     # ---- checking and rollback ----------------------------------------------------------
     def _checked(self, inputs: dict, res: Inference) -> Inference:
