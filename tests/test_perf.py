@@ -129,7 +129,9 @@ def test_trace_fifo_random(cfg, seed, regress):
             filling = (cycle // 150) % 2 == 0
             push = rng.random() < (0.7 if filling else 0.3)
             pop = rng.random() < (0.25 if filling else 0.7)
-            clear = rng.random() < 0.01
+            # No clear before the first overflow: a clear in the first filling phase
+            # could keep a 32-deep FIFO from ever filling (about 1 seed in 300 did).
+            clear = rng.random() < 0.01 and stats["overflows"] > 0
             rec = _record(rng)
             ctx.set(dut.push.valid, push)
             ctx.set(dut.push.payload, rec)
