@@ -9,10 +9,13 @@ the RTL cannot drift apart silently.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 from firmware.config import NPUConfig
 from firmware.isa import ISA_VERSION
@@ -64,8 +67,9 @@ class CSRBlock(wiring.Component):
     high for exactly one cycle, the cycle in which the write's B response is first
     presented. Read data is sampled one cycle after the read address is accepted,
     so ``pt_rd_base``/``pt_rd_size`` may come from a synchronous lookup of
-    ``pt_rd_*`` (which follow PT_SELECT). A run event and a W1C of its cause in the
-    same cycle leave the cause set.
+    ``pt_rd_*`` (which follow PT_SELECT); R is presented the cycle after that (two
+    cycles after AR: the read mux is split over the two). A run event and a W1C of
+    its cause in the same cycle leave the cause set.
 
     Parameters
     ----------
@@ -150,6 +154,21 @@ class CSRBlock(wiring.Component):
         if unknown:
             self._MustUse__silence = True
             raise ValueError(f"CSRBlock has no behaviour for registers {unknown}")
+        # The read path indexes the counters by address bits: CNT_x_LO/HI of counter i
+        # must be words base + 2i and base + 2i + 1, base aligned to the counter block.
+        words = {r.name: r.addr >> 2 for r in self.map}
+        n = len(self.counter_names)
+        self._counter_bits = k = max(1, ceil_log2(2 * n))
+        self._counter_base = base = words[f"CNT_{self.counter_names[0].upper()}_LO"]
+        self._counter_regs = set()
+        for i, name in enumerate(self.counter_names):
+            for half, offset in (("LO", 0), ("HI", 1)):
+                reg = f"CNT_{name.upper()}_{half}"
+                self._counter_regs.add(reg)
+                if words[reg] != base + 2 * i + offset or base % (1 << k):
+                    self._MustUse__silence = True
+                    raise ValueError(f"{reg} is not at word {base + 2 * i + offset} of an "
+                                     f"aligned counter block")
 
     def _known_names(self):
         cfg = self.config
@@ -252,37 +271,86 @@ class CSRBlock(wiring.Component):
                                                       0)
         for i in range(16):
             read_value[f"R{i}"] = self.regs[i]
-        lo_index = {}  # CNT_x_LO register name -> counter index
-        for i, name in enumerate(self.counter_names):
-            lo_index[f"CNT_{name.upper()}_LO"] = i
-            value = self.counters[i]
-            read_value[f"CNT_{name.upper()}_LO"] = value[:32]
-            read_value[f"CNT_{name.upper()}_HI"] = Mux(cnt_latched & (cnt_sel == i), cnt_hi,
-                                                       value[32:])
 
-        # ---- read channel: AR accepted -> decode next cycle -> R held until rready ----
-        ar_held = Signal()
+        # ---- read channel: AR accepted -> sample -> select -> R held until rready -----
+        ar_held = Signal()  # sampling cycle
+        r_select = Signal()  # selecting cycle
         ar_word = Signal(ADDR_WIDTH - 2)
-        m.d.comb += bus.arready.eq(~ar_held & ~bus.rvalid)
+        m.d.comb += bus.arready.eq(~ar_held & ~r_select & ~bus.rvalid)
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [ar_held.eq(1), ar_word.eq(bus.araddr[2:])]
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += bus.rvalid.eq(0)
+
+        def word32(value):
+            value = Value.cast(value)
+            return Cat(value, Const(0, 32 - len(value))) if len(value) < 32 else value
+
+        # The cycle after AR is accepted every register is sampled into a first level
+        # (registered every cycle, from ar_word): per block of 16 words the word the low
+        # address bits name, and whether the block is the one addressed; per group of 4
+        # counters the one the low index bits name, both halves. The cycle after, R is
+        # selected from those registers alone (ar_word still holds the address).
+        blocks: dict[int, list] = {}
+        for r in self.map:
+            if r.name in self._counter_regs:
+                continue
+            word = r.addr >> 2
+            value = 0 if r.access in (Access.WO, Access.W1S) else read_value[r.name]
+            blocks.setdefault(word >> 4, [0] * 16)[word & 15] = value
+        words = []
+        for b, entries in sorted(blocks.items()):
+            sample = Signal(32, name=f"rd_block{b:x}")
+            hit = Signal(name=f"rd_block{b:x}_hit")
+            m.d.sync += [
+                sample.eq(Cat(*(word32(v) for v in entries)).word_select(ar_word[:4], 32)),
+                hit.eq(ar_word[4:] == b),
+            ]
+            words.append(Mux(hit, sample, 0))
+
+        # Counters: CNT_x_LO/HI are words base + 2x / base + 2x + 1 (checked at construction)
+        base, k = self._counter_base, self._counter_bits
+        n = len(self.counter_names)
+        cnt_index = ar_word[1:k]
+        is_counter = (ar_word[k:] == base >> k) & (ar_word[:k] < 2 * n)
+        groups = []
+        for j in range(0, n, 4):
+            sample = Signal(64, name=f"rd_counters{j // 4}")
+            m.d.sync += sample.eq(Cat(*self.counters[j:j + 4]).word_select(cnt_index[:2], 64))
+            groups.append(sample)
+        cnt_sample = Signal(64)  # the addressed counter
+        m.d.comb += cnt_sample.eq(Cat(*groups).word_select(cnt_index[2:], 64)
+                                  if len(groups) > 1 else groups[0])
+        # which half R returns: LO, live HI, or the HI latched by the last LO read
+        use_lo, use_live, use_latch = Signal(), Signal(), Signal()
+        latched = cnt_latched & (cnt_sel == cnt_index)
+        hi_read = ar_word[0]
+        m.d.sync += [
+            use_lo.eq(is_counter & ~hi_read),
+            use_live.eq(is_counter & hi_read & ~latched),
+            use_latch.eq(is_counter & hi_read & latched),
+        ]
+        words += [Mux(use_lo, cnt_sample[:32], 0), Mux(use_live, cnt_sample[32:], 0),
+                  Mux(use_latch, cnt_hi, 0)]
         r_data = Signal(32)
+        m.d.comb += r_data.eq(functools.reduce(operator.or_, words))
+
         r_mapped = Signal()
+        mapped_now = Signal()
         with m.Switch(ar_word):
-            for r in self.map:
-                with m.Case(r.addr >> 2):
-                    m.d.comb += r_mapped.eq(1)
-                    if r.access not in (Access.WO, Access.W1S):
-                        m.d.comb += r_data.eq(read_value[r.name])
+            with m.Case(*(r.addr >> 2 for r in self.map)):
+                m.d.comb += mapped_now.eq(1)
+        m.d.sync += r_mapped.eq(mapped_now)
+
         with m.If(ar_held):
-            m.d.sync += [ar_held.eq(0), bus.rvalid.eq(1), bus.rdata.eq(r_data),
+            m.d.sync += [ar_held.eq(0), r_select.eq(1)]
+        with m.If(r_select):
+            m.d.sync += [r_select.eq(0), bus.rvalid.eq(1), bus.rdata.eq(r_data),
                          bus.rresp.eq(Mux(r_mapped, RESP_OKAY, RESP_SLVERR))]
-            for name, i in lo_index.items():
-                with m.If(ar_word == regs[name].addr >> 2):
-                    m.d.sync += [cnt_hi.eq(self.counters[i][32:]), cnt_sel.eq(i),
-                                 cnt_latched.eq(1)]
+            # a LO read latches the high half sampled with it
+            with m.If(use_lo):
+                m.d.sync += [cnt_hi.eq(cnt_sample[32:]), cnt_sel.eq(cnt_index),
+                             cnt_latched.eq(1)]
 
         # ---- write channel: AW and W held independently, committed together --------
         aw_held = Signal()

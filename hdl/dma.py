@@ -87,9 +87,18 @@ _B_FIELDS = ("row", "nbytes", "row_last", "cmd_last", "marker")
 class _Bursts(wiring.Component):
     """Splits a DMA command into per-row INCR bursts, one per cycle.
 
-    ``out`` carries a beat-aligned DRAM address and a descriptor. While ``abort``
-    is high the current command stops: the next item is a ``marker`` (no burst)
-    and the command counts as issued.
+    ``out`` carries a beat-aligned DRAM address and a descriptor, from a two-entry
+    queue. While ``abort`` is high the current command stops: the next item queued
+    is a ``marker`` (no burst) and the command counts as issued (items already
+    queued, at most two, still go out).
+
+    Timing: nothing is planned in the cycle a burst is queued. Each row is planned
+    (its beats, its lanes, its first burst's 4 KiB cap) from registers one row
+    ahead, a row's later bursts are derived from the registered plan of the burst
+    before, and whether to queue depends on registers only (not on ``out.ready``).
+    A command is taken when the splitter is idle and planned in the next cycle: its
+    first burst is queued two cycles after it is taken; then a burst per cycle,
+    with no gap between rows.
     """
 
     def __init__(self, config: NPUConfig):
@@ -108,101 +117,164 @@ class _Bursts(wiring.Component):
         w = sp_word_bytes(cfg)
         s = exact_log2(w)
         spb = sp_addr_bits(cfg)
+        page = _PAGE // w  # beats per 4 KiB page
+        most = MAX_BURST_BEATS
 
-        row = Signal(DRAM_ADDR_BITS)
-        cur = Signal(DRAM_ADDR_BITS)  # next DRAM byte of the row to fetch
-        rem = Signal(range(4097))  # bytes of the row still to fetch
-        sp_row = Signal(spb)
-        sp_cur = Signal(spb)  # scratchpad address of the byte at `cur`
-        rows_left = Signal(9)
+        # the command
         stride = Signal(DRAM_ADDR_BITS)
         nbytes = Signal(N_BITS)
+        rows_left = Signal(9)  # rows not yet completely issued, the current one included
+        final_row = Signal()  # rows_left == 1
+        prime = Signal()  # the cycle after a command was accepted: plan its first row
 
-        off = cur[:s]
-        span = Signal(range(4096 + w))
-        need = Signal(range(4096 // w + 2))  # beats to the end of the row
-        to_page = Signal(range(_PAGE // w + 1))  # beats to the next 4 KiB boundary
-        cap = Signal(range(max(_PAGE // w, MAX_BURST_BEATS) + 1))
-        last = Signal()  # this burst ends the row
-        beats = Signal(range(MAX_BURST_BEATS + 1))
-        consumed = Signal(range(MAX_BURST_BEATS * w + 1))
-        sp_wide = Signal(spb + 1)
+        # the next row to plan: its DRAM address and its scratchpad address
+        next_row = Signal(DRAM_ADDR_BITS)
+        next_sp = Signal(spb)
+
+        # the current burst, all registered
+        row = Signal(DRAM_ADDR_BITS)  # the row's first byte (error report)
+        beat = Signal(DRAM_ADDR_BITS - s)  # the burst's first beat
+        lo = Signal(s)  # first useful lane of the first beat
+        hi = Signal(s)  # last useful lane of the row's last beat
+        need = Signal(range(page + 2))  # beats from `beat` to the end of the row
+        to_page = Signal(range(page + 1))  # beats from `beat` to the next 4 KiB boundary
+        cap = Signal(range(min(page, most) + 1))  # min(to_page, MAX_BURST_BEATS)
+        last = Signal()  # need <= cap: this burst ends the row
+        sp_first = Signal(spb)  # scratchpad address of lane 0 of the first beat
+        sp_next = Signal(spb)  # ... of the second beat
+
+        # Per command, from `nbytes` = nb_hi * w + nb_lo: a row needs nb_hi + c beats,
+        # c = ceil((off + nb_lo) / w) in 0..2 (off: the row's first lane); for each c
+        # the beats (`by_c_need`), whether they fit in one burst (`by_c_most`) and how
+        # far into its 4 KiB page the row may start for them to fit before the
+        # boundary (`by_c_room`, negative: never).
+        nb_lo = nbytes[:s]
+        by_c_need = [Signal(range(page + 3), name=f"need_c{c}") for c in range(3)]
+        by_c_most = [Signal(name=f"most_c{c}") for c in range(3)]
+        by_c_room = [Signal(range(page - 2 - (2**N_BITS >> s), page + 1), name=f"room_c{c}")
+                     for c in range(3)]
+
+        # Plan of the row at next_row/next_sp: what the current-burst registers load when
+        # that row starts. Only the row's low 12 address bits matter.
+        p_off = next_row[:s]
+        p_lanes = Signal(s + 2)  # off + nb_lo + w - 1: c above and the last lane
+        p_c = p_lanes[s:]
+        p_page = next_row[s:12]
+        p_to_page = Signal.like(to_page)
+        p_cap = Signal.like(cap)
+        p_fits = [(p_page <= by_c_room[c]) & by_c_most[c] for c in range(3)]
         m.d.comb += [
-            span.eq(off + rem),
-            need.eq((span + (w - 1)) >> s),
-            to_page.eq((_PAGE // w) - cur[s:12]),
-            cap.eq(Mux(to_page < MAX_BURST_BEATS, to_page, MAX_BURST_BEATS)),
-            last.eq(need <= cap),
-            beats.eq(Mux(last, need, cap)),
-            consumed.eq((cap << s) - off),
-            sp_wide.eq(sp_cur - off),
+            p_lanes.eq(p_off + nb_lo + (w - 1)),
+            p_to_page.eq(page - p_page),
+        ]
+        if page <= most:
+            m.d.comb += p_cap.eq(p_to_page)
+        else:
+            m.d.comb += p_cap.eq(Mux(p_page > page - most, p_to_page, most))
+        plan = [
+            row.eq(next_row),
+            beat.eq(next_row[s:]),
+            lo.eq(p_off),
+            hi.eq(p_lanes[:s]),  # (row + nbytes - 1) mod w
+            need.eq(Mux(p_c[1], by_c_need[2], Mux(p_c[0], by_c_need[1], by_c_need[0]))),
+            to_page.eq(p_to_page),
+            cap.eq(p_cap),
+            last.eq(Mux(p_c[1], p_fits[2], Mux(p_c[0], p_fits[1], p_fits[0]))),
+            # The first window may start before scratchpad byte 0: wrap it.
+            sp_first.eq(Mux(next_sp < p_off, next_sp + cfg.sp_bytes - p_off, next_sp - p_off)),
+            sp_next.eq(next_sp + w - p_off),
+            next_row.eq(next_row + stride),
+            next_sp.eq(next_sp + nbytes),
         ]
 
+        # The row's next burst, after `cap` beats (not the last burst, so it started at a
+        # 4 KiB boundary or ran MAX_BURST_BEATS beats): aligned, and its cap is known.
+        n_need = Signal.like(need)
+        n_to_page = Signal.like(to_page)
+        n_cap = Signal.like(cap)
+        at_page = to_page <= most  # this burst runs to the 4 KiB boundary
+        m.d.comb += [
+            n_need.eq(need - cap),
+            n_to_page.eq(Mux(at_page, page, to_page - most)),
+        ]
+        if page - most <= most:  # after a boundary, min(page, most); else to_page - most
+            m.d.comb += n_cap.eq(Mux(at_page, min(page, most), to_page - most))
+        else:
+            m.d.comb += n_cap.eq(Mux(n_to_page < most, n_to_page, most))
+        step = [
+            beat.eq(beat + cap),
+            lo.eq(0),
+            need.eq(n_need),
+            to_page.eq(n_to_page),
+            cap.eq(n_cap),
+            last.eq(n_need <= n_cap),
+            sp_first.eq(sp_next + ((cap - 1) << s)),
+            sp_next.eq(sp_next + (cap << s)),
+        ]
+
+        # Issued items wait in a two-entry queue: the issue decision depends only on
+        # registers (the queue's fill, not the consumer's ready), and a burst per cycle
+        # still flows.
         out = self.out
-        d = out.payload.d
-        advance = self.active & (~out.valid | out.ready)
-        finishing = advance & ~self.abort & last & (rows_left == 1)
+        m.submodules.issued = issued = SyncFIFO(width=len(out.payload.as_value()), depth=2)
+        item = Signal(out.payload.shape())
+        d = item.d
+        # `move`: the current burst goes into the queue (as itself, or as the marker when
+        # `abort` is high). The burst registers step on `move` alone: after an abort
+        # they are dead anyway, so the abort only decides `active` and the item.
+        move = Signal()
+        m.d.comb += move.eq(self.active & ~prime & issued.w_rdy)
+        final = last & final_row  # the command's last burst
         m.d.comb += [
-            self.cmd.ready.eq(~self.active | finishing),
+            self.cmd.ready.eq(~self.active),
+            issued.w_en.eq(move),
+            issued.w_data.eq(item),
+            out.valid.eq(issued.r_rdy),
+            out.payload.eq(issued.r_data),
+            issued.r_en.eq(out.ready),
+            item.addr.eq(Cat(Const(0, s), beat)),
+            d.len.eq(Mux(last, need, cap) - 1),
+            d.lo.eq(lo),
+            d.hi.eq(Mux(last, hi, w - 1)),
+            d.sp_first.eq(sp_first),
+            d.sp_next.eq(sp_next),
+            d.row.eq(row),
+            d.nbytes.eq(nbytes),
+            d.row_last.eq(last),
+            # an abort ends the command with a marker (no burst)
+            d.cmd_last.eq(self.abort | final),
+            d.marker.eq(self.abort),
         ]
 
-        with m.If(out.ready):
-            m.d.sync += out.valid.eq(0)
-        with m.If(advance):
-            m.d.sync += out.valid.eq(1)
-            with m.If(self.abort):
-                m.d.sync += [
-                    d.marker.eq(1),
-                    d.cmd_last.eq(1),
-                    d.row.eq(row),
-                    self.active.eq(0),
-                ]
+        with m.If(prime):
+            m.d.sync += [prime.eq(0), *plan]
+        with m.If(move):
+            with m.If(last):
+                m.d.sync += [*plan, rows_left.eq(rows_left - 1), final_row.eq(rows_left == 2)]
             with m.Else():
-                m.d.sync += [
-                    out.payload.addr.eq(Cat(Const(0, s), cur[s:])),
-                    d.len.eq(beats - 1),
-                    d.lo.eq(off),
-                    d.hi.eq(Mux(last, span - 1, w - 1)),
-                    # The first window may start before scratchpad byte 0: wrap it.
-                    d.sp_first.eq(Mux(sp_cur < off, sp_cur + cfg.sp_bytes - off, sp_wide)),
-                    d.sp_next.eq(sp_cur + w - off),
-                    d.row.eq(row),
-                    d.nbytes.eq(nbytes),
-                    d.row_last.eq(last),
-                    d.cmd_last.eq(last & (rows_left == 1)),
-                    d.marker.eq(0),
-                ]
-                with m.If(last):
-                    m.d.sync += [
-                        row.eq(row + stride),
-                        cur.eq(row + stride),
-                        rem.eq(nbytes),
-                        sp_row.eq(sp_row + nbytes),
-                        sp_cur.eq(sp_row + nbytes),
-                        rows_left.eq(rows_left - 1),
-                    ]
-                    with m.If(rows_left == 1):
-                        m.d.sync += self.active.eq(0)
-                with m.Else():
-                    m.d.sync += [
-                        cur.eq(Cat(Const(0, s), cur[s:]) + (cap << s)),
-                        rem.eq(rem - consumed),
-                        sp_cur.eq(sp_cur + consumed),
-                    ]
+                m.d.sync += step
+            with m.If(self.abort | final):
+                m.d.sync += self.active.eq(0)
 
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
             m.d.sync += [
                 self.active.eq(1),
-                row.eq(p.dram),
-                cur.eq(p.dram),
-                rem.eq(p.nbytes),
-                sp_row.eq(p.sp),
-                sp_cur.eq(p.sp),
+                prime.eq(1),
+                next_row.eq(p.dram),
+                next_sp.eq(p.sp),
                 rows_left.eq(p.rows),
+                final_row.eq(p.rows == 1),
                 stride.eq(p.stride),
                 nbytes.eq(p.nbytes),
             ]
+            for c in range(3):
+                hi_c = (p.nbytes >> s) + c
+                m.d.sync += [
+                    by_c_need[c].eq(hi_c),
+                    by_c_most[c].eq(hi_c <= most),
+                    by_c_room[c].eq(page - hi_c),
+                ]
         return m
 
 

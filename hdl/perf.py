@@ -167,31 +167,44 @@ class TraceFIFO(wiring.Component):
 
         rptr = Signal(range(depth))
         wptr = Signal(range(depth))
+        # count == 0 and count == depth, kept as registers so that the push decision
+        # needs no arithmetic on `count`
+        empty = Signal(init=1)
+        full = Signal()
         do_pop = Signal()
-        kept = Signal(range(depth + 1))  # records left after this cycle's clear/pop
         rptr_next = Signal(range(depth))
         accept = Signal()
+        no_room = Signal()  # full after this cycle's clear and pop
 
-        m.d.comb += do_pop.eq(self.pop & (self.count != 0) & ~self.clear)
-        with m.If(self.clear):
-            m.d.comb += [kept.eq(0), rptr_next.eq(wptr)]
-        with m.Else():
-            m.d.comb += [kept.eq(self.count - do_pop),
-                         rptr_next.eq(Mux(do_pop, succ(rptr), rptr))]
         m.d.comb += [
+            do_pop.eq(self.pop & ~empty & ~self.clear),
+            no_room.eq(full & ~do_pop & ~self.clear),
             self.push.ready.eq(1),
-            accept.eq(self.push.valid & (kept != depth)),
-            self.overflow.eq(self.push.valid & (kept == depth)),
+            accept.eq(self.push.valid & ~no_room),
+            self.overflow.eq(self.push.valid & no_room),
             wr.addr.eq(wptr),
             wr.data.eq(self.push.payload),
             wr.en.eq(accept),
             rd.addr.eq(rptr_next),
             self.head.eq(rd.data),
         ]
-        m.d.sync += [
-            rptr.eq(rptr_next),
-            self.count.eq(kept + accept),
-        ]
+        with m.If(self.clear):
+            m.d.comb += rptr_next.eq(wptr)
+        with m.Elif(do_pop):
+            m.d.comb += rptr_next.eq(succ(rptr))
+        with m.Else():
+            m.d.comb += rptr_next.eq(rptr)
+        m.d.sync += rptr.eq(rptr_next)
+
+        one = self.count == 1
+        almost = self.count == depth - 1
+        with m.If(self.clear):
+            m.d.sync += [self.count.eq(accept), empty.eq(~accept),
+                         full.eq(accept if depth == 1 else 0)]
+        with m.Elif(accept & ~do_pop):
+            m.d.sync += [self.count.eq(self.count + 1), empty.eq(0), full.eq(almost)]
+        with m.Elif(do_pop & ~accept):
+            m.d.sync += [self.count.eq(self.count - 1), empty.eq(one), full.eq(0)]
         with m.If(accept):
             m.d.sync += wptr.eq(succ(wptr))
         return m
