@@ -159,8 +159,10 @@ Parameters (`firmware.golden.CostModel`):
 |---|---|
 {cost_rows}
 
-* The sequencer dispatches one instruction per `dispatch` cycle; a taken branch
-  costs `branch_taken` more. A full queue (`queue_depth` entries) stalls dispatch.
+* The sequencer takes `dispatch` cycles per scalar or control instruction and
+  `dispatch_queue` per load, compute or store instruction (its partition checks take
+  a cycle of their own); a taken branch costs `branch_taken` more. A full queue
+  (`queue_depth` entries) stalls dispatch.
 * `load`/`store`: `dram_latency` + the bus beats of every row (`ceil((addr % bus
   + bytes) / bus)`), a tag hit costs `tag_hit`.
 * `wload k`: `k` cycles on the weight port, overlapping streaming GEMMs.

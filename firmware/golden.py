@@ -47,8 +47,9 @@ class CostModel:
     the GEMMs before them.
     """
 
-    dispatch: int = 1  # sequencer cycles per instruction
-    branch_taken: int = 2  # extra cycles for a taken branch
+    dispatch: int = 2  # sequencer cycles per instruction (check, fire + next operands)
+    dispatch_queue: int = 4  # ... per load/compute/store instruction (+ span, product)
+    branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
     dram_latency: int = 16  # request to first beat
     tag_hit: int = 1  # a load whose tag hits
     vector_latency: int = 4  # vector pipeline depth
@@ -628,7 +629,7 @@ def _signed(v: int) -> int:
 class _Timeline:
     """Discrete-event estimate of the decoupled queues (see :class:`CostModel`).
 
-    The sequencer dispatches one instruction per cycle into bounded queues; each
+    The sequencer dispatches one instruction per `dispatch` cycles into bounded queues; each
     queue runs in order; tokens carry the completion time of the instruction that
     pushed them.
     """
@@ -676,7 +677,7 @@ class _Timeline:
                     raise _Stop(ErrorCode.TOKEN_DEADLOCK, f"pop on {ch} with no token pushed")
                 start = max(start, channels[ch].popleft())
         self._start = start
-        self.now += self.cost.dispatch
+        self.now += self.cost.dispatch_queue
 
     def complete(self, queue: Queue, ins: isa.Instr, cycles: int, channels):
         q, m, c = queue.value, ins.mnemonic, self.cost

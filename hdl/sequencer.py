@@ -1,6 +1,19 @@
 """The sequencer: fetch, decode, scalar/control execution and dispatch.
 
-It executes the program in order, one instruction per cycle when nothing waits:
+It executes the program in order, one instruction at a time, in steps of one cycle
+each, so that no path runs from the register file through the checks to the
+dispatch in one cycle (timing, docs/fpga.md): OPERANDS latches the instruction word
+and the registers it names; SPANS and PRODUCTS (load, compute and store
+instructions only) compute the ranges their partition checks need, factors first,
+then products; CHECK runs every check, resolves
+the queue entry, the scalar result and the next pc into registers, and fetches the
+next instruction; FIRE dispatches (or faults) once the target queue has room, and
+is also the next instruction's OPERANDS step (its operands read as this fire leaves
+the registers). Two cycles per scalar or control instruction, four per queue
+instruction, when nothing waits; one more after a vargmax, or while an operand
+waits for a vargmax result. Instructions do not overlap past OPERANDS, so the only
+state that changes under an instruction in flight is a vargmax write-back, and
+OPERANDS waits for those it names. The
 scalar and control instructions (registers, compare, branches, hardware loops,
 region marks, partition-table select, tag invalidation) run here; load, compute and
 store instructions are *resolved* (registers read, defaults applied, partition
@@ -42,6 +55,8 @@ from .queues import (
 DEC = isa.decoder_constants()
 OPC = DEC["opcodes"]
 NUM_CHECKS = 3
+QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
+             "vargmax")
 TRACE_WORDS = 10  # firmware.regs.TRACE_FIELDS
 SPAN_BITS = 40
 
@@ -148,7 +163,8 @@ class Sequencer(wiring.Component):
         cfg = self.config
         depth = cfg.imem_depth
 
-        word = self.imem_data
+        # The instruction in flight: latched from the fetch port in OPERANDS.
+        word = Signal(64)
         opcode = word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
         version = word[isa.VERSION_LO:isa.VERSION_LO + isa.VERSION_BITS]
         toks = word[isa.TOKENS_LO:isa.TOKENS_LO + isa.TOKENS_BITS]
@@ -162,6 +178,13 @@ class Sequencer(wiring.Component):
         pc = Signal(PC_BITS)
         regs = Array(Signal(32, name=f"r{i}") for i in range(isa.NUM_REGS))
         pending = Signal(isa.NUM_REGS)  # vargmax results not yet written
+        # Operands: every register field position of the ISA gets a latch, loaded in
+        # OPERANDS from the register the fetched word names there.
+        opnd = {}
+        for fields in DEC["fields"].values():
+            for lo, bits, kind in fields.values():
+                if kind == "reg" and (lo, bits) not in opnd:
+                    opnd[(lo, bits)] = Signal(32, name=f"opnd_{lo}")
         run_cycles = Signal(32)
         pt_set = Signal(2)
         m.d.comb += self.pt_set.eq(pt_set)
@@ -176,11 +199,16 @@ class Sequencer(wiring.Component):
         wn = Array(Signal(range(cfg.cols + 1), name=f"wn{i}") for i in range(2))
         w_active = Signal()
         # The configuration registers the bounds checks need (the vector unit has its own).
+        # Their widths are what `cfg` accepts (a value out of range faults), and each
+        # remembers whether it is zero, so the span arithmetic starts from registers.
         shadow_cfg = {
-            fld: Signal(32, name=f"cfg_{fld.name.lower()}", init=isa.CFG_RESET[fld])
+            fld: Signal(range(isa.CFG_RANGE[fld][2] + 1), name=f"cfg_{fld.name.lower()}",
+                        init=isa.CFG_RESET[fld])
             for fld in (CfgField.GEMM_STRIDE, CfgField.IN_STRIDE, CfgField.OUT_STRIDE,
                         CfgField.POOL_COUNT, CfgField.POOL_STRIDE, CfgField.POOL_ISTRIDE)
         }
+        cfg_zero = {fld: Signal(name=f"cfg_{fld.name.lower()}_zero",
+                                init=isa.CFG_RESET[fld] == 0) for fld in shadow_cfg}
 
         # Hardware loop stack.
         ld = cfg.loop_depth
@@ -202,15 +230,41 @@ class Sequencer(wiring.Component):
         reg_snap = {n: Array(Signal(32, name=f"region_{n}{i}") for i in range(rd_))
                     for n in meters}
         reg_sp = Signal(range(rd_ + 1))
+        # A region.begin's snapshot is written the cycle after its fire (the enable
+        # reaches every snapshot register from a register), from the meters and cycle
+        # count as they were at the fire.
+        snap_en = Signal()
+        snap_slot = Signal(range(rd_))
+        meters_then = {n: Signal(32, name=f"meter_{n}_then") for n in meters}
+        cycles_then = Signal(32)
+        m.d.sync += [snap_en.eq(0), cycles_then.eq(run_cycles)]
+        m.d.sync += [meters_then[n].eq(meter) for n, meter in meters.items()]
+        with m.If(snap_en):
+            m.d.sync += reg_start[snap_slot].eq(cycles_then)
+            m.d.sync += [reg_snap[n][snap_slot].eq(meters_then[n]) for n in meters]
+
+        # The scalar write of the instruction in flight (resolved in CHECK, done at fire).
+        wb_en = Signal()
+        wb_rd = Signal(4)
+        wb_value = Signal(32)
+        wb_mul = Signal()
 
         # ---- run control --------------------------------------------------------
+        OPERANDS, SPANS, PRODUCTS, CHECK, FIRE = range(5)
+        stage = Signal(5, init=1)  # one-hot: the step of the instruction in flight (RUN)
         fire = Signal()  # the current instruction completes its dispatch this cycle
-        wait = Signal()  # the current instruction cannot proceed yet
+        # What the instruction waits for in FIRE (decoded in CHECK, registered).
+        needs = {n: Signal(name=f"needs_{n}")
+                 for n in ("idle", "load_idle", "load", "compute", "store")}
+        needs_q = {n: Signal(name=f"needs_{n}_q") for n in needs}
         fault = Signal()
         fault_code = Signal(8)
         fault_addr = Signal(32)
-        next_pc = Signal(PC_BITS)
+        next_pc = Signal(PC_BITS)  # resolved in CHECK
+        next_pc_q = Signal(PC_BITS)
         is_end = Signal()
+        is_end_q = Signal()
+        timeout = Signal()  # registered: the run has used its cycle budget
         all_idle = self.load_idle & self.compute_idle & self.store_idle
 
         err_code = Signal(8)
@@ -244,6 +298,26 @@ class Sequencer(wiring.Component):
 
         fsm_running = Signal()
         m.d.comb += self.imem_addr.eq(Mux(fsm_running, next_pc, 0))
+        m.d.sync += timeout.eq((self.cycle_budget != 0) & (run_cycles >= self.cycle_budget))
+
+        # Registers the fetched word names: it waits in OPERANDS while any of them has
+        # a vargmax result in flight (reads must see it; writes must land after it).
+        live = self.imem_data
+        live_opcode = live[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
+        uses = Signal(isa.NUM_REGS)
+        with m.Switch(live_opcode):
+            for mn, code in OPC.items():
+                regs_named = [n for n, (_, _, k) in DEC["fields"][mn].items() if k == "reg"]
+                if regs_named:
+                    with m.Case(code):
+                        m.d.comb += uses.eq(_or_shifts(live, mn, regs_named))
+        reg_wait = (uses & pending) != 0
+        live_queue_op = Signal()
+        with m.Switch(live_opcode):
+            with m.Case(*(OPC[mn] for mn in QUEUE_OPS)):
+                m.d.comb += live_queue_op.eq(1)
+        # Queue instructions take two more steps: their partition spans.
+        after_operands = Mux(live_queue_op, 1 << SPANS, 1 << CHECK)
 
         with m.FSM(name="run") as fsm:
             with m.State("IDLE"):
@@ -251,6 +325,7 @@ class Sequencer(wiring.Component):
                     m.d.comb += [self.run_start.eq(1), self.ev_run.eq(1)]
                     m.d.sync += [
                         pc.eq(0), pending.eq(0), run_cycles.eq(0), pt_set.eq(0),
+                        stage.eq(1 << OPERANDS), timeout.eq(0),
                         w_active.eq(0), loop_sp.eq(0), reg_sp.eq(0), flushing.eq(0),
                         cur_code.eq(0), cur_pc.eq(0), cur_addr.eq(0),
                         *[regs[i].eq(0) for i in range(isa.NUM_REGS)],
@@ -258,13 +333,17 @@ class Sequencer(wiring.Component):
                         *[c.eq(0) for c in chan.values()],
                         *[wk[i].eq(0) for i in range(2)], *[wn[i].eq(0) for i in range(2)],
                         *[s.eq(isa.CFG_RESET[k]) for k, s in shadow_cfg.items()],
+                        *[z.eq(isa.CFG_RESET[k] == 0) for k, z in cfg_zero.items()],
                     ]
-                    m.d.comb += [next_pc.eq(0), self.imem_en.eq(1)]
+                    m.d.comb += self.imem_en.eq(1)
                     m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += run_cycles.eq(run_cycles + 1)
-                m.d.comb += self.ev_stall.eq(~fire & ~fault)
+                # Stalled: waiting for a queue, the machine to drain or an operand (the
+                # OPERANDS and CHECK cycles themselves are the dispatch, not a stall).
+                m.d.comb += self.ev_stall.eq((stage[FIRE] & ~fire & ~fault)
+                                             | (stage[OPERANDS] & reg_wait))
                 with m.If(self.queue_error):
                     m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
                                  cur_pc.eq(self.queue_error_pc),
@@ -274,12 +353,34 @@ class Sequencer(wiring.Component):
                     m.d.sync += [cur_code.eq(fault_code), cur_pc.eq(pc),
                                  cur_addr.eq(fault_addr)]
                     m.next = "STOP"
-                with m.Elif(fire & is_end):
+                with m.Elif(fire & is_end_q):
                     m.d.sync += cur_pc.eq(pc)  # a clean run reports the pc of its end
                     m.next = "FINISH"
                 with m.Elif(fire):
+                    m.d.sync += pc.eq(next_pc_q)
+                    # The next instruction was fetched in CHECK: its OPERANDS step is
+                    # this cycle, reading the registers as this fire leaves them, unless
+                    # it waits for a vargmax result (or this is a vargmax, whose result
+                    # becomes pending now).
+                    with m.If(~reg_wait & (opcode != OPC["vargmax"])):
+                        m.d.sync += [word.eq(live), stage.eq(after_operands)]
+                        for (lo, bits), sig in opnd.items():
+                            idx = live[lo:lo + bits]
+                            m.d.sync += sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, regs[idx]))
+                    with m.Else():
+                        m.d.sync += stage.eq(1 << OPERANDS)
+                with m.Elif(stage[OPERANDS] & ~reg_wait):
+                    m.d.sync += [word.eq(live), stage.eq(after_operands)]
+                    m.d.sync += [sig.eq(regs[live[lo:lo + bits]])
+                                 for (lo, bits), sig in opnd.items()]
+                with m.Elif(stage[SPANS]):
+                    m.d.sync += stage.eq(1 << PRODUCTS)
+                with m.Elif(stage[PRODUCTS]):
+                    m.d.sync += stage.eq(1 << CHECK)
+                with m.Elif(stage[CHECK]):
+                    # Fetch the next instruction (its pc is resolved this cycle).
                     m.d.comb += self.imem_en.eq(1)
-                    m.d.sync += pc.eq(next_pc)
+                    m.d.sync += stage.eq(1 << FIRE)
             with m.State("STOP"):
                 # Let everything dispatched before the failing instruction finish.
                 m.d.comb += self.busy.eq(1)
@@ -314,19 +415,9 @@ class Sequencer(wiring.Component):
                     m.d.comb += [known.eq(1), fields_ok.eq(ok)]
         m.d.comb += legal.eq(fields_ok & known & (version == isa.ISA_VERSION))
 
-        # Registers the instruction names: an instruction waits while any of them
-        # has a vargmax result in flight (reads must see it; writes must land after it).
-        uses = Signal(isa.NUM_REGS)
-        with m.Switch(opcode):
-            for mn, code in OPC.items():
-                regs_named = [n for n, (_, _, k) in DEC["fields"][mn].items() if k == "reg"]
-                if regs_named:
-                    with m.Case(code):
-                        m.d.comb += uses.eq(_or_shifts(word, mn, regs_named))
-        reg_wait = (uses & pending) != 0
-
         def R(mn, name):
-            return regs[field(word, mn, name)]
+            lo, bits, _ = DEC["fields"][mn][name]
+            return opnd[(lo, bits)]
 
         # ---- next pc, loops ------------------------------------------------------------
         seq_next = pc + 1
@@ -334,29 +425,55 @@ class Sequencer(wiring.Component):
         loop_back = in_loop & (seq_next == loop_end[top])
         m.d.comb += advance.eq(Mux(loop_back & (loop_rem[top] > 1), loop_start[top], seq_next))
 
+        loop_back_q, loop_more_q = Signal(), Signal()  # registered for the fire
+        with m.If(running & stage[CHECK]):
+            m.d.sync += [loop_back_q.eq(loop_back), loop_more_q.eq(loop_rem[top] > 1)]
+
         def do_advance():
-            with m.If(loop_back):
-                with m.If(loop_rem[top] > 1):
+            with m.If(loop_back_q):
+                with m.If(loop_more_q):
                     m.d.sync += loop_rem[top].eq(loop_rem[top] - 1)
                 with m.Else():
                     m.d.sync += loop_sp.eq(loop_sp - 1)
 
         # ---- partition checks ------------------------------------------------------------
+        # Each check's byte span is a * b + add (+ the pooling window's extent): SPANS
+        # registers the range and the factors, PRODUCTS multiplies, and the partition
+        # table compares in CHECK. Each step has a cycle of its own.
         chk = self.chk
-        for c in chk:
-            m.d.comb += [c.p.eq(0), c.offset.eq(0), c.nbytes.eq(1)]
+        pool_extent = Signal(SPAN_BITS)  # follows its cfg registers a cycle later
+        m.d.sync += pool_extent.eq((shadow_cfg[CfgField.POOL_COUNT] - 1)
+                                   * shadow_cfg[CfgField.POOL_STRIDE])
+        spans = [{"p": Signal.like(c.p, name=f"span{i}_p"),
+                  "offset": Signal.like(c.offset, name=f"span{i}_offset"),
+                  "a": Signal(13, name=f"span{i}_a", init=1),
+                  "b": Signal(21, name=f"span{i}_b", init=1),
+                  "add": Signal(13, name=f"span{i}_add"),
+                  "extra": Signal(name=f"span{i}_extra")}
+                 for i, c in enumerate(chk)]
+        spans_q = [{k: Signal.like(v, name=f"{v.name}_q") for k, v in span.items()}
+                   for span in spans]
+        with m.If(running & stage[SPANS]):
+            for span, q in zip(spans, spans_q, strict=True):
+                m.d.sync += [q[k].eq(v) for k, v in span.items()]
+        with m.If(running & stage[PRODUCTS]):
+            for c, q in zip(chk, spans_q, strict=True):
+                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + q["add"]
+                                        + Mux(q["extra"], pool_extent, 0))
+        for c, q in zip(chk, spans_q, strict=True):
+            m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"])]
 
-        def check(i, p, offset, nbytes):
-            m.d.comb += [chk[i].p.eq(p), chk[i].offset.eq(offset), chk[i].nbytes.eq(nbytes)]
+        def check(i, p, offset, a, b, add=0, extra=False):
+            """Partition check ``i`` of ``a * b + add`` bytes (+ the pooling extent)."""
+            m.d.comb += [spans[i]["p"].eq(p), spans[i]["offset"].eq(offset),
+                         spans[i]["a"].eq(a), spans[i]["b"].eq(b), spans[i]["add"].eq(add),
+                         spans[i]["extra"].eq(extra)]
             return chk[i].error
 
         def fail(cond, code, addr=0):
             """Queue a fault of the instruction whose case is being built; among one
             instruction's faults, those listed earlier win (golden order)."""
-            match = Const(0)
-            for op in case_ops:
-                match = match | (opcode == op)
-            faults.append((match & cond, code, addr))
+            faults.append((tuple(case_ops), cond, code, addr))
 
         faults: list = []
         case_ops: list = []
@@ -367,11 +484,18 @@ class Sequencer(wiring.Component):
 
         # Effective strides for bounds checks.
         def eff(fld, n):
-            s = shadow_cfg[fld]
-            return Mux(s == 0, n, s)
+            return Mux(cfg_zero[fld], n, shadow_cfg[fld])
 
         # ---- per-instruction execution -----------------------------------------------
-        entry_l, entry_c, entry_s = self.load.payload, self.compute.payload, self.store.payload
+        entry_l = Signal(load_entry_layout(cfg))
+        entry_c = Signal(compute_entry_layout(cfg))
+        entry_s = Signal(store_entry_layout(cfg))
+        resolving = running & stage[CHECK]
+        with m.If(resolving):
+            m.d.sync += [q.eq(needs[n]) for n, q in needs_q.items()]
+            m.d.sync += [is_end_q.eq(is_end), wb_en.eq(0)]  # an ALU case sets wb_en
+            m.d.sync += [self.load.payload.eq(entry_l), self.compute.payload.eq(entry_c),
+                         self.store.payload.eq(entry_s), next_pc_q.eq(next_pc)]
         acc_rows = cfg.acc_rows
 
         def token_checks(mn, queue):
@@ -404,11 +528,12 @@ class Sequencer(wiring.Component):
                     do_advance()
                 m.d.comb += self.ev_misspec.eq(fire & (opcode == OPC["misspec"]))
             with case("end"):
-                m.d.comb += [wait.eq(~all_idle), is_end.eq(1)]
+                m.d.comb += [needs["idle"].eq(1), is_end.eq(1)]
                 fail(reg_sp != 0, ErrorCode.REGION)
             with case("li", "addi", "add", "sub", "mul", "cmp"):
-                m.d.comb += [wait.eq(reg_wait), next_pc.eq(advance)]
+                m.d.comb += next_pc.eq(advance)
                 result = Signal(32)
+                result_q = Signal(32)
                 with m.Switch(opcode):
                     with m.Case(OPC["li"]):
                         m.d.comb += result.eq(field(word, "li", "imm"))
@@ -419,19 +544,26 @@ class Sequencer(wiring.Component):
                     with m.Case(OPC["sub"]):
                         m.d.comb += result.eq(R("sub", "rs1") - R("sub", "rs2"))
                     with m.Case(OPC["mul"]):
-                        m.d.comb += result.eq(R("mul", "rs1") * R("mul", "rs2"))
+                        pass  # see below
                     with m.Case(OPC["cmp"]):
                         m.d.comb += result.eq(_cond(field(word, "cmp", "cond"),
                                                     R("cmp", "rs1"), R("cmp", "rs2")))
                 rd = Mux(opcode == OPC["li"], field(word, "li", "rd"),
                          Mux(opcode == OPC["addi"], field(word, "addi", "rd"),
                              field(word, "add", "rd")))
+                # mul: the low 32 bits of the product from three 16x16 partial products
+                # registered in CHECK and summed in FIRE (one DSP product per cycle).
+                a, b = R("mul", "rs1"), R("mul", "rs2")
+                pp = [Signal(32, name=f"mul_pp{i}") for i in range(3)]
+                product = (pp[0] + ((pp[1] + pp[2]) << 16))[:32]
+                with m.If(resolving):
+                    m.d.sync += [result_q.eq(result), pp[0].eq(a[:16] * b[:16]),
+                                 pp[1].eq(a[16:] * b[:16]), pp[2].eq(a[:16] * b[16:]),
+                                 wb_en.eq(rd != 0), wb_rd.eq(rd),
+                                 wb_mul.eq(opcode == OPC["mul"])]
                 with m.If(fire):
                     do_advance()
-                    with m.If(rd != 0):
-                        m.d.sync += regs[rd].eq(result)
             with case("br"):
-                m.d.comb += wait.eq(reg_wait)
                 target = field(word, "br", "target")
                 taken = _cond(field(word, "br", "cond"), R("br", "rs1"), R("br", "rs2"))
                 inside = (target >= loop_start[top]) & (target < loop_end[top])
@@ -441,14 +573,16 @@ class Sequencer(wiring.Component):
                 fail(taken & (target >= depth), ErrorCode.PC_BOUNDS)
                 fail(taken & leaves & second & ~inside2, ErrorCode.LOOP)
                 m.d.comb += next_pc.eq(Mux(taken, target, advance))
+                taken_q, leaves_q = Signal(), Signal()  # for the fire-time updates
+                with m.If(resolving):
+                    m.d.sync += [taken_q.eq(taken), leaves_q.eq(leaves)]
                 with m.If(fire):
-                    with m.If(taken):
-                        with m.If(leaves):
+                    with m.If(taken_q):
+                        with m.If(leaves_q):
                             m.d.sync += loop_sp.eq(loop_sp - 1)
                     with m.Else():
                         do_advance()
             with case("loop", "loopr"):
-                m.d.comb += wait.eq(reg_wait)
                 end = field(word, "loop", "end")
                 count = Mux(opcode == OPC["loop"], field(word, "loop", "count"),
                             R("loopr", "rs"))
@@ -458,7 +592,10 @@ class Sequencer(wiring.Component):
                 fail(loop_sp >= ld, ErrorCode.LOOP)
                 m.d.comb += next_pc.eq(Mux(count == 0, end, pc + 1))
                 push_at = loop_sp[:max(1, ceil_log2(ld))]  # the free stack entry
-                with m.If(fire & (count != 0)):
+                count_nz = Signal()
+                with m.If(resolving):
+                    m.d.sync += count_nz.eq(count != 0)
+                with m.If(fire & count_nz):
                     m.d.sync += [
                         loop_start[push_at].eq(pc + 1),
                         loop_end[push_at].eq(end),
@@ -466,11 +603,11 @@ class Sequencer(wiring.Component):
                         loop_sp.eq(loop_sp + 1),
                     ]
             with case("sync"):
-                m.d.comb += [wait.eq(~all_idle), next_pc.eq(advance)]
+                m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
                 with m.If(fire):
                     do_advance()
             with case("region"):
-                m.d.comb += [wait.eq(~all_idle), next_pc.eq(advance)]
+                m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
                 rid = field(word, "region", "id")
                 is_begin = field(word, "region", "op") == isa.RegionOp.BEGIN
                 rtop = Signal(range(rd_))
@@ -482,10 +619,8 @@ class Sequencer(wiring.Component):
                     do_advance()
                     with m.If(is_begin):
                         m.d.comb += self.ev_region.eq(1)
-                        m.d.sync += [reg_id[slot].eq(rid), reg_start[slot].eq(run_cycles),
-                                     reg_sp.eq(reg_sp + 1)]
-                        for n, meter in meters.items():
-                            m.d.sync += reg_snap[n][slot].eq(meter)
+                        m.d.sync += [reg_id[slot].eq(rid), reg_sp.eq(reg_sp + 1),
+                                     snap_en.eq(1), snap_slot.eq(slot)]
                     with m.Else():
                         m.d.sync += reg_sp.eq(reg_sp - 1)
                         rec = self.trace_record
@@ -500,14 +635,14 @@ class Sequencer(wiring.Component):
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
                 fail(s >= cfg.pt_sets, ErrorCode.BAD_OPERAND)
-                m.d.comb += [wait.eq(~all_idle), next_pc.eq(advance)]
+                m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
                 with m.If(fire):
                     do_advance()
                     m.d.sync += pt_set.eq(s)
             with case("tinv"):
                 slot = field(word, "tinv", "slot")
                 fail(slot > cfg.tag_slots, ErrorCode.BAD_OPERAND)
-                m.d.comb += [wait.eq(~self.load_idle), next_pc.eq(advance),
+                m.d.comb += [needs["load_idle"].eq(1), next_pc.eq(advance),
                              self.tinv_slot.eq(slot)]
                 with m.If(fire):
                     do_advance()
@@ -525,63 +660,83 @@ class Sequencer(wiring.Component):
                         tag = field(word, "load", "tag")
                         fail(tag > cfg.tag_slots, ErrorCode.BAD_OPERAND)
                         m.d.comb += [entry.slot.eq(tag), entry.part.eq(field(word, mn, "p"))]
-                    e = check(0, field(word, mn, "p"), offset, rows * nb)
-                    fail(e != 0, e, _bounds_addr(e, offset))
+                    e = check(0, field(word, mn, "p"), offset, rows, nb)
+                    fail(e != 0, e, _bounds_addr(e, chk[0].offset))
                     m.d.comb += [
                         entry.cmd.dram.eq(R(mn, "dram")),
                         entry.cmd.stride.eq(Mux(stride_r == 0, nb, R(mn, "stride"))),
                         entry.cmd.rows.eq(rows), entry.cmd.nbytes.eq(nb),
                         entry.cmd.sp.eq(chk[0].addr),
                         entry.tokens.eq(toks), entry.pc.eq(pc[:INSN_PC_BITS]),
-                        wait.eq(reg_wait | ~port.ready), next_pc.eq(advance),
+                        needs[mn].eq(1), next_pc.eq(advance),
                     ]
                     with m.If(fire):
                         do_advance()
                         m.d.comb += port.valid.eq(1)
 
             # -- compute -------------------------------------------------------------------
-            compute_ops = ("cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
-                           "vargmax")
-            for mn in compute_ops:
+            for mn in QUEUE_OPS[2:]:
                 with case(mn):
                     token_checks(mn, isa.Queue.COMPUTE)
                     self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
-                                  w_active, shadow_cfg, acc_rows, fire, set_pending)
+                                  w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending)
                     m.d.comb += [
                         entry_c.tokens.eq(toks),
-                        wait.eq(reg_wait | ~self.compute.ready), next_pc.eq(advance),
+                        needs["compute"].eq(1), next_pc.eq(advance),
                     ]
                     with m.If(fire):
                         do_advance()
                         m.d.comb += self.compute.valid.eq(1)
 
+        # The scalar write (registered decode only: it does not wait on the opcode).
+        m.d.comb += wb_value.eq(Mux(wb_mul, product, result_q))
+        with m.If(fire & wb_en):
+            m.d.sync += regs[wb_rd].eq(wb_value)
+
         # ---- faults (first listed wins), timeout, pc bounds, illegal ------------------------
         chain_code = Signal(8)
         chain_addr = Signal(32)
         chain = Signal()
-        for cond, code, addr in reversed(faults):
-            with m.If(cond):
-                m.d.comb += [chain.eq(1), chain_code.eq(code), chain_addr.eq(addr)]
+        # Each instruction's faults form a short priority chain; the opcode picks one
+        # chain (a parallel select, not one chain through every instruction's faults).
+        by_ops: dict = {}
+        for ops, cond, code, addr in faults:
+            by_ops.setdefault(ops, []).append((cond, code, addr))
+        with m.Switch(opcode):
+            for ops, items in by_ops.items():
+                with m.Case(*ops):
+                    for cond, code, addr in reversed(items):
+                        with m.If(cond):
+                            m.d.comb += [chain.eq(1), chain_code.eq(code),
+                                         chain_addr.eq(addr)]
+        wait = ((needs_q["idle"] & ~all_idle) | (needs_q["load_idle"] & ~self.load_idle)
+                | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
+                | (needs_q["compute"] & ~self.compute.ready))
+        # CHECK registers the outcome; FIRE acts on it.
         pc_out = pc >= depth
-        timeout = (self.cycle_budget != 0) & (run_cycles >= self.cycle_budget)
+        bad = Signal()
+        bad_code = Signal(8)
+        bad_addr = Signal(32)
+        with m.If(resolving):
+            m.d.sync += [
+                bad.eq(pc_out | ~legal | chain),
+                bad_code.eq(Mux(pc_out, ErrorCode.PC_BOUNDS,
+                                Mux(~legal, ErrorCode.ILLEGAL_INSTRUCTION, chain_code))),
+                bad_addr.eq(Mux(pc_out | ~legal, 0, chain_addr)),
+            ]
         with m.If(running):
             with m.If(timeout):
                 m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.TIMEOUT)]
-            with m.Elif(pc_out):
-                m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.PC_BOUNDS)]
-            with m.Elif(~legal):
-                m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.ILLEGAL_INSTRUCTION)]
-            with m.Elif(reg_wait):
-                pass  # operands still in flight: checks would see stale values
-            with m.Elif(chain):
-                m.d.comb += [fault.eq(1), fault_code.eq(chain_code), fault_addr.eq(chain_addr)]
-            with m.Elif(~wait & ~self.queue_error):
-                m.d.comb += [fire.eq(1), self.ev_instr.eq(1)]
+            with m.Elif(stage[FIRE]):
+                with m.If(bad):
+                    m.d.comb += [fault.eq(1), fault_code.eq(bad_code), fault_addr.eq(bad_addr)]
+                with m.Elif(~wait & ~self.queue_error):
+                    m.d.comb += [fire.eq(1), self.ev_instr.eq(1)]
         return m
 
     # ------------------------------------------------------------------------------------
     def _compute(self, m, mn, word, R, check, fail, eff, entry, pc, wk, wn, w_active,
-                 shadow_cfg, acc_rows, fire, set_pending):
+                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending):
         """Resolve and check one compute-queue instruction (golden order of checks)."""
         cfg = self.config
         arr, vec = entry.arr, entry.vec
@@ -596,8 +751,11 @@ class Sequencer(wiring.Component):
             fail(first + m_rows > acc_rows, ErrorCode.ACC_BOUNDS)
             return first
 
-        def rows_span(m_rows, stride, n):
-            return (m_rows - 1) * stride + n
+        def rows_span(stride, n, extra=False):
+            """Bytes from the first row's start to the last row's end, (m - 1) * stride + n,
+            as check() factors (the raw `m` field is m - 1)."""
+            lo, bits, _ = DEC["fields"][mn]["m"]
+            return word[lo:lo + bits], stride, n, extra
 
         if mn == "cfg":
             fld = fieldof("field")
@@ -611,13 +769,13 @@ class Sequencer(wiring.Component):
             with m.If(fire):
                 for f, sig in shadow_cfg.items():
                     with m.If(fld == int(f)):
-                        m.d.sync += sig.eq(value)
+                        m.d.sync += [sig.eq(value), cfg_zero[f].eq(value == 0)]
         elif mn == "wload":
             k, n = fieldof("k"), fieldof("n")
             fail((k > cfg.rows) | (n > cfg.cols), ErrorCode.BAD_OPERAND)
             off = offset("sp")
-            e = check(0, fieldof("p"), off, k * n)
-            fail(e != 0, e, _bounds_addr(e, off))
+            e = check(0, fieldof("p"), off, k, n)
+            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
             m.d.comb += [arr.op.eq(ArrayOp.WLOAD), arr.sp.eq(self.chk[0].addr),
                          arr.k.eq(k), arr.n.eq(n)]
             with m.If(fire):
@@ -631,8 +789,8 @@ class Sequencer(wiring.Component):
             first = acc_check(mr)
             off = offset("sp")
             stride = eff(CfgField.GEMM_STRIDE, k)
-            e = check(0, fieldof("p"), off, rows_span(mr, stride, k))
-            fail(e != 0, e, _bounds_addr(e, off))
+            e = check(0, fieldof("p"), off, *rows_span(stride, k))
+            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
             m.d.comb += [arr.op.eq(ArrayOp.GEMM), arr.sp.eq(self.chk[0].addr),
                          arr.stride.eq(stride), arr.k.eq(k), arr.n.eq(n), arr.m.eq(mr),
                          arr.acc.eq(first), arr.accumulate.eq(fieldof("mode")),
@@ -645,40 +803,38 @@ class Sequencer(wiring.Component):
             first = acc_check(mr)
             off = offset("sp")
             if mn == "vbias":
-                e = check(0, fieldof("p"), off, 4 * n)
+                e = check(0, fieldof("p"), off, n, 4)
             else:
-                e = check(0, fieldof("p"), off, rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
-            fail(e != 0, e, _bounds_addr(e, off))
+                e = check(0, fieldof("p"), off, *rows_span(eff(CfgField.OUT_STRIDE, n), n))
+            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
             m.d.comb += [entry.vector.eq(1),
                          vec.op.eq(VectorOp.BIAS if mn == "vbias" else VectorOp.REQ),
                          vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n)]
             m.d.comb += (vec.a if mn == "vbias" else vec.d).eq(self.chk[0].addr)
         elif mn == "vadd":
             mr, n = fieldof("m"), fieldof("n")
-            src = rows_span(mr, eff(CfgField.IN_STRIDE, n), n)
-            ea = check(0, fieldof("pa"), R(mn, "a"), src)
-            fail(ea != 0, ea, _bounds_addr(ea, R(mn, "a")))
-            eb = check(1, fieldof("pb"), R(mn, "b"), src)
-            fail(eb != 0, eb, _bounds_addr(eb, R(mn, "b")))
+            src = rows_span(eff(CfgField.IN_STRIDE, n), n)
+            ea = check(0, fieldof("pa"), R(mn, "a"), *src)
+            fail(ea != 0, ea, _bounds_addr(ea, self.chk[0].offset))
+            eb = check(1, fieldof("pb"), R(mn, "b"), *src)
+            fail(eb != 0, eb, _bounds_addr(eb, self.chk[1].offset))
             ed = check(2, fieldof("pd"), R(mn, "d"),
-                       rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
-            fail(ed != 0, ed, _bounds_addr(ed, R(mn, "d")))
+                       *rows_span(eff(CfgField.OUT_STRIDE, n), n))
+            fail(ed != 0, ed, _bounds_addr(ed, self.chk[2].offset))
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ADD),
                          vec.a.eq(self.chk[0].addr), vec.b.eq(self.chk[1].addr),
                          vec.d.eq(self.chk[2].addr), vec.m.eq(mr), vec.n.eq(n)]
         elif mn in ("vclip", "vmax"):
             mr, n = fieldof("m"), fieldof("n")
             if mn == "vclip":
-                src = rows_span(mr, eff(CfgField.IN_STRIDE, n), n)
+                src = rows_span(eff(CfgField.IN_STRIDE, n), n)
             else:
-                src = ((mr - 1) * shadow_cfg[CfgField.POOL_ISTRIDE]
-                       + (shadow_cfg[CfgField.POOL_COUNT] - 1) * shadow_cfg[CfgField.POOL_STRIDE]
-                       + n)
-            es = check(0, fieldof("ps"), R(mn, "s"), src)
-            fail(es != 0, es, _bounds_addr(es, R(mn, "s")))
+                src = rows_span(shadow_cfg[CfgField.POOL_ISTRIDE], n, extra=True)
+            es = check(0, fieldof("ps"), R(mn, "s"), *src)
+            fail(es != 0, es, _bounds_addr(es, self.chk[0].offset))
             ed = check(1, fieldof("pd"), R(mn, "d"),
-                       rows_span(mr, eff(CfgField.OUT_STRIDE, n), n))
-            fail(ed != 0, ed, _bounds_addr(ed, R(mn, "d")))
+                       *rows_span(eff(CfgField.OUT_STRIDE, n), n))
+            fail(ed != 0, ed, _bounds_addr(ed, self.chk[1].offset))
             m.d.comb += [entry.vector.eq(1),
                          vec.op.eq(VectorOp.CLIP if mn == "vclip" else VectorOp.MAX),
                          vec.a.eq(self.chk[0].addr), vec.d.eq(self.chk[1].addr),
@@ -686,8 +842,8 @@ class Sequencer(wiring.Component):
         elif mn == "vargmax":
             n = fieldof("n")
             off = offset("s")
-            e = check(0, fieldof("p"), off, n)
-            fail(e != 0, e, _bounds_addr(e, off))
+            e = check(0, fieldof("p"), off, n, 1)
+            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
             rd = fieldof("rd")
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ARGMAX),
                          vec.a.eq(self.chk[0].addr), vec.n.eq(n), vec.m.eq(1), entry.rd.eq(rd)]

@@ -45,7 +45,7 @@ def initial_coefficients(config: NPUConfig) -> dict:
     """Cycles per feature unit, from the hardware profile (before any measurement)."""
     return {
         "fixed": 8.0,  # region marks drain the queues
-        "instructions": 1.0,  # one dispatch per cycle
+        "instructions": 3.0,  # two or three sequencer cycles per instruction
         "transfers": 16.0,  # DRAM latency per DMA transfer
         "dma_beats": 1.0,  # one bus beat per cycle
         "wload_rows": 1.0,
