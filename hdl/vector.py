@@ -442,7 +442,7 @@ class VectorUnit(wiring.Component):
             lo_gt_hi.eq(lo > hi),
             # bit by bit, no shifter or subtractor: bit i of (1 << (s-1)) - 1 is set
             # iff i + 1 < s
-            half_m1.eq(Cat(qshift > i + 1 for i in range(63))),
+            half_m1.eq(Cat(qshift > i + 1 for i in range(62))),  # bit 62: never (s <= 63)
             half_c.eq(Cat(qshift == i + 1 for i in range(63))),
             sat_mask.eq(Cat(qshift + 9 <= i for i in range(66))),
         ]
