@@ -8,7 +8,7 @@ Semantics are those of the golden model (``firmware.golden.Machine._op_cfg`` ...
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -384,14 +384,18 @@ class VectorUnit(wiring.Component):
 
         # ---- datapath ---------------------------------------------------------------------
         # S0 pops the queues, S1 forms operands (and reduces MAX windows, argmax
-        # chunks, bias sums), S2 multiplies, S3 adds, S4 adds the rounding constant,
-        # S5 shifts and saturates, S6 adds the zero point and clamps and presents
-        # the write. All stages advance together (``move``) unless the write waits.
+        # chunks, bias sums), S2..S8 multiply, round, shift and saturate (below), S9
+        # adds the zero point, clamps and enters the write buffer, whose head is the
+        # write presented. All stages advance together (``move``) while the write
+        # buffer has room.
         head = data.View(qa_layout, qa.r_data)
         head_acc = data.View(qacc_layout, qacc.r_data)
         tag = data.View(tag_layout, Mux(qa.r_rdy, head.tag.as_value(), head_acc.tag.as_value()))
-        s6_valid = Signal()
-        move = ~s6_valid | self.wr.ready
+        # The write buffer: two entries (``wb_head`` presented while ``head_valid``,
+        # ``wb_tail`` behind it). The pipeline moves while the tail is free, so that
+        # ``move`` is a register and not the scratchpad's write grant.
+        head_valid, tail_valid = Signal(), Signal()
+        move = ~tail_valid
         is_add = op == VectorOp.ADD
         take = move & (qa.r_rdy | qacc.r_rdy) & (~is_add | qb.r_rdy)
         m.d.comb += [qa.r_en.eq(take & qa.r_rdy), qacc.r_en.eq(take & ~qa.r_rdy),
@@ -406,9 +410,22 @@ class VectorUnit(wiring.Component):
         coef_b = Signal(signed(32))
         qshift = Signal(6)
         zp, lo, hi = Signal(signed(8)), Signal(signed(8)), Signal(signed(8))
-        # (1 << (s-1)) - 1: with bit s of the value added, the floor shift rounds
-        # half to even.
+        # The rounding constant is (1 << (s-1)) - 1 plus bit s of the value (0 for
+        # s = 0): with it the floor shift rounds half to even. Both candidates are
+        # per-command constants; so is the mask of the bits at and above s + 9 of a
+        # value, those that must all equal its sign for the shifted value to fit in
+        # 10 bits.
         half_m1 = Signal(63)
+        half_c = Signal(63)  # 1 << (s-1)
+        sat_mask = Signal(66)
+        # A second copy of qshift for the rounding bit selects (a different reset
+        # value keeps synthesis from merging it into ``qshift``): the fanout of
+        # either copy is a half of the multiplexers.
+        qsel = Signal(6, init=63)
+        # The clamp of y + zp to [lo, hi] compares y itself with lo - zp and hi - zp
+        # (in parallel with the addition); hi wins where lo > hi.
+        lo_m, hi_m = Signal(signed(10)), Signal(signed(10))
+        lo_gt_hi = Signal()
         shift_now = Mux(req | add, regs[CfgField.QSHIFT], 0)
         m.d.sync += [
             coef_a.eq(Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))),
@@ -417,7 +434,17 @@ class VectorUnit(wiring.Component):
             zp.eq(Mux(req | add, regs[CfgField.QZP], 0)),
             lo.eq(Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])),
             hi.eq(Mux(op == VectorOp.MAX, 127, regs[CfgField.CLIP_HI])),
-            half_m1.eq(Mux(shift_now == 0, 0, (Const(1, 64) << (shift_now - 1)[:6]) - 1)),
+            qsel.eq(shift_now),
+            # Derived from the registers above, one cycle later (still long before
+            # a command's first operands reach S5).
+            lo_m.eq(lo - zp),
+            hi_m.eq(hi - zp),
+            lo_gt_hi.eq(lo > hi),
+            # bit by bit, no shifter or subtractor: bit i of (1 << (s-1)) - 1 is set
+            # iff i + 1 < s
+            half_m1.eq(Cat(qshift > i + 1 for i in range(62))),  # bit 62: never (s <= 63)
+            half_c.eq(Cat(qshift == i + 1 for i in range(63))),
+            sat_mask.eq(Cat(qshift + 9 <= i for i in range(66))),
         ]
 
         # S1
@@ -478,9 +505,9 @@ class VectorUnit(wiring.Component):
             self.acc.wmask.eq(Cat(cmd.n > j for j in range(C))),
         ]
 
-        # ARGMAX: reduce the chunk (first lane wins ties) to two candidates in S1 and to
-        # one in S2, merge it into the running best in S3, so that the comparator tree
-        # is not one long path.
+        # ARGMAX: reduce the chunk (first lane wins ties) to W/2 candidates in S1, to
+        # two in S2 and to one in S3, merge it into the running best in S4, so that
+        # the comparator tree is not one long path.
         def reduce(cands, levels):
             for _ in range(levels):
                 if len(cands) == 1:
@@ -493,69 +520,151 @@ class VectorUnit(wiring.Component):
                 cands = merged
             return cands
 
+        def cand_regs(stage, count):
+            return [(Signal(name=f"{stage}_am{i}_valid"),
+                     Signal(signed(8), name=f"{stage}_am{i}_val"),
+                     Signal(N_BITS, name=f"{stage}_am{i}_idx")) for i in range(count)]
+
         chunk = tag.k << shift_w
-        half = reduce([(tag.rem > j, a_bytes[j], chunk | j) for j in range(W)],
-                      max(shift_w - 1, 0))
-        pair = [(Signal(name=f"am{i}_valid"), Signal(signed(8), name=f"am{i}_val"),
-                 Signal(N_BITS, name=f"am{i}_idx")) for i in range(len(half))]
-        s2_am, s2_final, s1_first, am_first = Signal(), Signal(), Signal(), Signal()
+        half = reduce([(tag.rem > j, a_bytes[j], chunk | j) for j in range(W)], 1)
+        s1_cands = cand_regs("s1", len(half))
+        s2_am, s2_final, s2_first = Signal(), Signal(), Signal()
+        s3_am, s3_final, s3_first = Signal(), Signal(), Signal()
+        s1_first = Signal()
         am_val = Signal(signed(8))
         am_idx = Signal(N_BITS)
         best_val = Signal(signed(8))
         best_idx = Signal(N_BITS)
         with m.If(move & take):
-            for (sv, sval, sidx), (hv, hval, hidx) in zip(pair, half, strict=True):
+            for (sv, sval, sidx), (hv, hval, hidx) in zip(s1_cands, half, strict=True):
                 m.d.sync += [sv.eq(hv), sval.eq(hval), sidx.eq(hidx)]
             m.d.sync += s1_first.eq(tag.k == 0)
-        (_, last_val, last_idx), = reduce(pair, 1)
+        two = reduce(s1_cands, max(shift_w - 2, 0))
+        s2_cands = cand_regs("s2", len(two))
+        (_, last_val, last_idx), = reduce(s2_cands, 1)
         with m.If(move):
-            m.d.sync += [s2_am.eq(s1_am), s2_final.eq(s1_final & s1_am)]
+            m.d.sync += [s2_am.eq(s1_am), s2_final.eq(s1_final & s1_am),
+                         s3_am.eq(s2_am), s3_final.eq(s2_final)]
             with m.If(s1_am):
-                m.d.sync += [am_val.eq(last_val), am_idx.eq(last_idx), am_first.eq(s1_first)]
-        new_better = am_first | (am_val > best_val)
+                for (sv, sval, sidx), (hv, hval, hidx) in zip(s2_cands, two, strict=True):
+                    m.d.sync += [sv.eq(hv), sval.eq(hval), sidx.eq(hidx)]
+                m.d.sync += s2_first.eq(s1_first)
+            with m.If(s2_am):
+                m.d.sync += [am_val.eq(last_val), am_idx.eq(last_idx), s3_first.eq(s2_first)]
+        new_better = s3_first | (am_val > best_val)
         new_val = Mux(new_better, am_val, best_val)
         new_idx = Mux(new_better, am_idx, best_idx)
-        with m.If(s2_am & move):
+        with m.If(s3_am & move):
             m.d.sync += [best_val.eq(new_val), best_idx.eq(new_idx)]
-            with m.If(s2_final):
+            with m.If(s3_final):
                 m.d.comb += complete.eq(1)
                 m.d.sync += [self.result.eq(new_idx), self.result_valid.eq(1)]
         with m.If(s1_row & s1_final):
             m.d.comb += complete.eq(1)
 
-        # S2: products.
-        s2_valid = Signal()
-        pa = [Signal(signed(64 if j < C else 41), name=f"s2_pa{j}") for j in range(W)]
-        pb = [Signal(signed(41), name=f"s2_pb{j}") for j in range(W)]
-        # S3: sums. S4: plus rounding constant. S5: shifted and saturated.
-        s3_valid, s4_valid, s5_valid = Signal(), Signal(), Signal()
-        v = [Signal(signed(65 if j < C else 42), name=f"s3_v{j}") for j in range(W)]
-        r = [Signal(signed(66), name=f"s4_r{j}") for j in range(W)]
-        y = [Signal(signed(10), name=f"s5_y{j}") for j in range(W)]
-        out = [Signal(8, name=f"s6_out{j}") for j in range(W)]
+        # S2: partial products. The 32-bit factors are split into 16-bit halves
+        # (``x = x_hi * 2**16 + x_lo``, ``x_lo`` unsigned, ``x_hi`` signed) so that
+        # each product is one 18x18 multiplier with a register behind it. S3 and S4
+        # add them into the exact sum ``v``. S5 finds bit ``qshift`` of ``v`` (for the
+        # rounding constant), S6 adds the constant (``r``). S7 shifts ``r`` right by
+        # the multiple of 8 in ``qshift`` and finds whether the result saturates, S8
+        # shifts by the rest and saturates (``y``). S9 (the write buffer) adds the
+        # zero point and clamps.
+        ca_lo, ca_hi = coef_a[:16], coef_a[16:].as_signed()
+        cb_lo, cb_hi = coef_b[:16], coef_b[16:].as_signed()
+        s2_valid, s3_valid, s4_valid, s5_valid, s6_valid, s7_valid, s8_valid = (
+            Signal(name=f"s{i}_valid") for i in range(2, 9))
+
+        def select(values, sel):
+            """``values[sel]`` (``len(values) == 2**len(sel)``): a tree of 2:1 muxes."""
+            for b in range(len(sel)):
+                values = [Mux(sel[b], hi_, lo_)
+                          for lo_, hi_ in zip(values[0::2], values[1::2], strict=True)]
+            return values[0]
+
         with m.If(move):
-            m.d.sync += [s2_valid.eq(s1_valid), s3_valid.eq(s2_valid),
-                         s4_valid.eq(s3_valid), s5_valid.eq(s4_valid), s6_valid.eq(s5_valid)]
-            for j in range(W):
-                lsb = (v[j] >> qshift)[0]
-                shifted = r[j] >> qshift
-                z = y[j] + zp
-                zl = Mux(z < lo, lo, z)
+            m.d.sync += [s2_valid.eq(s1_valid), s3_valid.eq(s2_valid), s4_valid.eq(s3_valid),
+                         s5_valid.eq(s4_valid), s6_valid.eq(s5_valid), s7_valid.eq(s6_valid),
+                         s8_valid.eq(s7_valid)]
+        out = []
+        for j in range(W):
+            vw = 65 if j < C else 42
+            v = Signal(signed(vw), name=f"s4_v{j}")
+            vq = Signal(signed(vw), name=f"s5_v{j}")
+            lsb = Signal(name=f"s5_lsb{j}")
+            r = Signal(signed(66), name=f"s6_r{j}")
+            t = Signal(17, name=f"s7_t{j}")
+            over, neg = Signal(name=f"s7_over{j}"), Signal(name=f"s7_neg{j}")
+            y = Signal(signed(10), name=f"s8_y{j}")
+            # B side: opb * coef_b = (opb * cb_hi) * 2**16 + opb * cb_lo.
+            pbl = Signal(signed(26), name=f"s2_pbl{j}")
+            pbh = Signal(signed(25), name=f"s2_pbh{j}")
+            with m.If(move):
+                m.d.sync += [pbl.eq(opb[j] * cb_lo), pbh.eq(opb[j] * cb_hi)]
+                if j < C:
+                    # opa * coef_a = hh * 2**32 + (lh + hl) * 2**16 + ll; S3 adds
+                    # the terms at 2**16 and those at 2**0, 2**32.
+                    a_lo, a_hi = opa[j][:16], opa[j][16:].as_signed()
+                    ll = Signal(32, name=f"s2_ll{j}")
+                    lh = Signal(signed(33), name=f"s2_lh{j}")
+                    hl = Signal(signed(33), name=f"s2_hl{j}")
+                    hh = Signal(signed(32), name=f"s2_hh{j}")
+                    s3_lo = Signal(signed(65), name=f"s3_lo{j}")
+                    s3_mid = Signal(signed(35), name=f"s3_mid{j}")
+                    m.d.sync += [ll.eq(a_lo * ca_lo), lh.eq(a_lo * ca_hi),
+                                 hl.eq(a_hi * ca_lo), hh.eq(a_hi * ca_hi),
+                                 s3_lo.eq(Cat(ll, hh).as_signed() + pbl),
+                                 s3_mid.eq(lh + hl + pbh)]
+                else:
+                    # A 9-bit operand: (opa * ca_hi) * 2**16 + opa * ca_lo.
+                    pal = Signal(signed(26), name=f"s2_pal{j}")
+                    pah = Signal(signed(25), name=f"s2_pah{j}")
+                    s3_lo = Signal(signed(27), name=f"s3_lo{j}")
+                    s3_mid = Signal(signed(26), name=f"s3_mid{j}")
+                    m.d.sync += [pal.eq(opa[j] * ca_lo), pah.eq(opa[j] * ca_hi),
+                                 s3_lo.eq(pal + pbl), s3_mid.eq(pah + pbh)]
+                # y = clamp(r >> qshift, -512, 511): r >> qshift fits in 10 bits iff
+                # the bits of r under sat_mask all equal its sign; then it is the 10
+                # bits of r from qshift on (sign-extended), found in two steps.
+                r_neg = r[65]
+                r_ext = Cat(r, r_neg.replicate(16))
                 m.d.sync += [
-                    pa[j].eq(opa[j] * coef_a),
-                    pb[j].eq(opb[j] * coef_b),
-                    v[j].eq(pa[j] + pb[j]),
-                    r[j].eq(v[j] + Mux(qshift == 0, 0, half_m1 + lsb)),
-                    y[j].eq(Mux(shifted > 511, 511, Mux(shifted < -512, -512, shifted))),
-                    out[j].eq(Mux(zl > hi, hi, zl)),
+                    v.eq(s3_lo + (s3_mid << 16)),
+                    vq.eq(v),
+                    # qshift <= 63; v sign-extended
+                    lsb.eq(select(list(Cat(v, v[-1].replicate(max(64 - vw, 0)))[:64]), qsel)),
+                    r.eq(vq + Mux(lsb, half_c, half_m1)),
+                    t.eq(select([r_ext[8 * k: 8 * k + 17] for k in range(8)], qshift[3:])),
+                    neg.eq(r_neg),
+                    over.eq(Mux(r_neg, (~r & sat_mask).any(), (r & sat_mask).any())),
+                    y.eq(Mux(over, Mux(neg, -512, 511),
+                             select([t[f: f + 10] for f in range(8)], qshift[:3]))),
                 ]
+            # min(max(y + zp, lo), hi)
+            out.append(Mux(lo_gt_hi | (y > hi_m), hi, Mux(y < lo_m, lo, y + zp))[:8])
+
+        # S9: the write buffer.
+        wb_head, wb_tail = Signal(8 * W), Signal(8 * W)
+        push = move & s8_valid
+        with m.If(head_valid & self.wr.ready):
+            with m.If(tail_valid):
+                m.d.sync += [wb_head.eq(wb_tail), tail_valid.eq(0)]
+            with m.Elif(push):
+                m.d.sync += wb_head.eq(Cat(out))
+            with m.Else():
+                m.d.sync += head_valid.eq(0)
+        with m.Elif(push):
+            with m.If(head_valid):
+                m.d.sync += [wb_tail.eq(Cat(out)), tail_valid.eq(1)]
+            with m.Else():
+                m.d.sync += [wb_head.eq(Cat(out)), head_valid.eq(1)]
 
         # ---- writer -------------------------------------------------------------------------
         m.d.comb += [
-            self.wr.valid.eq(s6_valid),
+            self.wr.valid.eq(head_valid),
             self.wr.we.eq(1),
             self.wr.addr.eq(ww.addr),
-            self.wr.wdata.eq(Cat(out)),
+            self.wr.wdata.eq(wb_head),
             self.wr.wstrb.eq(Cat(ww.rem > j for j in range(W))),
         ]
         with m.If(self.wr.valid & self.wr.ready):
