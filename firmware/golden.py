@@ -52,7 +52,7 @@ class CostModel:
     branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
     dram_latency: int = 16  # request to first beat
     tag_hit: int = 1  # a load whose tag hits
-    vector_latency: int = 4  # vector pipeline depth
+    vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
     cfg: int = 1
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
