@@ -58,6 +58,12 @@ NUM_CHECKS = 3
 QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
              "vargmax")
 TRACE_WORDS = 10  # firmware.regs.TRACE_FIELDS
+# The register-reading fields of each instruction, numbered in field order: (mnemonic,
+# field) -> read slot. ``rd`` fields are written, never read.
+SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
+           for k, name in enumerate(n for n, (_, _, kind) in fields.items()
+                                    if kind == "reg" and n != "rd")}
+READ_SLOTS = 1 + max(SLOT_OF.values())
 SPAN_BITS = 40
 
 
@@ -178,13 +184,10 @@ class Sequencer(wiring.Component):
         pc = Signal(PC_BITS)
         regs = Array(Signal(32, name=f"r{i}") for i in range(isa.NUM_REGS))
         pending = Signal(isa.NUM_REGS)  # vargmax results not yet written
-        # Operands: every register field position of the ISA gets a latch, loaded in
-        # OPERANDS from the register the fetched word names there.
-        opnd = {}
-        for fields in DEC["fields"].values():
-            for lo, bits, kind in fields.values():
-                if kind == "reg" and (lo, bits) not in opnd:
-                    opnd[(lo, bits)] = Signal(32, name=f"opnd_{lo}")
+        # Operands: an instruction reads at most READ_SLOTS registers. Each field it
+        # reads has a slot (SLOT_OF), so the register file has READ_SLOTS read ports,
+        # not one per field position of the ISA; OPERANDS latches them.
+        opnd = [Signal(32, name=f"opnd{k}") for k in range(READ_SLOTS)]
         run_cycles = Signal(32)
         pt_set = Signal(2)
         m.d.comb += self.pt_set.eq(pt_set)
@@ -289,9 +292,6 @@ class Sequencer(wiring.Component):
             meters["stall_cycles"].eq(meters["stall_cycles"] + self.ev_stall),
         ]
 
-        # vargmax write-back.
-        with m.If(self.rd_we):
-            m.d.sync += regs[self.rd_index].eq(Mux(self.rd_index == 0, 0, self.rd_value))
         clear_pending = Mux(self.rd_we, 1 << self.rd_index, 0)
         set_pending = Signal(isa.NUM_REGS)
         m.d.sync += pending.eq((pending & ~clear_pending) | set_pending)
@@ -312,6 +312,19 @@ class Sequencer(wiring.Component):
                     with m.Case(code):
                         m.d.comb += uses.eq(_or_shifts(live, mn, regs_named))
         reg_wait = (uses & pending) != 0
+        # The registers the fetched word reads, one per slot (read once, shared by both
+        # places that latch operands).
+        slot_idx = [Signal(4, name=f"slot{k}_idx") for k in range(READ_SLOTS)]
+        slot_val = [Signal(32, name=f"slot{k}_val") for k in range(READ_SLOTS)]
+        with m.Switch(live_opcode):
+            for mn, code in OPC.items():
+                named = [(k, DEC["fields"][mn][n]) for (mn_, n), k in SLOT_OF.items()
+                         if mn_ == mn]
+                if named:
+                    with m.Case(code):
+                        m.d.comb += [slot_idx[k].eq(live[lo:lo + bits])
+                                     for k, (lo, bits, _) in named]
+        m.d.comb += [v.eq(regs[i]) for v, i in zip(slot_val, slot_idx, strict=True)]
         live_queue_op = Signal()
         with m.Switch(live_opcode):
             with m.Case(*(OPC[mn] for mn in QUEUE_OPS)):
@@ -328,8 +341,6 @@ class Sequencer(wiring.Component):
                         stage.eq(1 << OPERANDS), timeout.eq(0),
                         w_active.eq(0), loop_sp.eq(0), reg_sp.eq(0), flushing.eq(0),
                         cur_code.eq(0), cur_pc.eq(0), cur_addr.eq(0),
-                        *[regs[i].eq(0) for i in range(isa.NUM_REGS)],
-                        *[regs[1 + i].eq(self.args[i]) for i in range(isa.NUM_ARG_REGS)],
                         *[c.eq(0) for c in chan.values()],
                         *[wk[i].eq(0) for i in range(2)], *[wn[i].eq(0) for i in range(2)],
                         *[s.eq(isa.CFG_RESET[k]) for k, s in shadow_cfg.items()],
@@ -364,15 +375,14 @@ class Sequencer(wiring.Component):
                     # becomes pending now).
                     with m.If(~reg_wait & (opcode != OPC["vargmax"])):
                         m.d.sync += [word.eq(live), stage.eq(after_operands)]
-                        for (lo, bits), sig in opnd.items():
-                            idx = live[lo:lo + bits]
-                            m.d.sync += sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, regs[idx]))
+                        m.d.sync += [sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, value))
+                                     for sig, idx, value in zip(opnd, slot_idx, slot_val,
+                                                                strict=True)]
                     with m.Else():
                         m.d.sync += stage.eq(1 << OPERANDS)
                 with m.Elif(stage[OPERANDS] & ~reg_wait):
                     m.d.sync += [word.eq(live), stage.eq(after_operands)]
-                    m.d.sync += [sig.eq(regs[live[lo:lo + bits]])
-                                 for (lo, bits), sig in opnd.items()]
+                    m.d.sync += [sig.eq(value) for sig, value in zip(opnd, slot_val, strict=True)]
                 with m.Elif(stage[SPANS]):
                     m.d.sync += stage.eq(1 << PRODUCTS)
                 with m.Elif(stage[PRODUCTS]):
@@ -416,8 +426,7 @@ class Sequencer(wiring.Component):
         m.d.comb += legal.eq(fields_ok & known & (version == isa.ISA_VERSION))
 
         def R(mn, name):
-            lo, bits, _ = DEC["fields"][mn][name]
-            return opnd[(lo, bits)]
+            return opnd[SLOT_OF[(mn, name)]]
 
         # ---- next pc, loops ------------------------------------------------------------
         seq_next = pc + 1
@@ -470,10 +479,12 @@ class Sequencer(wiring.Component):
                          spans[i]["extra"].eq(extra)]
             return chk[i].error
 
-        def fail(cond, code, addr=0):
+        def fail(cond, code, at=None):
             """Queue a fault of the instruction whose case is being built; among one
-            instruction's faults, those listed earlier win (golden order)."""
-            faults.append((tuple(case_ops), cond, code, addr))
+            instruction's faults, those listed earlier win (golden order). ``at``: the
+            partition check whose offset a PARTITION_BOUNDS fault reports (golden
+            reports the offset for bounds errors, 0 for a missing partition)."""
+            faults.append((tuple(case_ops), cond, code, 0 if at is None else at + 1))
 
         faults: list = []
         case_ops: list = []
@@ -661,7 +672,7 @@ class Sequencer(wiring.Component):
                         fail(tag > cfg.tag_slots, ErrorCode.BAD_OPERAND)
                         m.d.comb += [entry.slot.eq(tag), entry.part.eq(field(word, mn, "p"))]
                     e = check(0, field(word, mn, "p"), offset, rows, nb)
-                    fail(e != 0, e, _bounds_addr(e, chk[0].offset))
+                    fail(e != 0, e, at=0)
                     m.d.comb += [
                         entry.cmd.dram.eq(R(mn, "dram")),
                         entry.cmd.stride.eq(Mux(stride_r == 0, nb, R(mn, "stride"))),
@@ -688,27 +699,35 @@ class Sequencer(wiring.Component):
                         do_advance()
                         m.d.comb += self.compute.valid.eq(1)
 
-        # The scalar write (registered decode only: it does not wait on the opcode).
+        # The register file's writes, one port per register: the start of a run (r1..r7
+        # from ``args``, the others 0), a vargmax write-back, or the scalar write of a
+        # fire (its value from registers only). The last two never hit the same register
+        # in one cycle: an instruction that names a pending register waits. r0 is 0.
         m.d.comb += wb_value.eq(Mux(wb_mul, product, result_q))
-        with m.If(fire & wb_en):
-            m.d.sync += regs[wb_rd].eq(wb_value)
+        for i in range(1, isa.NUM_REGS):
+            rd_hit = self.rd_we & (self.rd_index == i)
+            with m.If(self.run_start):
+                m.d.sync += regs[i].eq(self.args[i - 1] if i <= isa.NUM_ARG_REGS else 0)
+            with m.Elif(rd_hit | (fire & wb_en & (wb_rd == i))):
+                m.d.sync += regs[i].eq(Mux(rd_hit, self.rd_value, wb_value))
 
         # ---- faults (first listed wins), timeout, pc bounds, illegal ------------------------
         chain_code = Signal(8)
-        chain_addr = Signal(32)
+        chain_at = Signal(range(NUM_CHECKS + 1))  # 1 + the check that failed, or 0
         chain = Signal()
         # Each instruction's faults form a short priority chain; the opcode picks one
         # chain (a parallel select, not one chain through every instruction's faults).
         by_ops: dict = {}
-        for ops, cond, code, addr in faults:
-            by_ops.setdefault(ops, []).append((cond, code, addr))
+        for ops, cond, code, at in faults:
+            by_ops.setdefault(ops, []).append((cond, code, at))
         with m.Switch(opcode):
             for ops, items in by_ops.items():
                 with m.Case(*ops):
-                    for cond, code, addr in reversed(items):
+                    for cond, code, at in reversed(items):
                         with m.If(cond):
-                            m.d.comb += [chain.eq(1), chain_code.eq(code),
-                                         chain_addr.eq(addr)]
+                            m.d.comb += [chain.eq(1), chain_code.eq(code), chain_at.eq(at)]
+        chain_offset = Array([Const(0, 32)] + [c.offset for c in chk])[chain_at]
+        chain_addr = Mux(chain_code == ErrorCode.PARTITION_BOUNDS, chain_offset, 0)
         wait = ((needs_q["idle"] & ~all_idle) | (needs_q["load_idle"] & ~self.load_idle)
                 | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
                 | (needs_q["compute"] & ~self.compute.ready))
@@ -775,7 +794,7 @@ class Sequencer(wiring.Component):
             fail((k > cfg.rows) | (n > cfg.cols), ErrorCode.BAD_OPERAND)
             off = offset("sp")
             e = check(0, fieldof("p"), off, k, n)
-            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
+            fail(e != 0, e, at=0)
             m.d.comb += [arr.op.eq(ArrayOp.WLOAD), arr.sp.eq(self.chk[0].addr),
                          arr.k.eq(k), arr.n.eq(n)]
             with m.If(fire):
@@ -790,7 +809,7 @@ class Sequencer(wiring.Component):
             off = offset("sp")
             stride = eff(CfgField.GEMM_STRIDE, k)
             e = check(0, fieldof("p"), off, *rows_span(stride, k))
-            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
+            fail(e != 0, e, at=0)
             m.d.comb += [arr.op.eq(ArrayOp.GEMM), arr.sp.eq(self.chk[0].addr),
                          arr.stride.eq(stride), arr.k.eq(k), arr.n.eq(n), arr.m.eq(mr),
                          arr.acc.eq(first), arr.accumulate.eq(fieldof("mode")),
@@ -806,7 +825,7 @@ class Sequencer(wiring.Component):
                 e = check(0, fieldof("p"), off, n, 4)
             else:
                 e = check(0, fieldof("p"), off, *rows_span(eff(CfgField.OUT_STRIDE, n), n))
-            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
+            fail(e != 0, e, at=0)
             m.d.comb += [entry.vector.eq(1),
                          vec.op.eq(VectorOp.BIAS if mn == "vbias" else VectorOp.REQ),
                          vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n)]
@@ -815,12 +834,12 @@ class Sequencer(wiring.Component):
             mr, n = fieldof("m"), fieldof("n")
             src = rows_span(eff(CfgField.IN_STRIDE, n), n)
             ea = check(0, fieldof("pa"), R(mn, "a"), *src)
-            fail(ea != 0, ea, _bounds_addr(ea, self.chk[0].offset))
+            fail(ea != 0, ea, at=0)
             eb = check(1, fieldof("pb"), R(mn, "b"), *src)
-            fail(eb != 0, eb, _bounds_addr(eb, self.chk[1].offset))
+            fail(eb != 0, eb, at=1)
             ed = check(2, fieldof("pd"), R(mn, "d"),
                        *rows_span(eff(CfgField.OUT_STRIDE, n), n))
-            fail(ed != 0, ed, _bounds_addr(ed, self.chk[2].offset))
+            fail(ed != 0, ed, at=2)
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ADD),
                          vec.a.eq(self.chk[0].addr), vec.b.eq(self.chk[1].addr),
                          vec.d.eq(self.chk[2].addr), vec.m.eq(mr), vec.n.eq(n)]
@@ -831,10 +850,10 @@ class Sequencer(wiring.Component):
             else:
                 src = rows_span(shadow_cfg[CfgField.POOL_ISTRIDE], n, extra=True)
             es = check(0, fieldof("ps"), R(mn, "s"), *src)
-            fail(es != 0, es, _bounds_addr(es, self.chk[0].offset))
+            fail(es != 0, es, at=0)
             ed = check(1, fieldof("pd"), R(mn, "d"),
                        *rows_span(eff(CfgField.OUT_STRIDE, n), n))
-            fail(ed != 0, ed, _bounds_addr(ed, self.chk[1].offset))
+            fail(ed != 0, ed, at=1)
             m.d.comb += [entry.vector.eq(1),
                          vec.op.eq(VectorOp.CLIP if mn == "vclip" else VectorOp.MAX),
                          vec.a.eq(self.chk[0].addr), vec.d.eq(self.chk[1].addr),
@@ -843,7 +862,7 @@ class Sequencer(wiring.Component):
             n = fieldof("n")
             off = offset("s")
             e = check(0, fieldof("p"), off, n, 1)
-            fail(e != 0, e, _bounds_addr(e, self.chk[0].offset))
+            fail(e != 0, e, at=0)
             rd = fieldof("rd")
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.ARGMAX),
                          vec.a.eq(self.chk[0].addr), vec.n.eq(n), vec.m.eq(1), entry.rd.eq(rd)]
@@ -851,11 +870,6 @@ class Sequencer(wiring.Component):
                 m.d.comb += set_pending.eq(1 << rd)
         else:  # pragma: no cover
             raise AssertionError(mn)
-
-
-def _bounds_addr(e, offset):
-    """Golden reports the offset for bounds errors, 0 for a missing partition."""
-    return Mux(e == ErrorCode.PARTITION_BOUNDS, offset, 0)
 
 
 def _or_shifts(word, mn, names):
