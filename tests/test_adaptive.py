@@ -349,6 +349,11 @@ def test_a_saved_state_starts_the_next_run_warm(seed):
     compiles = cache.compiles
     warm = _runtime("mlp", cache=cache, state=state)
     assert [e.kind for e in warm.events] == ["restored"]
+    # The restored plan is the first install, not a swap.
+    assert [e.kind for e in warm.units[1090].history] == ["created", "restored"]
+    assert [e.kind for e in warm.units[1].history] == ["created", "set-aside"]
+    rep = warm.report()
+    assert rep["swaps"] == 0 and rep["restored_plan"] == [1090]
     first = warm.run(xs[0])
     assert first.plan == (1090,) and first.checked
     assert cache.compiles == compiles  # the plan came from the cache

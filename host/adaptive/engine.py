@@ -175,6 +175,7 @@ class AdaptiveRuntime(BatchServing):
         self.refused: dict[frozenset, str] = {}
         self.n = 0
         self.swaps = self.rollbacks = self.compiles_started = 0
+        self.restored: list[int] = []  # the plan a warm start began with (no swap)
         self.pending: _Change | None = None
         self.validating: _Validation | None = None
         self.swapped_at: dict[int, int] = {}
@@ -599,7 +600,10 @@ class AdaptiveRuntime(BatchServing):
         except CompileError as e:
             self._event("state-ignored", (), f"the saved plan does not compile: {e}")
             return
-        self.units.adopt(plan, 0, "restored from the saved state")
+        # Not a swap: the run starts on this plan (the first install, not a hot swap).
+        self.units.adopt(plan, 0, "restored from the saved state", came="restored",
+                         went="set-aside")
+        self.restored = [s.id for s in plan]
         self.session = Session(self.driver, model, check=False)
         self._note_resources(model)
         self._event("restored", tuple(s.id for s in plan),
@@ -636,6 +640,7 @@ class AdaptiveRuntime(BatchServing):
             "inferences": self.n,
             "plan": self._plan_ids(),
             "swaps": self.swaps,
+            "restored_plan": self.restored,
             "rollbacks": self.rollbacks,
             "compiles": self.compiles_started,
             "speculation": {"bets": self.bets_total, "misspeculations": self.misspeculations,

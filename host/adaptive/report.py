@@ -92,6 +92,9 @@ def print_report(rep: dict, console: Console) -> None:
     console.print(table)
     err = rep["cost_model_error"]
     cache = rep["cache"]
+    if rep.get("restored_plan"):
+        console.print(f"started on the plan of an earlier run {rep['restored_plan']} "
+                      "(restored from the saved state, not swapped in)", highlight=False)
     console.print(
         f"{rep['inferences']} inferences, {rep['swaps']} swaps, {rep['rollbacks']} "
         f"rollbacks, {rep['compiles']} plan changes compiled ({cache['compiles']} compiles, "

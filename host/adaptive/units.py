@@ -194,18 +194,19 @@ class UnitGraph:
         units.sort(key=lambda u: self.order[u.nodes[0]])
         return [Subgraph(u.id, list(u.nodes)) for u in units]
 
-    def adopt(self, plan: list[Subgraph], inference: int,
-              reason: str) -> list[tuple[Unit, Event]]:
-        """Make ``plan`` the active set; record who came and went and why."""
+    def adopt(self, plan: list[Subgraph], inference: int, reason: str,
+              came: str = "swapped-in", went: str = "swapped-out") -> list[tuple[Unit, Event]]:
+        """Make ``plan`` the active set; record who came and went (history kinds
+        ``came`` and ``went``: a swap on the device by default) and why."""
         ids = {s.id for s in plan}
         events = []
         for u in self.units.values():
             if u.id in ids and u.state != ACTIVE:
                 u.state = ACTIVE
-                events.append((u, u.record(inference, "swapped-in", reason)))
+                events.append((u, u.record(inference, came, reason)))
             elif u.id not in ids and u.state == ACTIVE:
                 u.state = IDLE if u.kind == ORIGINAL else RETIRED
-                events.append((u, u.record(inference, "swapped-out", reason)))
+                events.append((u, u.record(inference, went, reason)))
         return events
 
     def quarantine(self, uid: int, inference: int, reason: str) -> None:
