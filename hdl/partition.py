@@ -9,7 +9,7 @@ registers of ``firmware.regs``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, C, Cat, Module, Signal
+from amaranth.hdl import Array, C, Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -46,7 +46,11 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
         scratchpad (``base + size > sp_bytes``) or the span leaves the partition
         (``offset + nbytes > size``), checked in that order.
 
-    ``addr`` and ``error`` follow the inputs combinationally.
+    Timing: the lookup is registered. ``p`` and ``offset`` (and the table's
+    ``bank`` and ``set``) are sampled at every clock edge; ``addr`` and ``error``
+    describe the values sampled at the last edge, ``error`` combined with the
+    current ``nbytes`` (one compare). A requester holds ``p`` and ``offset`` for
+    a cycle before it reads the result, and may present ``nbytes`` a cycle later.
     """
     return wiring.Signature({
         "p": Out(_PART_BITS),
@@ -61,10 +65,11 @@ class PartitionTable(wiring.Component):
     """``2 x pt_sets x partitions`` entries of (base, size) with range checkers.
 
     Every entry resets to (0, 0), i.e. disabled. A write takes effect at the
-    end of its cycle; readback and checks see the table as it was at the start
-    of the cycle. Writes to a set or partition the build does not have are
-    ignored, and read back as (0, 0). The table writes whichever bank it is told
-    to: refusing writes to the active bank is the CSR block's job (it flags them).
+    end of its cycle; readback, and a check lookup sampled at the same edge, see
+    the table as it was at the start of the cycle. Writes to a set or partition
+    the build does not have are ignored, and read back as (0, 0). The table
+    writes whichever bank it is told to: refusing writes to the active bank is
+    the CSR block's job (it flags them).
     A set the build does not have behaves as a table of disabled entries.
 
     Parameters
@@ -170,13 +175,25 @@ class PartitionTable(wiring.Component):
         act_size = Array(act_size + [zero] * pad)
         act_bad = Array(act_bad + [C(0, 2)] * pad)
 
-        for chk in self.checks:
-            eb, es, bad = act_base[chk.p], act_size[chk.p], act_bad[chk.p]
-            m.d.comb += chk.addr.eq(eb + chk.offset)
+        for i, chk in enumerate(self.checks):
+            # The lookup, registered: the address, the entry's verdict, and the room
+            # the partition leaves after the offset (offset + nbytes > size is
+            # nbytes > size - offset), so that the check itself is one compare.
+            addr = Signal.like(chk.addr, name=f"chk{i}_addr")
+            missing = Signal(name=f"chk{i}_missing")
+            bad = Signal(name=f"chk{i}_bad")
+            room = Signal(signed(34), name=f"chk{i}_room")
+            m.d.sync += [
+                addr.eq(act_base[chk.p] + chk.offset),
+                missing.eq(chk.p >= cfg.partitions),
+                bad.eq(act_bad[chk.p].any()),
+                room.eq(act_size[chk.p] - chk.offset),
+            ]
+            m.d.comb += chk.addr.eq(addr)
             # Same order as golden _sp_range: existence, enabled, inside the SP, span.
-            with m.If(chk.p >= cfg.partitions):
+            with m.If(missing):
                 m.d.comb += chk.error.eq(ErrorCode.BAD_OPERAND)
-            with m.Elif(bad.any() | (chk.offset + chk.nbytes > es)):
+            with m.Elif(bad | (chk.nbytes > room)):
                 m.d.comb += chk.error.eq(ErrorCode.PARTITION_BOUNDS)
             with m.Else():
                 m.d.comb += chk.error.eq(ErrorCode.NONE)

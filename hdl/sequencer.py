@@ -447,8 +447,9 @@ class Sequencer(wiring.Component):
 
         # ---- partition checks ------------------------------------------------------------
         # Each check's byte span is a * b + add (+ the pooling window's extent): SPANS
-        # registers the range and the factors, PRODUCTS multiplies, and the partition
-        # table compares in CHECK. Each step has a cycle of its own.
+        # registers the partition, offset and factors; in PRODUCTS the partition table
+        # looks the partition up (registered) while the span is multiplied out; in
+        # CHECK the table compares the span with the room left after the offset.
         chk = self.chk
         pool_extent = Signal(SPAN_BITS)  # follows its cfg registers a cycle later
         m.d.sync += pool_extent.eq((shadow_cfg[CfgField.POOL_COUNT] - 1)

@@ -28,6 +28,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+
 from firmware.config import NPUConfig
 
 from .synth import _tool_env, parse_nextpnr_log, parse_yosys_stat
@@ -60,14 +63,56 @@ def _blocks() -> dict[str, Callable[[NPUConfig], object]]:
         "csr": CSRBlock, "load_queue": LoadQueue, "compute_queue": ComputeQueue,
         "store_queue": StoreQueue, "partition": lambda c: PartitionTable(c, checks=NUM_CHECKS),
         "tags": TagStore, "accumulator": Accumulator, "counters": PerfCounters,
-        "trace": TraceFIFO, "imem": InstructionMemory, "npu": NPU,
+        "trace": TraceFIFO, "imem": InstructionMemory, "dispatch": Dispatch, "npu": NPU,
     }
 
 
 BLOCKS = ("gemm", "vector", "sequencer", "scratchpad", "dma", "csr", "load_queue",
           "compute_queue", "store_queue", "partition", "tags", "accumulator", "counters",
-          "trace", "imem", "npu")
-"""Every block the tool knows, in the default order (``npu`` is the whole NPU, slow)."""
+          "trace", "imem", "dispatch", "npu")
+"""Every block the tool knows, in the default order (``dispatch`` is the sequencer with
+the partition table its checks run through; ``npu`` is the whole NPU, slow)."""
+
+
+class Dispatch(wiring.Component):
+    """The sequencer and the partition table, wired as in :class:`hdl.top.NPU`.
+
+    The partition checks run from the sequencer through the table and back into the
+    sequencer's CHECK step, a path that neither block has alone. Every other member
+    of the two blocks is a port (``seq_*``, ``pt_*``; ``pt_bank`` is the active bank).
+    """
+
+    def __init__(self, config: NPUConfig):
+        from hdl.partition import PartitionTable
+        from hdl.sequencer import NUM_CHECKS, Sequencer
+        self._seq = Sequencer(config)
+        self._pt = PartitionTable(config, checks=NUM_CHECKS)
+        members = {f"seq_{n}": mb for n, mb in self._seq.signature.members.items()
+                   if n != "chk"}
+        members |= {f"pt_{n}": mb for n, mb in self._pt.signature.members.items()
+                    if n not in ("checks", "set")}
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.seq, m.submodules.pt = seq, pt = self._seq, self._pt
+        for prefix, inner in (("seq_", seq), ("pt_", pt)):
+            for path, mb, outer in self.signature.flatten(self):
+                name = path[0]
+                if not name.startswith(prefix):
+                    continue
+                inner_v = getattr(inner, name[len(prefix):])
+                for step in path[1:]:
+                    inner_v = inner_v[step] if isinstance(step, int) else getattr(inner_v, step)
+                if mb.flow == wiring.In:
+                    m.d.comb += inner_v.eq(outer)
+                else:
+                    m.d.comb += outer.eq(inner_v)
+        m.d.comb += pt.set.eq(seq.pt_set)
+        for c, s in zip(pt.checks, seq.chk, strict=True):
+            m.d.comb += [c.p.eq(s.p), c.offset.eq(s.offset), c.nbytes.eq(s.nbytes),
+                         s.addr.eq(c.addr), s.error.eq(c.error)]
+        return m
 
 _SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
 _PY_LINE = re.compile(r"(\S+\.py:\d+)")
