@@ -46,11 +46,13 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
         scratchpad (``base + size > sp_bytes``) or the span leaves the partition
         (``offset + nbytes > size``), checked in that order.
 
-    Timing: the lookup is registered. ``p`` and ``offset`` (and the table's
-    ``bank`` and ``set``) are sampled at every clock edge; ``addr`` and ``error``
-    describe the values sampled at the last edge, ``error`` combined with the
-    current ``nbytes`` (one compare). A requester holds ``p`` and ``offset`` for
-    a cycle before it reads the result, and may present ``nbytes`` a cycle later.
+    Timing: the lookup is registered, and so is the active table it reads. ``p``
+    and ``offset`` are sampled at every clock edge, the table's ``bank``, ``set``
+    and entries one edge earlier; ``addr`` and ``error`` describe the values
+    sampled then, ``error`` combined with the current ``nbytes`` (one compare). A
+    requester holds ``p`` and ``offset`` for a cycle before it reads the result,
+    and may present ``nbytes`` a cycle later; ``bank``, ``set`` and the entries
+    must have held for the cycle before that too.
     """
     return wiring.Signature({
         "p": Out(_PART_BITS),
@@ -151,20 +153,24 @@ class PartitionTable(wiring.Component):
             self.r_size.eq(all_size[Cat(self.r_part, self.r_set, self.r_bank)]),
         ]
 
-        # The active table and its per-entry verdicts are shared by all checkers.
+        # The active table and its per-entry verdicts, shared by all checkers, held in
+        # registers: they change only with ptsel, a swap or a write, never between a
+        # check's lookup and its use, so the lookup starts from registers.
         act_base, act_size, act_bad = [], [], []
         tables = Cat(self.set, self.bank)  # index b * 4 + s
         for p in range(cfg.partitions):
             ab = Signal(32, name=f"act_base_p{p}")
             asz = Signal(32, name=f"act_size_p{p}")
             bad = Signal(2, name=f"act_bad_p{p}")  # bit 0: disabled, bit 1: leaves the SP
-            m.d.comb += [
-                ab.eq(Array(base[b][s][p] for b in range(PT_BANKS)
-                            for s in range(1 << _SET_BITS))[tables]),
-                asz.eq(Array(size[b][s][p] for b in range(PT_BANKS)
-                             for s in range(1 << _SET_BITS))[tables]),
-                bad[0].eq(asz == 0),
-                bad[1].eq(ab + asz > cfg.sp_bytes),
+            ab_now = Array(base[b][s][p] for b in range(PT_BANKS)
+                           for s in range(1 << _SET_BITS))[tables]
+            asz_now = Array(size[b][s][p] for b in range(PT_BANKS)
+                            for s in range(1 << _SET_BITS))[tables]
+            m.d.sync += [
+                ab.eq(ab_now),
+                asz.eq(asz_now),
+                bad[0].eq(asz_now == 0),
+                bad[1].eq(ab_now + asz_now > cfg.sp_bytes),
             ]
             act_base.append(ab)
             act_size.append(asz)

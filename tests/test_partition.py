@@ -144,7 +144,7 @@ def test_random_tables_against_golden(name, seed, regress):
                     ctx.set(chk.nbytes, nbytes)
                     expected.append(((p, offset, nbytes),
                                      _golden(golden, bank, pt_set, p, offset, nbytes)))
-                await ctx.tick()  # the lookup is registered
+                await ctx.tick().repeat(2)  # the active table, then the lookup
                 for i, (chk, (query, (code, addr, reason))) in enumerate(
                         zip(dut.checks, expected, strict=True)):
                     err = ctx.get(chk.error)
@@ -176,7 +176,7 @@ def test_double_buffer_and_reset(name):
         ctx.set(chk.p, p)
         ctx.set(chk.offset, offset)
         ctx.set(chk.nbytes, nbytes)
-        await ctx.tick()  # the lookup is registered (and sees a write of this cycle's edge)
+        await ctx.tick().repeat(2)  # the active table, then the lookup (registered)
         return ctx.get(chk.error), ctx.get(chk.addr)
 
     async def bench(ctx):
