@@ -133,15 +133,21 @@ class PartitionTable(wiring.Component):
                 for _ in range(PT_BANKS)]
         size = [[[zero] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
                 for _ in range(PT_BANKS)]
+        # Each entry's verdict, decided when it is written: bit 0 disabled (size 0),
+        # bit 1 leaves the scratchpad (base + size > sp_bytes).
+        verdict = [[[C(0b01, 2)] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
+                   for _ in range(PT_BANKS)]
+        w_verdict = Cat(self.w_size == 0, self.w_base + self.w_size > cfg.sp_bytes)
         for b in range(PT_BANKS):
             for s in range(cfg.pt_sets):
                 for p in range(cfg.partitions):
                     eb = Signal(32, name=f"base_b{b}_s{s}_p{p}")
                     es = Signal(32, name=f"size_b{b}_s{s}_p{p}")
-                    base[b][s][p], size[b][s][p] = eb, es
+                    ev = Signal(2, name=f"verdict_b{b}_s{s}_p{p}", init=0b01)
+                    base[b][s][p], size[b][s][p], verdict[b][s][p] = eb, es, ev
                     with m.If(self.w_en & (self.w_bank == b) & (self.w_set == s)
                               & (self.w_part == p)):
-                        m.d.sync += [eb.eq(self.w_base), es.eq(self.w_size)]
+                        m.d.sync += [eb.eq(self.w_base), es.eq(self.w_size), ev.eq(w_verdict)]
 
         def flat(table):  # index Cat(part, set, bank)
             return Array(table[b][s][p] for b in range(PT_BANKS)
@@ -162,16 +168,10 @@ class PartitionTable(wiring.Component):
             ab = Signal(32, name=f"act_base_p{p}")
             asz = Signal(32, name=f"act_size_p{p}")
             bad = Signal(2, name=f"act_bad_p{p}")  # bit 0: disabled, bit 1: leaves the SP
-            ab_now = Array(base[b][s][p] for b in range(PT_BANKS)
-                           for s in range(1 << _SET_BITS))[tables]
-            asz_now = Array(size[b][s][p] for b in range(PT_BANKS)
-                            for s in range(1 << _SET_BITS))[tables]
-            m.d.sync += [
-                ab.eq(ab_now),
-                asz.eq(asz_now),
-                bad[0].eq(asz_now == 0),
-                bad[1].eq(ab_now + asz_now > cfg.sp_bytes),
-            ]
+            def active(table, p=p):
+                return Array(table[b][s][p] for b in range(PT_BANKS)
+                             for s in range(1 << _SET_BITS))[tables]
+            m.d.sync += [ab.eq(active(base)), asz.eq(active(size)), bad.eq(active(verdict))]
             act_base.append(ab)
             act_size.append(asz)
             act_bad.append(bad)

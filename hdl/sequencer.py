@@ -727,8 +727,6 @@ class Sequencer(wiring.Component):
                     for cond, code, at in reversed(items):
                         with m.If(cond):
                             m.d.comb += [chain.eq(1), chain_code.eq(code), chain_at.eq(at)]
-        chain_offset = Array([Const(0, 32)] + [c.offset for c in chk])[chain_at]
-        chain_addr = Mux(chain_code == ErrorCode.PARTITION_BOUNDS, chain_offset, 0)
         wait = ((needs_q["idle"] & ~all_idle) | (needs_q["load_idle"] & ~self.load_idle)
                 | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
                 | (needs_q["compute"] & ~self.compute.ready))
@@ -736,19 +734,22 @@ class Sequencer(wiring.Component):
         pc_out = pc >= depth
         bad = Signal()
         bad_code = Signal(8)
-        bad_addr = Signal(32)
+        bad_at = Signal.like(chain_at)  # the check whose offset the fault reports, + 1
         with m.If(resolving):
             m.d.sync += [
                 bad.eq(pc_out | ~legal | chain),
                 bad_code.eq(Mux(pc_out, ErrorCode.PC_BOUNDS,
                                 Mux(~legal, ErrorCode.ILLEGAL_INSTRUCTION, chain_code))),
-                bad_addr.eq(Mux(pc_out | ~legal, 0, chain_addr)),
+                bad_at.eq(Mux(pc_out | ~legal | (chain_code != ErrorCode.PARTITION_BOUNDS),
+                              0, chain_at)),
             ]
         with m.If(running):
             with m.If(timeout):
                 m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.TIMEOUT)]
             with m.Elif(stage[FIRE]):
                 with m.If(bad):
+                    # The checks' offsets hold until the next instruction's SPANS step.
+                    bad_addr = Array([Const(0, 32)] + [c.offset for c in chk])[bad_at]
                     m.d.comb += [fault.eq(1), fault_code.eq(bad_code), fault_addr.eq(bad_addr)]
                 with m.Elif(~wait & ~self.queue_error):
                     m.d.comb += [fire.eq(1), self.ev_instr.eq(1)]
