@@ -116,7 +116,8 @@ class Sequencer(wiring.Component):
     imem_addr, imem_en : Out, imem_data : In(64)
         Fetch port of the active instruction bank (one cycle read latency).
     chk : Out(check_port_signature).array(3)
-        Partition range checks (combinational).
+        Partition range checks (the table's lookup is registered: see
+        :func:`hdl.partition.pt_check_signature`).
     pt_set : Out(2)
         Selected partition-table set (``ptsel``; 0 at the start of every run).
     tinv_en, tinv_slot : Out
