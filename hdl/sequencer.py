@@ -34,7 +34,7 @@ Decode tables come from :func:`firmware.isa.decoder_constants`, never hand-copie
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Const, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -173,13 +173,7 @@ class Sequencer(wiring.Component):
         # The instruction in flight: latched from the fetch port in OPERANDS.
         word = Signal(64)
         opcode = word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
-        version = word[isa.VERSION_LO:isa.VERSION_LO + isa.VERSION_BITS]
         toks = word[isa.TOKENS_LO:isa.TOKENS_LO + isa.TOKENS_BITS]
-        payload = word[:isa.TOKENS_LO]
-
-        def f(name):
-            """Operand of the current instruction (its mnemonic picked by the caller)."""
-            return lambda mn: field(word, mn, name)
 
         # ---- architectural state of a run ---------------------------------------
         pc = Signal(PC_BITS)
@@ -326,6 +320,10 @@ class Sequencer(wiring.Component):
                         m.d.comb += [slot_idx[k].eq(live[lo:lo + bits])
                                      for k, (lo, bits, _) in named]
         m.d.comb += [v.eq(regs[i]) for v, i in zip(slot_val, slot_idx, strict=True)]
+        # Whether the fetched word is a legal encoding, latched with it (a function of
+        # the word alone, so CHECK starts from a register).
+        legal = Signal()
+        legal_live = _legal(m, live)
         live_queue_op = Signal()
         with m.Switch(live_opcode):
             with m.Case(*(OPC[mn] for mn in QUEUE_OPS)):
@@ -375,14 +373,14 @@ class Sequencer(wiring.Component):
                     # it waits for a vargmax result (or this is a vargmax, whose result
                     # becomes pending now).
                     with m.If(~reg_wait & (opcode != OPC["vargmax"])):
-                        m.d.sync += [word.eq(live), stage.eq(after_operands)]
+                        m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands)]
                         m.d.sync += [sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, value))
                                      for sig, idx, value in zip(opnd, slot_idx, slot_val,
                                                                 strict=True)]
                     with m.Else():
                         m.d.sync += stage.eq(1 << OPERANDS)
                 with m.Elif(stage[OPERANDS] & ~reg_wait):
-                    m.d.sync += [word.eq(live), stage.eq(after_operands)]
+                    m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands)]
                     m.d.sync += [sig.eq(value) for sig, value in zip(opnd, slot_val, strict=True)]
                 with m.Elif(stage[SPANS]):
                     m.d.sync += stage.eq(1 << PRODUCTS)
@@ -410,21 +408,6 @@ class Sequencer(wiring.Component):
         # ---- decode ------------------------------------------------------------------
         running = fsm.ongoing("RUN")
         m.d.comb += fsm_running.eq(running)
-        legal = Signal()
-        known = Signal()
-        fields_ok = Signal()
-        with m.Switch(opcode):
-            for mn, code in OPC.items():
-                with m.Case(code):
-                    ok = (payload & ~DEC["operand_masks"][mn]) == 0
-                    ok &= (toks & ~DEC["legal_tokens"][mn]) == 0
-                    for name, (lo, bits, kind) in DEC["fields"][mn].items():
-                        if kind == "enum":
-                            enum = isa.BY_MNEMONIC[mn].field(name).enum
-                            if len(enum) < (1 << bits):
-                                ok &= word[lo:lo + bits] < len(enum)
-                    m.d.comb += [known.eq(1), fields_ok.eq(ok)]
-        m.d.comb += legal.eq(fields_ok & known & (version == isa.ISA_VERSION))
 
         def R(mn, name):
             return opnd[SLOT_OF[(mn, name)]]
@@ -782,9 +765,9 @@ class Sequencer(wiring.Component):
         if mn == "cfg":
             fld = fieldof("field")
             value = fieldof("value")
-            bad = Const(0)
-            for f, (_, lo, hi) in isa.CFG_RANGE.items():
-                bad = Mux(fld == int(f), (value < lo) | (value > hi), bad)
+            # One term per field, ORed (a balanced tree, not a chain of muxes).
+            bad = Cat((fld == int(f)) & ((value < lo) | (value > hi))
+                      for f, (_, lo, hi) in isa.CFG_RANGE.items()).any()
             fail(bad, ErrorCode.BAD_OPERAND)
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.CFG), vec.field.eq(fld),
                          vec.value.eq(value)]
@@ -873,6 +856,28 @@ class Sequencer(wiring.Component):
                 m.d.comb += set_pending.eq(1 << rd)
         else:  # pragma: no cover
             raise AssertionError(mn)
+
+
+def _legal(m, word):
+    """A signal that is 1 when ``word`` is a legal encoding: a known opcode of this ISA
+    version, no bits outside its operands or legal tokens, enums in range."""
+    known, fields_ok, legal = Signal(), Signal(), Signal()
+    payload = word[:isa.TOKENS_LO]
+    toks = word[isa.TOKENS_LO:isa.TOKENS_LO + isa.TOKENS_BITS]
+    with m.Switch(word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]):
+        for mn, code in OPC.items():
+            with m.Case(code):
+                ok = (payload & ~DEC["operand_masks"][mn]) == 0
+                ok &= (toks & ~DEC["legal_tokens"][mn]) == 0
+                for name, (lo, bits, kind) in DEC["fields"][mn].items():
+                    if kind == "enum":
+                        enum = isa.BY_MNEMONIC[mn].field(name).enum
+                        if len(enum) < (1 << bits):
+                            ok &= word[lo:lo + bits] < len(enum)
+                m.d.comb += [known.eq(1), fields_ok.eq(ok)]
+    version = word[isa.VERSION_LO:isa.VERSION_LO + isa.VERSION_BITS]
+    m.d.comb += legal.eq(fields_ok & known & (version == isa.ISA_VERSION))
+    return legal
 
 
 def _or_shifts(word, mn, names):
