@@ -73,3 +73,20 @@ def test_counter_amaranth_sim():
     sim.add_clock(10e-9)
     sim.add_testbench(bench)
     sim.run()
+
+
+def test_source_digest_is_taken_once_per_process(tmp_path, monkeypatch):
+    """A build key must describe the sources this process imported: an edit made
+    while a test session runs must not re-label the design it already elaborated."""
+    import verif.sim as sim
+
+    (tmp_path / "pkg").mkdir()
+    module = tmp_path / "pkg" / "mod.py"
+    module.write_text("A = 1\n")
+    monkeypatch.setattr(sim, "REPO_ROOT", tmp_path)
+    first = sim.source_digest("pkg")
+    module.write_text("A = 2\n")
+    assert sim.source_digest("pkg") == first
+    # a process that starts after the edit sees it
+    sim._source_digest.cache_clear()
+    assert sim.source_digest("pkg") != first

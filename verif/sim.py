@@ -33,6 +33,7 @@ pass ``waves=True`` or set ``WAVES=1``; the trace lands in
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import re
@@ -246,13 +247,23 @@ def to_verilog(component, name: str, path: os.PathLike | str, **convert_kwargs) 
 
 
 def source_digest(*packages: str) -> str:
-    """Digest of every ``.py`` file of the given top-level packages of the repository."""
+    """Digest of every ``.py`` file of the given top-level packages of the repository.
+
+    Computed once per process (per root and packages): a process elaborates the
+    modules it imported, so a key taken from files edited after that would label an
+    old design with the new sources' digest, and no later process would rebuild it.
+    """
+    return _source_digest(REPO_ROOT, packages)
+
+
+@functools.cache
+def _source_digest(root: Path, packages: tuple[str, ...]) -> str:
     import hashlib
 
     h = hashlib.sha256()
     for pkg in packages:
-        for path in sorted((REPO_ROOT / pkg).rglob("*.py")):
-            h.update(str(path.relative_to(REPO_ROOT)).encode())
+        for path in sorted((root / pkg).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
 
