@@ -43,7 +43,8 @@ from firmware import isa
 from firmware.config import NPUConfig
 from firmware.isa import CfgField, Cond, ErrorCode, Token
 
-from .ports import ArrayOp, VectorOp, sp_addr_bits
+from .partition import pt_check_signature
+from .ports import ArrayOp, VectorOp
 from .queues import (
     INSN_PC_BITS,
     PC_BITS,
@@ -64,7 +65,7 @@ SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
            for k, name in enumerate(n for n, (_, _, kind) in fields.items()
                                     if kind == "reg" and n != "rd")}
 READ_SLOTS = 1 + max(SLOT_OF.values())
-SPAN_BITS = 40
+SPAN_BITS = 40  # a partition check's span (pt_check_signature's nbytes)
 
 
 def field(word, mnemonic: str, name: str):
@@ -76,14 +77,6 @@ def field(word, mnemonic: str, name: str):
     if kind == "count":
         return raw + 1
     return raw
-
-
-def check_port_signature(config: NPUConfig) -> wiring.Signature:
-    """One partition range check (requester view): see hdl.partition.PartitionTable."""
-    return wiring.Signature({
-        "p": Out(3), "offset": Out(32), "nbytes": Out(SPAN_BITS),
-        "addr": In(sp_addr_bits(config)), "error": In(4),
-    })
 
 
 def _cond(cond, a, b):
@@ -115,7 +108,7 @@ class Sequencer(wiring.Component):
         Scalar registers.
     imem_addr, imem_en : Out, imem_data : In(64)
         Fetch port of the active instruction bank (one cycle read latency).
-    chk : Out(check_port_signature).array(3)
+    chk : Out(hdl.partition.pt_check_signature).array(3)
         Partition range checks (the table's lookup is registered: see
         :func:`hdl.partition.pt_check_signature`).
     pt_set : Out(2)
@@ -146,7 +139,7 @@ class Sequencer(wiring.Component):
             "error_code": Out(8), "error_pc": Out(16), "error_addr": Out(32),
             "regs": Out(32).array(16),
             "imem_addr": Out(self._ibits), "imem_en": Out(1), "imem_data": In(64),
-            "chk": Out(check_port_signature(config)).array(NUM_CHECKS),
+            "chk": Out(pt_check_signature(config)).array(NUM_CHECKS),
             "pt_set": Out(2),
             "tinv_en": Out(1), "tinv_slot": Out(6),
             "load": Out(stream.Signature(load_entry_layout(config))),
@@ -888,4 +881,4 @@ def _or_shifts(word, mn, names):
     return mask
 
 
-__all__ = ["Sequencer", "check_port_signature", "field", "NUM_CHECKS", "TRACE_WORDS"]
+__all__ = ["Sequencer", "field", "NUM_CHECKS", "TRACE_WORDS"]
