@@ -232,6 +232,8 @@ class GoldenDevice(Device):
             raise ValueError(f"DRAM [{addr:#x}, +{size}) outside {len(self.machine.dram)} bytes")
 
     def wait_irq(self, timeout_cycles: int) -> bool:
+        """Whether an enabled interrupt is pending. Runs finish when START is written,
+        so waiting could not change the answer: no timeout is spent."""
         return bool(self.irq_status & self.irq_enable)
 
     def set_bus_faults(self, windows) -> None:
