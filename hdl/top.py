@@ -45,6 +45,14 @@ from .vector import VectorUnit
 SP_PORTS = ("gemm", "vec_a", "vec_b", "vec_wr", "dma_load", "dma_store")
 
 
+def connect_checks(m: Module, seq: Sequencer, pt: PartitionTable) -> None:
+    """Wire the sequencer's partition checks through the partition table, against the
+    set its ``ptsel`` selected (shared with the per-block timing tool)."""
+    m.d.comb += pt.set.eq(seq.pt_set)
+    for s, c in zip(seq.chk, pt.checks, strict=True):
+        connect(m, s, c)
+
+
 class NPU(wiring.Component):
     """The whole NPU for one :class:`~firmware.config.NPUConfig`.
 
@@ -138,12 +146,9 @@ class NPU(wiring.Component):
             pt.r_bank.eq(csr.pt_rd_bank), pt.r_set.eq(csr.pt_rd_set),
             pt.r_part.eq(csr.pt_rd_part),
             csr.pt_rd_base.eq(pt.r_base), csr.pt_rd_size.eq(pt.r_size),
-            pt.bank.eq(active_bank), pt.set.eq(seq.pt_set),
+            pt.bank.eq(active_bank),
         ]
-        for i in range(NUM_CHECKS):
-            c, s = pt.checks[i], seq.chk[i]
-            m.d.comb += [c.p.eq(s.p), c.offset.eq(s.offset), c.nbytes.eq(s.nbytes),
-                         s.addr.eq(c.addr), s.error.eq(c.error)]
+        connect_checks(m, seq, pt)
 
         # ---- tags ---------------------------------------------------------------------------
         m.d.comb += [

@@ -94,6 +94,7 @@ class Dispatch(wiring.Component):
         super().__init__(members)
 
     def elaborate(self, platform):
+        from hdl.top import connect_checks
         m = Module()
         m.submodules.seq, m.submodules.pt = seq, pt = self._seq, self._pt
         for prefix, inner in (("seq_", seq), ("pt_", pt)):
@@ -108,10 +109,7 @@ class Dispatch(wiring.Component):
                     m.d.comb += inner_v.eq(outer)
                 else:
                     m.d.comb += outer.eq(inner_v)
-        m.d.comb += pt.set.eq(seq.pt_set)
-        for c, s in zip(pt.checks, seq.chk, strict=True):
-            m.d.comb += [c.p.eq(s.p), c.offset.eq(s.offset), c.nbytes.eq(s.nbytes),
-                         s.addr.eq(c.addr), s.error.eq(c.error)]
+        connect_checks(m, seq, pt)
         return m
 
 _SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
