@@ -127,17 +127,30 @@ def heartbeat(m: Module, clk_freq: int, name: str):
     return beat
 
 
-def clock_and_uart(m: Module, platform, soc: BoardSoC, clk, locked, clk_freq: int) -> None:
+def clock_and_uart(m: Module, platform, soc: BoardSoC, clk, locked, clk_freq: int,
+                   reset_buffer=None) -> None:
     """What every board top does around its PLL: the sync domain on the PLL's
     output (held in reset until it locks, constrained to ``clk_freq``) and the
-    board's UART pins wired to the SoC."""
-    from amaranth.hdl import ClockDomain, ClockSignal
+    board's UART pins wired to the SoC.
+
+    ``reset_buffer(m, rst) -> rst`` puts the synchronized reset on a global
+    network where the place-and-route tool does not do it by itself (ECP5): the
+    reset reaches most of the design's flip-flops, and on general routing that
+    one net is the whole build's slowest path.
+    """
+    from amaranth.hdl import ClockDomain, ClockSignal, ResetSignal
     from amaranth.lib import io
     from amaranth.lib.cdc import ResetSynchronizer
 
     m.domains.sync = ClockDomain("sync")
     m.d.comb += ClockSignal("sync").eq(clk)
-    m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
+    # The synchronizer drives the reset of its own domain (same clock), which then
+    # reaches the sync domain through the board's buffer, if any.
+    m.domains.reset_src = ClockDomain("reset_src")
+    m.d.comb += ClockSignal("reset_src").eq(clk)
+    m.submodules.reset_sync = ResetSynchronizer(~locked, domain="reset_src")
+    rst = ResetSignal("reset_src")
+    m.d.comb += ResetSignal("sync").eq(reset_buffer(m, rst) if reset_buffer else rst)
     # nextpnr also derives this from the oscillator's constraint and the PLL setting
     # (the net may be renamed by synthesis, which nextpnr then warns about).
     platform.add_clock_constraint(clk, clk_freq)

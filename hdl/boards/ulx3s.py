@@ -1,7 +1,8 @@
 """ULX3S (Lattice ECP5 LFE5U-85F) board top: the board SoC behind a PLL, on the FTDI UART.
 
 * Clock: the 25 MHz oscillator through an ``EHXPLLL`` to :data:`CLK_HZ`; the NPU
-  stays in reset until the PLL locks.
+  stays in reset until the PLL locks. The reset runs on a global network
+  (:func:`global_reset`).
 * UART: the FTDI FT231X (``/dev/ttyUSB0`` on the host), :data:`BAUD` baud, 8N1.
 * LEDs: 0 = NPU interrupt, 1 = bridge rejected a frame (stretched to ~0.1 s so it
   shows), 6 = PLL locked, 7 = heartbeat (~1 Hz: the clock runs).
@@ -21,7 +22,7 @@ from firmware.config import NPUConfig
 from .soc import BoardSoC, clock_and_uart, heartbeat, stretch
 
 __all__ = ["CONFIG", "RAM_BYTES", "CLK_HZ", "BAUD", "FAMILY", "TOOL_OPTIONS", "ULX3STop",
-           "make_top", "pll_params", "platform"]
+           "make_top", "pll_params", "platform", "global_reset"]
 
 CONFIG = NPUConfig(rows=8, cols=8, sp_bytes=64 * 1024)
 """The ULX3S NPU build (host/profiles.py ``ulx3s``; equal to the ``default`` build)."""
@@ -82,6 +83,17 @@ def make_top(**kwargs) -> ULX3STop:
     return ULX3STop(**kwargs)
 
 
+def global_reset(m: Module, rst):
+    """``rst`` through a ``DCCA`` onto a primary clock network, which reaches the
+    slices' LSR inputs: nextpnr-ecp5 promotes clocks to globals but not resets, and
+    on general routing the reset (fanout over 20,000) was the slowest net of the
+    build. nextpnr then treats the net as a clock and does not time it; release
+    skew is harmless because nothing moves until the host writes a command."""
+    out = Signal(name="rst_global")
+    m.submodules.reset_dcc = Instance("DCCA", i_CLKI=rst, i_CE=1, o_CLKO=out)
+    return out
+
+
 def platform():
     """A fresh ``ULX3S_85F_Platform`` (amaranth-boards)."""
     from amaranth_boards.ulx3s import ULX3S_85F_Platform
@@ -139,7 +151,7 @@ class ULX3STop(Elaboratable):
             o_CLKOP=clk, o_LOCK=locked,
         )
         soc = self.soc
-        clock_and_uart(m, platform, soc, clk, locked, self.clk_freq)
+        clock_and_uart(m, platform, soc, clk, locked, self.clk_freq, reset_buffer=global_reset)
 
         leds = []
         for i in (0, 1, 6, 7):
