@@ -167,7 +167,7 @@ Parameters (`firmware.golden.CostModel`):
   + bytes) / bus)`), a tag hit costs `tag_hit`.
 * `wload k`: `k` cycles on the weight port, overlapping streaming GEMMs.
 * `gemm m`: issues one row per cycle (`m` cycles); results are ready after `m +
-  rows + cols - 1`. A `swap=1` GEMM waits for the last `wload`.
+  rows + cols + array_stages - 2`. A `swap=1` GEMM waits for the last `wload`.
 * Vector ops: `rows * ceil(n / cols) + vector_latency` cycles, after the GEMMs
   before them have finished.
 * A pop waits for the completion time of the instruction that pushed the token;

@@ -53,6 +53,7 @@ class CostModel:
     dram_latency: int = 16  # request to first beat
     tag_hit: int = 1  # a load whose tag hits
     vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
+    array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
     cfg: int = 1
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
@@ -684,7 +685,8 @@ class _Timeline:
         start = self._start
         if m == "gemm":
             start = max(start, self.wload_done if ins.ops["swap"] else 0)
-            issue, latency = cycles, cycles + self.config.rows + self.config.cols - 1
+            issue, latency = cycles, (cycles + self.config.rows + self.config.cols
+                                      + c.array_stages - 2)
         elif m == "wload":
             issue, latency = 1, cycles  # overlaps streaming: only the issue slot is taken
             start = max(start, self.wload_done)

@@ -209,6 +209,17 @@ def test_back_to_back_accumulate(seed):
         check_acc(config, reference(config, sp, prog), acc, what)
 
 
+def test_golden_cost_model_knows_the_pe_pipeline():
+    """The golden model's GEMM latency counts the same processing-element stages."""
+    from firmware.golden import CostModel
+
+    assert CostModel().array_stages == PE_STAGES
+    config = CONFIGS["default"]
+    engine = GemmEngine(config)
+    engine._MustUse__silence = True  # only its latency is read
+    assert engine.latency == config.rows + config.cols + CostModel().array_stages - 1
+
+
 def test_engine_rejects_non_config():
     with warnings.catch_warnings():
         # The half-built component is never elaborated; do not warn when it is collected.
