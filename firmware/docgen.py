@@ -161,7 +161,8 @@ Parameters (`firmware.golden.CostModel`):
 
 * The sequencer takes `dispatch` cycles per scalar or control instruction and
   `dispatch_queue` per load, compute or store instruction (its partition checks take
-  a cycle of their own); a taken branch costs `branch_taken` more. A full queue
+  a cycle of their own); a `br` costs `branch` more (its condition is registered
+  a step before the checks) and a taken one `branch_taken` more. A full queue
   (`queue_depth` entries) stalls dispatch.
 * `load`/`store`: `dram_latency` + the bus beats of every row (`ceil((addr % bus
   + bytes) / bus)`), a tag hit costs `tag_hit`.

@@ -49,6 +49,7 @@ class CostModel:
 
     dispatch: int = 2  # sequencer cycles per instruction (check, fire + next operands)
     dispatch_queue: int = 4  # ... per load/compute/store instruction (+ span, product)
+    branch: int = 1  # extra cycles per br, taken or not (its condition is registered first)
     branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
     dram_latency: int = 16  # request to first beat
     tag_hit: int = 1  # a load whose tag hits
@@ -370,6 +371,7 @@ class Machine:
                 v = a + b if m == "add" else a - b if m == "sub" else a * b
             self._set_reg(o["rd"], v)
         elif m == "br":
+            t.branch()
             if _compare(o["cond"], self._reg(o["rs1"]), self._reg(o["rs2"])):
                 t.taken_branch()
                 return self._branch(o["target"])
@@ -655,6 +657,9 @@ class _Timeline:
 
     def seq(self):
         self.now += self.cost.dispatch
+
+    def branch(self):
+        self.now += self.cost.branch
 
     def taken_branch(self):
         self.now += self.cost.branch_taken

@@ -5,13 +5,15 @@ each, so that no path runs from the register file through the checks to the
 dispatch in one cycle (timing, docs/fpga.md): OPERANDS latches the instruction word
 and the registers it names; SPANS and PRODUCTS (load, compute and store
 instructions only) compute the ranges their partition checks need, factors first,
-then products; CHECK runs every check, resolves
+then products, and SPANS also decides the compares of registers that checks use
+(a branch's condition, which is the branch's only extra step, and the
+accumulator bound); CHECK runs every check, resolves
 the queue entry, the scalar result and the next pc into registers, and fetches the
 next instruction; FIRE dispatches (or faults) once the target queue has room, and
 is also the next instruction's OPERANDS step (its operands read as this fire leaves
-the registers). Two cycles per scalar or control instruction, four per queue
-instruction, when nothing waits; one more after a vargmax, or while an operand
-waits for a vargmax result. Instructions do not overlap past OPERANDS, so the only
+the registers). Two cycles per scalar or control instruction, three per branch,
+four per queue instruction, when nothing waits; one more after a vargmax, or while
+an operand waits for a vargmax result. Instructions do not overlap past OPERANDS, so the only
 state that changes under an instruction in flight is a vargmax write-back, and
 OPERANDS waits for those it names. The
 scalar and control instructions (registers, compare, branches, hardware loops,
@@ -33,6 +35,9 @@ Decode tables come from :func:`firmware.isa.decoder_constants`, never hand-copie
 """
 
 from __future__ import annotations
+
+import functools
+import operator
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
@@ -321,8 +326,12 @@ class Sequencer(wiring.Component):
         with m.Switch(live_opcode):
             with m.Case(*(OPC[mn] for mn in QUEUE_OPS)):
                 m.d.comb += live_queue_op.eq(1)
-        # Queue instructions take two more steps: their partition spans.
-        after_operands = Mux(live_queue_op, 1 << SPANS, 1 << CHECK)
+        # Queue instructions take two more steps: their partition spans. A branch takes
+        # one (SPANS): its condition, a 32-bit compare of two registers, is registered
+        # there, so CHECK's fault and next-pc logic start from a flag.
+        after_operands = Mux(live_queue_op | (live_opcode == OPC["br"]), 1 << SPANS, 1 << CHECK)
+        queue_op = Signal()  # latched with the word
+        latch_word = Signal()  # the fetched word is latched this cycle
 
         with m.FSM(name="run") as fsm:
             with m.State("IDLE"):
@@ -366,17 +375,21 @@ class Sequencer(wiring.Component):
                     # it waits for a vargmax result (or this is a vargmax, whose result
                     # becomes pending now).
                     with m.If(~reg_wait & (opcode != OPC["vargmax"])):
-                        m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands)]
+                        m.d.comb += latch_word.eq(1)
+                        m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands),
+                                     queue_op.eq(live_queue_op)]
                         m.d.sync += [sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, value))
                                      for sig, idx, value in zip(opnd, slot_idx, slot_val,
                                                                 strict=True)]
                     with m.Else():
                         m.d.sync += stage.eq(1 << OPERANDS)
                 with m.Elif(stage[OPERANDS] & ~reg_wait):
-                    m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands)]
+                    m.d.comb += latch_word.eq(1)
+                    m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands),
+                                 queue_op.eq(live_queue_op)]
                     m.d.sync += [sig.eq(value) for sig, value in zip(opnd, slot_val, strict=True)]
                 with m.Elif(stage[SPANS]):
-                    m.d.sync += stage.eq(1 << PRODUCTS)
+                    m.d.sync += stage.eq(Mux(queue_op, 1 << PRODUCTS, 1 << CHECK))
                 with m.Elif(stage[PRODUCTS]):
                     m.d.sync += stage.eq(1 << CHECK)
                 with m.Elif(stage[CHECK]):
@@ -486,6 +499,7 @@ class Sequencer(wiring.Component):
             m.d.sync += [self.load.payload.eq(entry_l), self.compute.payload.eq(entry_c),
                          self.store.payload.eq(entry_s), next_pc_q.eq(next_pc)]
         acc_rows = cfg.acc_rows
+        acc_over = Signal()  # the accumulator rows run past acc_rows (decided in SPANS)
 
         def token_checks(mn, queue):
             """TOKEN_DEADLOCK for pops with no dispatched push; update counts on fire."""
@@ -553,18 +567,19 @@ class Sequencer(wiring.Component):
                 with m.If(fire):
                     do_advance()
             with case("br"):
+                # The condition and the loop-range compares are registered in SPANS (the
+                # loop stack changes only at a fire) and hold through FIRE.
                 target = field(word, "br", "target")
                 taken = _cond(field(word, "br", "cond"), R("br", "rs1"), R("br", "rs2"))
                 inside = (target >= loop_start[top]) & (target < loop_end[top])
-                leaves = in_loop & ~inside
-                second = loop_sp > 1
                 inside2 = ((target >= loop_start[top - 1]) & (target < loop_end[top - 1]))
-                fail(taken & (target >= depth), ErrorCode.PC_BOUNDS)
-                fail(taken & leaves & second & ~inside2, ErrorCode.LOOP)
-                m.d.comb += next_pc.eq(Mux(taken, target, advance))
-                taken_q, leaves_q = Signal(), Signal()  # for the fire-time updates
-                with m.If(resolving):
-                    m.d.sync += [taken_q.eq(taken), leaves_q.eq(leaves)]
+                taken_q, leaves_q, outside2_q = Signal(), Signal(), Signal()
+                with m.If(running & stage[SPANS]):
+                    m.d.sync += [taken_q.eq(taken), leaves_q.eq(in_loop & ~inside),
+                                 outside2_q.eq((loop_sp > 1) & ~inside2)]
+                fail(taken_q & (target >= depth), ErrorCode.PC_BOUNDS)
+                fail(taken_q & leaves_q & outside2_q, ErrorCode.LOOP)
+                m.d.comb += next_pc.eq(Mux(taken_q, target, advance))
                 with m.If(fire):
                     with m.If(taken_q):
                         with m.If(leaves_q):
@@ -668,7 +683,8 @@ class Sequencer(wiring.Component):
                 with case(mn):
                     token_checks(mn, isa.Queue.COMPUTE)
                     self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
-                                  w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending)
+                                  w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending,
+                                  running & stage[SPANS], acc_over)
                     m.d.comb += [
                         entry_c.tokens.eq(toks),
                         needs["compute"].eq(1), next_pc.eq(advance),
@@ -698,12 +714,25 @@ class Sequencer(wiring.Component):
         by_ops: dict = {}
         for ops, cond, code, at in faults:
             by_ops.setdefault(ops, []).append((cond, code, at))
-        with m.Switch(opcode):
-            for ops, items in by_ops.items():
-                with m.Case(*ops):
-                    for cond, code, at in reversed(items):
-                        with m.If(cond):
-                            m.d.comb += [chain.eq(1), chain_code.eq(code), chain_at.eq(at)]
+        # The opcode group is decoded from the fetched word and latched with it (one flag
+        # per group, at most one set), so the selection is an AND-OR of the groups'
+        # chains rather than a decode of the word in CHECK.
+        terms_hit, terms_code, terms_at = [], [], []
+        for gi, (ops, items) in enumerate(by_ops.items()):
+            grp = Signal(name=f"fault_group{gi}")
+            with m.If(latch_word):
+                m.d.sync += grp.eq(Cat(live_opcode == op for op in ops).any())
+            g_hit, g_code, g_at = Signal(name=f"g{gi}_hit"), Signal(8, name=f"g{gi}_code"), \
+                Signal.like(chain_at, name=f"g{gi}_at")
+            for cond, code, at in reversed(items):
+                with m.If(cond):
+                    m.d.comb += [g_hit.eq(1), g_code.eq(code), g_at.eq(at)]
+            terms_hit.append(grp & g_hit)
+            terms_code.append(Mux(grp, g_code, 0))
+            terms_at.append(Mux(grp, g_at, 0))
+        m.d.comb += [chain.eq(Cat(terms_hit).any()),
+                     chain_code.eq(functools.reduce(operator.or_, terms_code)),
+                     chain_at.eq(functools.reduce(operator.or_, terms_at))]
         wait = ((needs_q["idle"] & ~all_idle) | (needs_q["load_idle"] & ~self.load_idle)
                 | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
                 | (needs_q["compute"] & ~self.compute.ready))
@@ -734,7 +763,7 @@ class Sequencer(wiring.Component):
 
     # ------------------------------------------------------------------------------------
     def _compute(self, m, mn, word, R, check, fail, eff, entry, pc, wk, wn, w_active,
-                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending):
+                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending, stage_spans, acc_over):
         """Resolve and check one compute-queue instruction (golden order of checks)."""
         cfg = self.config
         arr, vec = entry.arr, entry.vec
@@ -745,8 +774,11 @@ class Sequencer(wiring.Component):
             return (base + fieldof("off"))[:32] if imm else base
 
         def acc_check(m_rows):
+            # Decided in SPANS (a 32-bit add and compare of a register), used in CHECK.
             first = R(mn, "acc")
-            fail(first + m_rows > acc_rows, ErrorCode.ACC_BOUNDS)
+            with m.If(stage_spans):
+                m.d.sync += acc_over.eq(first + m_rows > acc_rows)
+            fail(acc_over, ErrorCode.ACC_BOUNDS)
             return first
 
         def rows_span(stride, n, extra=False):

@@ -240,6 +240,9 @@ ERROR_CASES = [
     ("partition_disabled", "load p7, r0, r0, r0, 1, 1\nend"),
     ("acc_bounds", "wload p0, r0, 2, 2\nli r2, 1023\ngemm.overwrite p0, r0, r2, 2, swap=1\nend"),
     ("pc_bounds_branch", "nop\nbr.always r0, r0, 5000\nend"),
+    # a taken branch may leave the inner loop only, not both
+    ("branch_leaves_two_loops",
+     "loop 2, 6\nnop\nloop 2, 5\nbr.always r0, r0, 7\nnop\nnop\nnop\nend"),
     ("loop_empty", "nop\nloop 3, 2\nend"),
     ("loop_nesting", "loop 2, 4\nloop 2, 5\nnop\nnop\nnop\nend"),
     ("token_deadlock", "nop\nstore p0, r0, r0, r0, 1, 1, pop=prev\nend"),
