@@ -135,8 +135,7 @@ def clock_and_uart(m: Module, platform, soc: BoardSoC, clk, locked, clk_freq: in
 
     ``reset_buffer(m, rst) -> rst`` puts the synchronized reset on a global
     network where the place-and-route tool does not do it by itself (ECP5): the
-    reset reaches most of the design's flip-flops, and on general routing that
-    one net is the whole build's slowest path.
+    reset reaches most of the design's flip-flops, across the whole chip.
     """
     from amaranth.hdl import ClockDomain, ClockSignal, ResetSignal
     from amaranth.lib import io

@@ -86,9 +86,10 @@ def make_top(**kwargs) -> ULX3STop:
 def global_reset(m: Module, rst):
     """``rst`` through a ``DCCA`` onto a primary clock network, which reaches the
     slices' LSR inputs: nextpnr-ecp5 promotes clocks to globals but not resets, and
-    on general routing the reset (fanout over 20,000) was the slowest net of the
-    build. nextpnr then treats the net as a clock and does not time it; release
-    skew is harmless because nothing moves until the host writes a command."""
+    on general routing the reset (the LSR of over 20,000 flip-flops, from one
+    flip-flop) spans the whole chip. nextpnr then treats the net as a clock and does
+    not time it; skew in the release is harmless because the NPU and the bridge sit
+    idle until the host sends a frame."""
     out = Signal(name="rst_global")
     m.submodules.reset_dcc = Instance("DCCA", i_CLKI=rst, i_CE=1, o_CLKO=out)
     return out
