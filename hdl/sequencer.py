@@ -414,6 +414,7 @@ class Sequencer(wiring.Component):
         # ---- decode ------------------------------------------------------------------
         running = fsm.ongoing("RUN")
         m.d.comb += fsm_running.eq(running)
+        spanning = running & stage[SPANS]  # the step that registers spans and compares
 
         def R(mn, name):
             return opnd[SLOT_OF[(mn, name)]]
@@ -453,7 +454,7 @@ class Sequencer(wiring.Component):
                  for i, c in enumerate(chk)]
         spans_q = [{k: Signal.like(v, name=f"{v.name}_q") for k, v in span.items()}
                    for span in spans]
-        with m.If(running & stage[SPANS]):
+        with m.If(spanning):
             for span, q in zip(spans, spans_q, strict=True):
                 m.d.sync += [q[k].eq(v) for k, v in span.items()]
         with m.If(running & stage[PRODUCTS]):
@@ -574,7 +575,7 @@ class Sequencer(wiring.Component):
                 inside = (target >= loop_start[top]) & (target < loop_end[top])
                 inside2 = ((target >= loop_start[top - 1]) & (target < loop_end[top - 1]))
                 taken_q, leaves_q, outside2_q = Signal(), Signal(), Signal()
-                with m.If(running & stage[SPANS]):
+                with m.If(spanning):
                     m.d.sync += [taken_q.eq(taken), leaves_q.eq(in_loop & ~inside),
                                  outside2_q.eq((loop_sp > 1) & ~inside2)]
                 fail(taken_q & (target >= depth), ErrorCode.PC_BOUNDS)
@@ -684,7 +685,7 @@ class Sequencer(wiring.Component):
                     token_checks(mn, isa.Queue.COMPUTE)
                     self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
                                   w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending,
-                                  running & stage[SPANS], acc_over)
+                                  spanning, acc_over)
                     m.d.comb += [
                         entry_c.tokens.eq(toks),
                         needs["compute"].eq(1), next_pc.eq(advance),
@@ -763,7 +764,7 @@ class Sequencer(wiring.Component):
 
     # ------------------------------------------------------------------------------------
     def _compute(self, m, mn, word, R, check, fail, eff, entry, pc, wk, wn, w_active,
-                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending, stage_spans, acc_over):
+                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending, spanning, acc_over):
         """Resolve and check one compute-queue instruction (golden order of checks)."""
         cfg = self.config
         arr, vec = entry.arr, entry.vec
@@ -776,7 +777,7 @@ class Sequencer(wiring.Component):
         def acc_check(m_rows):
             # Decided in SPANS (a 32-bit add and compare of a register), used in CHECK.
             first = R(mn, "acc")
-            with m.If(stage_spans):
+            with m.If(spanning):
                 m.d.sync += acc_over.eq(first + m_rows > acc_rows)
             fail(acc_over, ErrorCode.ACC_BOUNDS)
             return first
