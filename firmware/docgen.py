@@ -163,18 +163,26 @@ Parameters (`firmware.golden.CostModel`):
   `dispatch_queue` per load, compute or store instruction (its partition checks take
   a cycle of their own); a `br` costs `branch` more (its condition is registered
   a step before the checks) and a taken one `branch_taken` more. A full queue
-  (`queue_depth` entries) stalls dispatch.
+  (`queue_depth` entries) stalls dispatch. An idle queue starts an instruction
+  `queue_start` cycles after its dispatch began.
 * `load`/`store`: `dram_latency` + the bus beats of every row (`ceil((addr % bus
   + bytes) / bus)`), a tag hit costs `tag_hit`.
-* `wload k`: `k` cycles on the weight port, overlapping streaming GEMMs.
+* `wload k`: `k + wload_latency` cycles on the weight port, overlapping streaming
+  GEMMs; a `wload` after a `wload` starts `handoff` cycles after it ends.
 * `gemm m`: issues one row per cycle (`m` cycles); results are ready after `m +
   rows + cols + array_stages - 2`. A `swap=1` GEMM waits for the last `wload`.
-* Vector ops: `rows * ceil(n / cols) + vector_latency` cycles, after the GEMMs
-  before them have finished.
+* Vector ops: `rows * ceil(n / cols) + vector_latency` cycles (`vadd_latency`,
+  `vbias_latency`, `vargmax_latency` for those), starting `handoff` cycles after
+  the GEMMs before them have finished. A dispatch that reads the register of an
+  in-flight `vargmax` ends `reg_writeback` cycles after the `vargmax`.
 * A pop waits for the completion time of the instruction that pushed the token;
-  `end`, `sync`, `region.end` and `ptsel` wait for all queues to drain, `tinv`
-  for the load queue, and an instruction that reads a register written by an
-  in-flight `vargmax` waits for it.
+  `end`, `sync`, `region` marks and `ptsel` wait for all queues to drain, `tinv`
+  for the load queue (each ends `drain` cycles after the last completion).
+* Measured against the RTL (`tests/test_npu.py`, `verif.scenarios.COST_PROGRAMS`):
+  programs of scalar, control and compute instructions take exactly the model's
+  cycles plus one (the run's start). Loads and stores are estimates: the model's
+  DRAM has a nominal latency and it runs a queue's loads one after another, where
+  the DMA overlaps a load's address phase with the previous load's data.
 
 ## Default configuration
 

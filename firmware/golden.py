@@ -51,9 +51,17 @@ class CostModel:
     dispatch_queue: int = 4  # ... per load/compute/store instruction (+ span, product)
     branch: int = 1  # extra cycles per br, taken or not (its condition is registered first)
     branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
+    queue_start: int = 5  # from a queue instruction's dispatch to its idle queue starting it
+    drain: int = 2  # from the queues' last completion to a draining instruction's end
     dram_latency: int = 16  # request to first beat
     tag_hit: int = 1  # a load whose tag hits
     vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
+    vadd_latency: int = 15  # ... for vadd (two source reads)
+    vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
+    vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
+    reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
+    wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this cycles
+    handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
     cfg: int = 1
 
@@ -668,14 +676,14 @@ class _Timeline:
         self._wait(self.reg_ready[r])
 
     def drain(self, queues=("load", "compute", "store")):
-        self._wait(max(self.done[q] for q in queues))
+        self._wait(max(self.done[q] + self.cost.drain for q in queues))
 
     def begin(self, queue: Queue, tokens: Token, channels):
         q = queue.value
         starts = self.starts[q]
         if len(starts) >= self.config.queue_depth:  # queue full: dispatch waits
             self._wait(starts.popleft())
-        start = max(self.now, self.free[q])
+        start = max(self.now + self.cost.queue_start, self.free[q])
         for flag in (Token.POP_PREV, Token.POP_NEXT):
             if tokens & flag:
                 ch = isa.token_channel(queue, flag)
@@ -693,11 +701,13 @@ class _Timeline:
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
                                       + c.array_stages - 2)
         elif m == "wload":
-            issue, latency = 1, cycles  # overlaps streaming: only the issue slot is taken
-            start = max(start, self.wload_done)
+            # overlaps streaming: only the issue slot is taken
+            issue, latency = 1, cycles + c.wload_latency
+            start = max(start, self.wload_done + c.handoff)
         elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax"):
-            start = max(start, self.array_done)
-            issue = latency = cycles + c.vector_latency
+            start = max(start, self.array_done + c.handoff)
+            issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
+                                        "vargmax": c.vargmax_latency}.get(m, c.vector_latency)
         else:
             issue = latency = cycles
         end = start + latency
@@ -710,7 +720,7 @@ class _Timeline:
         elif m == "wload":
             self.wload_done = end
         elif m == "vargmax":
-            self.reg_ready[ins.ops["rd"]] = end
+            self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(end)

@@ -78,6 +78,12 @@ def test_swap_adds_no_cycle(seed, tmp_path):
     assert figures["swap_stall_cycles"] == 0, figures
 
 
+def test_golden_cost_model_is_exact_without_dma(seed):
+    """Scalar, control, branch, loop, vector, wload and GEMM programs take as many cycles
+    on the RTL as the golden cost model says (plus a run's fixed cost)."""
+    run_scenario("verif.scenarios:cost_model", "default", seed=seed)
+
+
 @pytest.mark.parametrize("mnk, tiling", [
     ("64,128,64", "32,2,4"),  # 2 m-blocks x 4 groups x 4 chunks: every token path
     ("24,16,24", "24,3,1"),  # one group, one chunk

@@ -537,6 +537,75 @@ def gemm_bench(device, config, seed):
     })
 
 
+# Programs without DMA: the golden cost model counts their cycles exactly, up to the
+# fixed cost of starting and ending a run (loads and stores are left out: their
+# cost depends on the memory, and the model's DRAM latency is a nominal one). The
+# sequencer-bound ones repeat their instruction so that an error shows 24-fold.
+REPEATS = 24
+WLOAD = "wload p1, r0, 8, 8\n"
+COST_PROGRAMS = {
+    "end": "",
+    "nop": "nop\n" * REPEATS,
+    "li": "".join(f"li r{1 + i % 7}, {i * 977}\n" for i in range(REPEATS)),
+    "alu": "".join(f"{op} r3, r1, r2\n" for op in ("add", "sub", "cmp.lt", "cmp.geu")
+                   for _ in range(REPEATS // 4)),
+    "addi chain": "addi r1, r1, 3\n" * REPEATS,  # each reads the register just written
+    "mul": "mul r3, r1, r2\nmul r1, r3, r2\n" * (REPEATS // 2),
+    "br not taken": "br.eq r1, r2, 0\n" * REPEATS,
+    "br taken": "".join(f"br.always r0, r0, {i + 1}\n" for i in range(REPEATS)),
+    "br loop": "li r4, 12\nagain:\naddi r4, r4, -1\nbr.ne r4, r0, again\n",
+    "loop": "loop 12, e1\naddi r2, r2, 1\nnop\ne1:\n",
+    "nested loops": "loop 3, e1\nloopr r5, e2\naddi r2, r2, 1\ne2:\nnop\ne1:\n",
+    "loop 0": "loop 0, e1\naddi r2, r2, 1\ne1:\nnop\n",
+    "regions": "region.begin 3\nnop\nregion.end 3\n" * (REPEATS // 3),
+    "control": "ptsel 1\nptsel 0\ntinv 0\nmisspec\nsync\n" * (REPEATS // 4),
+    "cfg": "cfg.qshift 9\n" * REPEATS,  # compute queue: dispatch-bound
+    "one cfg": "cfg.qshift 9\n",  # the run waits for the compute queue
+    "drains": "cfg.qshift 9\nsync\nnop\ncfg.qshift 9\nregion.begin 1\ncfg.qshift 9\n"
+              "region.end 1\ncfg.qshift 9\nptsel 1\ncfg.qshift 9\nsync\n",
+    "vclip": "vclip p1, r0, p0, r0, 1, 8\n",
+    "vclip 4x16": "vclip p1, r0, p0, r0, 4, 16\n",
+    "two vclips": "vclip p1, r0, p0, r0, 4, 8\nvclip p2, r0, p0, r0, 4, 8\n",
+    "vadd": "vadd p1, r0, p0, r0, p0, r0, 4, 8\n",
+    "vmax": "cfg.pool_count 2\ncfg.pool_stride 2\ncfg.pool_istride 4\n"
+            "vmax p2, r0, p0, r0, 8, 2\n",
+    "vargmax": "vargmax r12, p0, r0, 8\n",
+    "vargmax, read": "vargmax r12, p0, r0, 8\naddi r3, r12, 1\n",
+    "vbias": "vbias p2, r0, r0, 4, 8\n",
+    "vreq": "vreq p3, r0, r0, 8, 8\n",
+    "wload": "wload p1, r0, 8, 8\n",
+    "wload 4 rows": "wload p1, r0, 4, 8\n",
+    "two wloads": "wload p1, r0, 8, 8\n" * 2,
+    "gemm": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1\n",
+    "gemm 1 row": WLOAD + "gemm.overwrite p0, r0, r0, 1, swap=1\n",
+    "two gemms": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1\ngemm.accumulate p0, r0, r0, 8\n",
+    "gemm, vreq": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1\nvreq p3, r0, r0, 8, 8\n",
+}
+
+
+def cost_model(device, config, seed):
+    """The golden cost model counts the cycles of the sequencer-bound programs in
+    :data:`COST_PROGRAMS` as the RTL does: every program's RTL cycles minus its golden
+    estimate equal the empty program's (the fixed cost of a run). Writes the figures
+    to NPU_BENCH_OUT when it is set."""
+    pair = Pair(device, config)
+    figures = {}
+    for name, body in COST_PROGRAMS.items():
+        job = Job(name, asm.assemble(body + "end\n"), TABLE[:config.partitions],
+                  args=(5, 7, 0, 0, 2))
+        for drv in pair.both():
+            drv.reset_counters()
+        pair.run_job(job, check_dram=False)
+        rtl, gold = (drv.counters()["cycles"] for drv in pair.both())
+        figures[name] = {"rtl_cycles": rtl, "golden_cycles": gold}
+        print(f"  {name:<14} RTL {rtl:>5}  golden {gold:>5}  difference {rtl - gold}")
+    if os.environ.get("NPU_BENCH_OUT"):
+        Path(os.environ["NPU_BENCH_OUT"]).write_text(json.dumps(figures, indent=1))
+    base = figures["end"]["rtl_cycles"] - figures["end"]["golden_cycles"]
+    wrong = {n: f for n, f in figures.items() if f["rtl_cycles"] - f["golden_cycles"] != base}
+    assert not wrong, f"the golden cost model is off (a run's fixed cost is {base}): {wrong}"
+
+
 def swap_stall(device, config, seed):
     """The cycles a hot swap adds between two back-to-back runs (target: none).
 
