@@ -53,8 +53,14 @@ class CostModel:
     branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
     queue_start: int = 5  # from a queue instruction's dispatch to its idle queue starting it
     drain: int = 2  # from the queues' last completion to a draining instruction's end
-    dram_latency: int = 16  # request to first beat
-    tag_hit: int = 1  # a load whose tag hits
+    # A load or store costs its latency plus a cycle per bus beat. The latencies are the
+    # DMA's pipeline and the memory's together, measured with the Verilator NPU's
+    # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
+    load_latency: int = 7  # start to the first beat in the scratchpad
+    store_latency: int = 10  # start to the write response, less the beats
+    dma_gap: int = 1  # the next load (store) and a load's (store's) token come this much later
+    tag_hit: int = 1  # a load whose tag hits ends this long after its start...
+    tag_check: int = 3  # ... and the load queue starts its next instruction this long after
     vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
     vadd_latency: int = 15  # ... for vadd (two source reads)
     vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
@@ -485,10 +491,10 @@ class Machine:
         key = (dram, rows, nb, stride, base)
         if slot and self.tags[slot] == key:
             self.counters["tag_hits"][o["p"]] += 1
-            return self.cost.tag_hit
+            return self.cost.tag_hit, self.cost.tag_check  # (latency, issue)
         if slot:
             self.tags[slot] = None  # a failed transfer leaves the slot invalid
-        cycles = self.cost.dram_latency
+        cycles = self.cost.load_latency
         for i in range(rows):
             addr = (dram + i * stride) & MASK32
             src = self._dram_row(addr, nb)
@@ -506,7 +512,7 @@ class Machine:
         stride = self._reg(o["stride"]) if o["stride"] else nb
         offset = (self._reg(o["sp"]) + o["off"]) & MASK32
         base = self._sp_range(o["p"], offset, rows * nb)
-        cycles = self.cost.dram_latency
+        cycles = self.cost.store_latency
         for i in range(rows):
             addr = (dram + i * stride) & MASK32
             dst = self._dram_row(addr, nb)
@@ -655,6 +661,7 @@ class _Timeline:
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
         self.wload_done = 0
+        self.last_compute = ""  # the compute queue's last instruction
         self.stall = 0
         self._start = 0
 
@@ -693,7 +700,7 @@ class _Timeline:
         self._start = start
         self.now += self.cost.dispatch_queue
 
-    def complete(self, queue: Queue, ins: isa.Instr, cycles: int, channels):
+    def complete(self, queue: Queue, ins: isa.Instr, cycles: int | tuple, channels):
         q, m, c = queue.value, ins.mnemonic, self.cost
         start = self._start
         if m == "gemm":
@@ -701,16 +708,25 @@ class _Timeline:
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
                                       + c.array_stages - 2)
         elif m == "wload":
-            # overlaps streaming: only the issue slot is taken
-            issue, latency = 1, cycles + c.wload_latency
+            # overlaps streaming: only the issue slot is taken. Right behind a streaming
+            # gemm, its reads have taken their cycles from that gemm, so the rows are
+            # in when the gemm has issued its last row.
+            behind_gemm = self.last_compute == "gemm" and start == self.free[q]
+            issue, latency = 1, cycles + (0 if behind_gemm else c.wload_latency)
             start = max(start, self.wload_done + c.handoff)
         elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax"):
             start = max(start, self.array_done + c.handoff)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
                                         "vargmax": c.vargmax_latency}.get(m, c.vector_latency)
+        elif isinstance(cycles, tuple):  # a tag hit
+            latency, issue = cycles
+        elif q in ("load", "store"):
+            latency, issue = cycles, cycles + c.dma_gap
         else:
             issue = latency = cycles
         end = start + latency
+        if q == "compute":
+            self.last_compute = m
         self.free[q] = start + issue
         self.done[q] = max(self.done[q], end)
         self.busy[q] += issue if m != "wload" else cycles
@@ -723,7 +739,8 @@ class _Timeline:
             self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
-                channels[isa.token_channel(queue, flag)].append(end)
+                channels[isa.token_channel(queue, flag)].append(
+                    end + (c.dma_gap if q in ("load", "store") else 0))
 
     def finish(self) -> int:
         return max(self.now, *self.done.values())

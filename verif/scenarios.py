@@ -537,12 +537,13 @@ def gemm_bench(device, config, seed):
     })
 
 
-# Programs without DMA: the golden cost model counts their cycles exactly, up to the
-# fixed cost of starting and ending a run (loads and stores are left out: their
-# cost depends on the memory, and the model's DRAM latency is a nominal one). The
-# sequencer-bound ones repeat their instruction so that an error shows 24-fold.
+# The golden cost model counts these programs' cycles exactly, up to the fixed cost
+# of starting a run: every kind of instruction alone, back to back and through each
+# token channel (loads and stores with the simulation's memory, which answers at
+# once). The sequencer-bound ones repeat their instruction so an error shows 24-fold.
 REPEATS = 24
 WLOAD = "wload p1, r0, 8, 8\n"
+LOAD, LOAD64 = "load p0, r0, r0, r0, 1, 8\n", "load p0, r0, r0, r0, 1, 64\n"
 COST_PROGRAMS = {
     "end": "",
     "nop": "nop\n" * REPEATS,
@@ -579,7 +580,42 @@ COST_PROGRAMS = {
     "gemm": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1\n",
     "gemm 1 row": WLOAD + "gemm.overwrite p0, r0, r0, 1, swap=1\n",
     "two gemms": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1\ngemm.accumulate p0, r0, r0, 8\n",
+    # each wload's reads take their cycles from the gemm streaming before it
+    "streaming gemms": (WLOAD + "gemm.overwrite p0, r0, r0, 16, swap=1\n") * 3,
+    "streaming gemms, 32 rows": (WLOAD + "gemm.overwrite p0, r0, r0, 32, swap=1\n") * 3,
     "gemm, vreq": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1\nvreq p3, r0, r0, 8, 8\n",
+    "load": LOAD,
+    "load 16 B": "load p0, r0, r0, r0, 1, 16\n",
+    "load 64 B": LOAD64,
+    "load 256 B": "load p0, r0, r0, r0, 1, 256\n",
+    "load unaligned": "li r9, 3\nload p0, r0, r9, r0, 1, 8\n",
+    "load 4 rows": "li r8, 64\nload p0, r0, r0, r8, 4, 8\n",
+    "load 4 rows of 64 B": "li r8, 128\nload p0, r0, r0, r8, 4, 64\n",
+    "two loads": LOAD * 2,
+    "three loads": LOAD * 3,
+    "two loads of 64 B": LOAD64 * 2,
+    "four loads of 64 B": LOAD64 * 4,
+    "store": "store p0, r0, r0, r0, 1, 8\n",
+    "store 64 B": "store p0, r0, r0, r0, 1, 64\n",
+    "store 256 B": "store p0, r0, r0, r0, 1, 256\n",
+    "store 4 rows": "li r8, 64\nstore p0, r0, r0, r8, 4, 8\n",
+    "two stores": "store p0, r0, r0, r0, 1, 8\n" * 2,
+    "two stores of 64 B": "store p0, r0, r0, r0, 1, 64\n" * 2,
+    "load, store": LOAD + "store p1, r0, r0, r0, 1, 8\n",
+    "tag hit": "load p0, r0, r0, r0, 1, 8, tag=1\n" * 2,
+    "miss, hit, miss": "load p0, r0, r0, r0, 1, 8, tag=1\n" * 2 + LOAD,
+    "load>compute token": "load p0, r0, r0, r0, 1, 8, push=next\ncfg.qshift 9, pop=prev\n",
+    "load>compute, busy": "load p0, r0, r0, r0, 1, 8, push=next\n"
+                          "load p0, r0, r0, r0, 1, 64, push=next\n"
+                          "cfg.qshift 9, pop=prev\ncfg.qshift 9, pop=prev\n",
+    "load>compute, late": "cfg.qshift 9\n" * 8 + "load p0, r0, r0, r0, 1, 8, push=next\n"
+                          "cfg.qshift 9, pop=prev\n",
+    "load>vclip token": "load p0, r0, r0, r0, 1, 8, push=next\n"
+                        "vclip p1, r0, p0, r0, 1, 8, pop=prev\n",
+    "load>wload token": "load p0, r0, r0, r0, 1, 64, push=next\nwload p1, r0, 8, 8, pop=prev\n",
+    "compute>load token": "cfg.qshift 9, push=prev\nload p0, r0, r0, r0, 1, 8, pop=next\n",
+    "compute>store token": "cfg.qshift 9, push=next\nstore p0, r0, r0, r0, 1, 8, pop=prev\n",
+    "store>compute token": "store p0, r0, r0, r0, 1, 8, push=prev\ncfg.qshift 9, pop=next\n",
 }
 
 
