@@ -172,10 +172,16 @@ Parameters (`firmware.golden.CostModel`):
   and the memory's together, measured with the simulation's memory (cocotbext-axi
   `AxiRam`); a slower DRAM adds its own.
 * `wload k`: `k + wload_latency` cycles on the weight port, overlapping streaming
-  GEMMs; right behind a streaming `gemm`, `k` cycles (its reads take their cycles
-  from that `gemm`). A `wload` after a `wload` starts `handoff` cycles after it ends.
-* `gemm m`: issues one row per cycle (`m` cycles); results are ready after `m +
-  rows + cols + array_stages - 2`. A `swap=1` GEMM waits for the last `wload`.
+  GEMMs. A `wload` handed to the array (`handoff` after its queue could start it)
+  while a `gemm` still streams takes its `k` reads from that `gemm`, which issues
+  its last row `k` cycles late (its results come `k + handoff` late); the rows are
+  in `k` cycles after the `gemm` would have issued its last row.
+  A `wload` waits `handoff` after the `wload` before it, and until the rows of the
+  GEMMs on the bank it fills (those before the last `swap`) have left the array,
+  `array_exit` before their results are in.
+* `gemm m`: issues one row per cycle (`m` cycles), starting at the earliest
+  `gemm_intake` after its queue could; results are ready after `m + rows + cols +
+  array_stages - 2`. A `swap=1` GEMM waits for the last `wload`.
 * Vector ops: `rows * ceil(n / cols) + vector_latency` cycles (`vadd_latency`,
   `vbias_latency`, `vargmax_latency` for those), starting `handoff` cycles after
   the GEMMs before them have finished. A dispatch that reads the register of an
@@ -185,13 +191,11 @@ Parameters (`firmware.golden.CostModel`):
   for the load queue (each ends `drain` cycles after the last completion).
 * Measured against the RTL (`test_golden_cost_model_is_exact` in
   `tests/test_npu.py`, programs in `verif.scenarios.COST_PROGRAMS`): every kind of
-  instruction alone, back to back and through each token channel takes exactly
-  the model's cycles plus one (the start of a run), and so does a stream of
-  8-row `wload`s and swap `gemm`s. Elsewhere the model is an estimate: where queues
-  contend for the scratchpad, where the DMA's bus waits on the memory, and where a
-  `wload` waits for the rows of earlier GEMMs to leave the array (the model does
-  not track which weight bank they use); on the 256^3 GEMM kernel it is within 2
-  cycles of the RTL's 282,313.
+  instruction alone, back to back, through each token channel, and wloads and
+  GEMMs in streams of tiles of 1 to 32 rows take exactly the model's cycles plus
+  one (the start of a run). Where queues contend for the scratchpad or the DMA's bus
+  waits on the memory, the model is an estimate; on the 256^3 GEMM kernel it is
+  within 2 cycles of the RTL's 282,313.
 
 ## Default configuration
 

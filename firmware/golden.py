@@ -44,7 +44,8 @@ class CostModel:
     Each queue executes in order; the three queues overlap, ordered only by
     dependency tokens. Inside the compute queue, a ``wload`` overlaps streaming
     GEMMs (double buffering) and GEMMs pipeline back to back; vector ops wait for
-    the GEMMs before them.
+    the GEMMs before them. The parameters are the RTL's, measured: programs of every
+    kind of instruction take the model's cycles exactly (tests/test_npu.py).
     """
 
     dispatch: int = 2  # sequencer cycles per instruction (check, fire + next operands)
@@ -69,6 +70,8 @@ class CostModel:
     wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this cycles
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
+    gemm_intake: int = 2  # an idle array starts a gemm this long after its queue could
+    array_exit: int = 2  # a gemm's rows leave the array this long before its results are in
     cfg: int = 1
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
@@ -662,6 +665,9 @@ class _Timeline:
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
         self.wload_done = 0
         self.last_compute = ""  # the compute queue's last instruction
+        self.gemm_end = 0  # when the latest gemm's results are in
+        self.front = 0  # the weight bank of the latest gemm; a wload fills the other
+        self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
         self.stall = 0
         self._start = 0
 
@@ -690,30 +696,30 @@ class _Timeline:
         starts = self.starts[q]
         if len(starts) >= self.config.queue_depth:  # queue full: dispatch waits
             self._wait(starts.popleft())
-        start = max(self.now + self.cost.queue_start, self.free[q])
+        ready = self.now + self.cost.queue_start
         for flag in (Token.POP_PREV, Token.POP_NEXT):
             if tokens & flag:
                 ch = isa.token_channel(queue, flag)
                 if not channels[ch]:
                     raise _Stop(ErrorCode.TOKEN_DEADLOCK, f"pop on {ch} with no token pushed")
-                start = max(start, channels[ch].popleft())
-        self._start = start
+                ready = max(ready, channels[ch].popleft())
+        self._ready = ready  # when it could start if its queue were idle
+        self._start = max(ready, self.free[q])
         self.now += self.cost.dispatch_queue
 
     def complete(self, queue: Queue, ins: isa.Instr, cycles: int | tuple, channels):
         q, m, c = queue.value, ins.mnemonic, self.cost
         start = self._start
         if m == "gemm":
-            start = max(start, self.wload_done if ins.ops["swap"] else 0)
+            start = max(start, self._ready + c.gemm_intake)
+            if ins.ops["swap"]:
+                start = max(start, self.wload_done)
+                self.front ^= 1
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
                                       + c.array_stages - 2)
         elif m == "wload":
-            # overlaps streaming: only the issue slot is taken. Right behind a streaming
-            # gemm, its reads have taken their cycles from that gemm, so the rows are
-            # in when the gemm has issued its last row.
-            behind_gemm = self.last_compute == "gemm" and start == self.free[q]
-            issue, latency = 1, cycles + (0 if behind_gemm else c.wload_latency)
-            start = max(start, self.wload_done + c.handoff)
+            start, latency = self._wload(start, cycles)
+            issue = 1  # overlaps streaming: only the issue slot is taken
         elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax"):
             start = max(start, self.array_done + c.handoff)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
@@ -732,7 +738,9 @@ class _Timeline:
         self.busy[q] += issue if m != "wload" else cycles
         self.starts[q].append(start)
         if m == "gemm":
+            self.gemm_end = end
             self.array_done = max(self.array_done, end)
+            self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
         elif m == "wload":
             self.wload_done = end
         elif m == "vargmax":
@@ -741,6 +749,22 @@ class _Timeline:
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(
                     end + (c.dma_gap if q in ("load", "store") else 0))
+
+    def _wload(self, start: int, k: int) -> tuple[int, int]:
+        """Start and latency of a ``k``-row wload that its queue could start at ``start``."""
+        c, q = self.cost, "compute"
+        ready = max(self._ready, self.wload_done + c.handoff)
+        # Handed to the array while a gemm streams, its reads go first: the gemm's last
+        # rows wait for them, and the wload needs no cycle after its last read.
+        stealing = self.last_compute == "gemm" and ready + c.handoff < self.free[q]
+        if stealing:
+            self.gemm_end += k + c.handoff
+            self.array_done = max(self.array_done, self.gemm_end)
+            self.done[q] = max(self.done[q], self.gemm_end)
+            self.bank_free[self.front] = self.gemm_end - c.array_exit
+        # It overwrites the bank of the gemms before the last swap: their rows must be out.
+        start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
+        return start, k + (0 if stealing else c.wload_latency)
 
     def finish(self) -> int:
         return max(self.now, *self.done.values())
