@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 SEED ?=
 BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth synth-blocks lint docs clean
+.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy lint docs clean
 
 help:
 	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
@@ -34,6 +34,7 @@ help:
 	@echo "make regress  long regression (thousands of random programs)"
 	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker; build/synth/BOARD/report.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
+	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
@@ -66,6 +67,9 @@ synth: setup
 
 synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))
+
+synth-hierarchy: setup
+	$(PY) -m hdl.boards.hierarchy --board $(or $(BOARD),ulx3s)
 
 lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests bench

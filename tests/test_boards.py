@@ -674,6 +674,63 @@ def test_block_cli_rejects_unknown_block(capsys):
     assert "unknown block(s) fpu" in capsys.readouterr().err
 
 
+_HIERARCHY_LOG = """
+... an earlier stat, ignored ...
+Printing statistics.
+
+=== top ===
+
+       89 cells
+       89   LUT4
+        1   top.vec
+
+=== top.vec ===
+
+     1673   CCU2C
+     7369   LUT4
+       48   MULT18X18D
+     6016   TRELLIS_FF
+        1   top.vec.qa
+
+=== top.vec.qa ===
+
+       27   LUT4
+       26   TRELLIS_DPR16X4
+      114   TRELLIS_FF
+
+=== top.sp ===
+
+     7594   LUT4
+       30   CCU2C
+       32   DP16KD
+
+=== design hierarchy ===
+
+    34236   LUT4
+"""
+
+
+def test_hierarchy_report_sums_each_block_with_its_submodules():
+    from hdl.boards.hierarchy import by_block, parse_module_stats, render_markdown, table
+
+    modules = parse_module_stats(_HIERARCHY_LOG)
+    assert set(modules) == {"top", "top.vec", "top.vec.qa", "top.sp"}  # not the totals
+    blocks = by_block(modules)
+    assert blocks["vec"] == {"CCU2C": 1673, "LUT4": 7396, "MULT18X18D": 48,
+                             "TRELLIS_FF": 6130, "TRELLIS_DPR16X4": 26}
+    rows = table(blocks, "ecp5")
+    # largest first by LUTs with carries (a CCU2C holds two), then the total
+    assert [r["block"] for r in rows] == ["vec", "sp", "top", "NPU"]
+    assert rows[0]["LUT4 + carry"] == 7396 + 2 * 1673
+    assert rows[-1]["LUT4"] == 89 + 7396 + 7594 and rows[-1]["DP16KD"] == 32
+    text = render_markdown({"board": "ulx3s", "device": "ECP5", "family": "ecp5",
+                            "flow": "synth_ecp5 -noflatten", "yosys_s": 1.0,
+                            "npu_config": {"rows": 8, "cols": 8, "bus_bytes": 8,
+                                           "sp_bytes": 65536}, "blocks": rows})
+    assert "| vector unit (`vec`) | 7,396 | 10,742 | 6,130 | 48 | 0 | 26 |" in text
+    assert "| **NPU** | 15,079 |" in text
+
+
 def test_every_timed_block_elaborates():
     # The tool's block list stays in step with the NPU's blocks and their constructors.
     from hdl.boards.blocks import BLOCKS, _blocks, block_rtlil

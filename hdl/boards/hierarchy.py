@@ -1,0 +1,169 @@
+"""``make synth-hierarchy BOARD=...``: where the NPU's logic goes, block by block.
+
+Synthesizes the NPU alone (no board SoC) at a board's config with the board's
+family flow, keeping the hierarchy (``synth_ecp5 -noflatten``, ``synth_ice40 -dsp
+-noflatten``), and reports each top-level block's cells, its submodules included,
+in ``<out>/hierarchy/<board>/report.md`` and ``report.json``. Yosys only: a few
+minutes, where the whole board build takes hours.
+
+Kept hierarchical, constants do not cross block boundaries: logic that the NPU ties
+off (say, the write side of a read-only scratchpad port) is still built, so the
+blocks add up to a little more than the flat build does.
+
+Usage: ``python -m hdl.boards.hierarchy --board ulx3s|icebreaker [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .synth import _STAT_LINE, BOARDS, _tool_env
+
+__all__ = ["COLUMNS", "parse_module_stats", "by_block", "table", "render_markdown", "run",
+           "main"]
+
+_ICE40_FFS = ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS", "SB_DFFESR", "SB_DFFER",
+              "SB_DFFES", "SB_DFFSS", "SB_DFFESS")
+COLUMNS = {
+    "ecp5": (
+        ("LUT4", {"LUT4": 1}),
+        ("LUT4 + carry", {"LUT4": 1, "CCU2C": 2}),  # a CCU2C carry cell holds two LUTs
+        ("FF", {"TRELLIS_FF": 1}),
+        ("MULT18X18D", {"MULT18X18D": 1}),
+        ("DP16KD", {"DP16KD": 1}),
+        ("LUTRAM (DPR16X4)", {"TRELLIS_DPR16X4": 1}),
+    ),
+    "ice40": (
+        ("LUT4", {"SB_LUT4": 1}),
+        ("FF", dict.fromkeys(_ICE40_FFS, 1)),
+        ("SB_CARRY", {"SB_CARRY": 1}),
+        ("SB_MAC16", {"SB_MAC16": 1}),
+        ("SB_RAM40_4K", {"SB_RAM40_4K": 1}),
+        ("SB_SPRAM256KA", {"SB_SPRAM256KA": 1}),
+    ),
+}
+"""Per family, the report's columns: (name, {yosys cell type: how many it counts})."""
+SORT_BY = {"ecp5": "LUT4 + carry", "ice40": "LUT4"}
+# The NPU's submodule names (hdl.top.NPU) and what they are.
+BLOCK_NAMES = {
+    "vec": "vector unit", "sp": "scratchpad", "seq": "sequencer", "pt": "partition table",
+    "csr": "CSR block", "gemm": "GEMM engine", "perf": "performance counters", "dma": "DMA",
+    "acc": "accumulator", "trace": "trace FIFO", "cq": "compute queue", "tags": "tag store",
+    "lq": "load queue", "sq": "store queue", "imem": "instruction memory",
+    "top": "top-level glue",
+}
+_MODULE = re.compile(r"^=== (.+?) ===$", re.M)
+
+
+def parse_module_stats(text: str) -> dict[str, dict[str, int]]:
+    """Cells by type of every module in the last ``stat`` printout of a yosys log
+    (each module's own cells, without its submodules')."""
+    part = text.rsplit("Printing statistics", 1)[-1]
+    heads = list(_MODULE.finditer(part))
+    out: dict[str, dict[str, int]] = {}
+    for head, nxt in zip(heads, heads[1:] + [None], strict=True):
+        name = head.group(1)
+        if name == "design hierarchy":  # totals: the modules are counted instead
+            continue
+        body = part[head.end(): nxt.start() if nxt else len(part)]
+        out[name] = {cell: int(n) for n, cell in _STAT_LINE.findall(body)}
+    return out
+
+
+def by_block(modules: dict[str, dict[str, int]], top: str = "top") -> dict[str, dict]:
+    """Sum the modules into the NPU's top-level blocks (``top.vec.qa`` counts for
+    ``vec``; the top module's own cells for ``top``)."""
+    blocks: dict[str, dict[str, int]] = {}
+    for name, cells in modules.items():
+        parts = name.split(".")
+        key = parts[1] if parts[0] == top and len(parts) > 1 else top
+        acc = blocks.setdefault(key, {})
+        for cell, n in cells.items():
+            acc[cell] = acc.get(cell, 0) + n
+    return blocks
+
+
+def table(blocks: dict[str, dict], family: str) -> list[dict]:
+    """One row per block, largest first, and a total row ("NPU")."""
+    cols = COLUMNS[family]
+    rows = [{"block": b, **{c: sum(cells.get(t, 0) * k for t, k in kinds.items())
+                            for c, kinds in cols}}
+            for b, cells in blocks.items()]
+    rows.sort(key=lambda r: -r[SORT_BY[family]])
+    rows.append({"block": "NPU", **{c: sum(r[c] for r in rows) for c, _ in cols}})
+    return rows
+
+
+def render_markdown(report: dict) -> str:
+    cols = [c for c, _ in COLUMNS[report["family"]]]
+    cfg = report["npu_config"]
+    out = [f"# Where the logic goes: the NPU at the {report['board']} config", "",
+           f"{report['device']}, `{report['flow']}`, NPU config {cfg['rows']}x{cfg['cols']} "
+           f"array, {cfg['bus_bytes'] * 8}-bit bus, {cfg['sp_bytes'] // 1024} KiB scratchpad. "
+           "Each block with its submodules; kept hierarchical, so logic the NPU ties "
+           "off is still counted.", "",
+           "| block | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for r in report["blocks"]:
+        b = r["block"]
+        name = "**NPU**" if b == "NPU" else f"{BLOCK_NAMES.get(b, b)} (`{b}`)"
+        out.append(f"| {name} | " + " | ".join(f"{r[c]:,}" for c in cols) + " |")
+    out += ["", f"Yosys: {report['yosys_s']:.0f} s."]
+    return "\n".join(out) + "\n"
+
+
+def run(board_name: str, out: Path) -> dict:
+    """Synthesize the NPU at ``board_name``'s config hierarchically; write and return
+    the report."""
+    from hdl.top import NPU  # elaborating needs the HDL; the parsers above do not
+
+    from .blocks import block_rtlil
+
+    board = BOARDS[board_name]
+    mod = board.load()
+    _tool_env()
+    work = (out / "hierarchy" / board_name).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "top.il").write_text(block_rtlil(NPU(mod.CONFIG)))
+    flow = {"ecp5": "synth_ecp5 -noflatten", "ice40": "synth_ice40 -dsp -noflatten"}[mod.FAMILY]
+    t0 = time.monotonic()
+    # yowasp tools see the working directory only: relative paths
+    done = subprocess.run([os.environ["YOSYS"], "-q", "-l", "yosys.log", "-p",
+                           f"read_rtlil top.il; {flow} -top top; stat"],
+                          cwd=work, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"yosys failed: {' / '.join(tail)}")
+    log = (work / "yosys.log").read_text(errors="replace")
+    report = {"board": board_name, "device": board.device, "family": mod.FAMILY,
+              "flow": flow, "npu_config": mod.CONFIG.as_dict(),
+              "blocks": table(by_block(parse_module_stats(log)), mod.FAMILY),
+              "yosys_s": round(time.monotonic() - t0, 1)}
+    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (work / "report.md").write_text(render_markdown(report))
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--board", required=True, choices=sorted(BOARDS))
+    ap.add_argument("--out", type=Path, default=Path("build/synth"))
+    args = ap.parse_args(argv)
+    try:
+        report = run(args.board, args.out)
+    except RuntimeError as e:
+        print(f"synth-hierarchy: {e}", file=sys.stderr)
+        return 1
+    print(render_markdown(report), end="")
+    print(f"report: {args.out / 'hierarchy' / args.board / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
