@@ -161,12 +161,15 @@ class PartitionTable(wiring.Component):
 
         # The active table and its per-entry verdicts, shared by all checkers, held in
         # registers: they change only with ptsel, a swap or a write, never between a
-        # check's lookup and its use, so the lookup starts from registers.
+        # check's lookup and its use, so the lookup starts from registers. Only an
+        # entry that passes its verdict is used, and then base + size <= sp_bytes:
+        # the base's scratchpad-address bits and one more for the size suffice.
+        abits = sp_addr_bits(cfg)
         act_base, act_size, act_bad = [], [], []
         tables = Cat(self.set, self.bank)  # index b * 4 + s
         for p in range(cfg.partitions):
-            ab = Signal(32, name=f"act_base_p{p}")
-            asz = Signal(32, name=f"act_size_p{p}")
+            ab = Signal(abits, name=f"act_base_p{p}")
+            asz = Signal(abits + 1, name=f"act_size_p{p}")
             bad = Signal(2, name=f"act_bad_p{p}")  # bit 0: disabled, bit 1: leaves the SP
             def active(table, p=p):
                 return Array(table[b][s][p] for b in range(PT_BANKS)
@@ -177,8 +180,8 @@ class PartitionTable(wiring.Component):
             act_bad.append(bad)
         # padded to the full 3-bit index (such p are BAD_OPERAND anyway)
         pad = (1 << _PART_BITS) - cfg.partitions
-        act_base = Array(act_base + [zero] * pad)
-        act_size = Array(act_size + [zero] * pad)
+        act_base = Array(act_base + [C(0, abits)] * pad)
+        act_size = Array(act_size + [C(0, abits + 1)] * pad)
         act_bad = Array(act_bad + [C(0, 2)] * pad)
 
         for i, chk in enumerate(self.checks):
