@@ -669,7 +669,7 @@ class _Timeline:
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
         self.stall = 0
-        self._start = 0
+        self._start = self._ready = 0  # of the queue instruction being dispatched
 
     def _wait(self, t: int):
         if t > self.now:
