@@ -32,7 +32,7 @@ help:
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
-	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker; build/synth/BOARD/report.md)"
+	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [PLACER=static] [ROUTER=router2]; build/synth/BOARD/report.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
 	@echo "make lint     ruff + verilator --lint-only"
@@ -63,7 +63,7 @@ regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
-	$(PY) -m hdl.boards.synth --board $(BOARD)
+	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER))
 
 synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))

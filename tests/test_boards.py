@@ -593,6 +593,19 @@ def test_report_summary_and_markdown_say_timing_plainly():
     assert "timing: FAILED (21.50 MHz < 24.00 MHz) [pll_clk]" in render_markdown(ice)
 
 
+def test_nextpnr_options_name_placer_router_and_report():
+    from hdl.boards.synth import nextpnr_options
+
+    assert nextpnr_options() == "--report nextpnr-report.json --timing-allow-fail"
+    assert nextpnr_options("--seed 3", placer="static", router="router2") == (
+        "--seed 3 --placer static --router router2 --report nextpnr-report.json "
+        "--timing-allow-fail")
+    with pytest.raises(ValueError, match="placer 'annealing'"):
+        nextpnr_options(placer="annealing")
+    with pytest.raises(ValueError, match="router 'router3'"):
+        nextpnr_options(router="router3")
+
+
 def test_synth_cli_rejects_unknown_board(capsys):
     from hdl.boards.synth import main
 

