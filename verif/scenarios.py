@@ -546,7 +546,7 @@ WLOAD = "wload p1, r0, 8, 8\n"
 LOAD, LOAD64 = "load p0, r0, r0, r0, 1, 8\n", "load p0, r0, r0, r0, 1, 64\n"
 
 
-def gemm(m: int, swap: int = 1) -> str:
+def _gemm(m: int, swap: int = 1) -> str:
     return f"gemm.overwrite p0, r0, r0, {m}, swap={swap}\n"
 
 
@@ -583,24 +583,24 @@ COST_PROGRAMS = {
     "wload": "wload p1, r0, 8, 8\n",
     "wload 4 rows": "wload p1, r0, 4, 8\n",
     "two wloads": "wload p1, r0, 8, 8\n" * 2,
-    "gemm": WLOAD + gemm(8),
-    "gemm 1 row": WLOAD + gemm(1),
-    "two gemms": WLOAD + gemm(8) + "gemm.accumulate p0, r0, r0, 8\n",
+    "gemm": WLOAD + _gemm(8),
+    "gemm 1 row": WLOAD + _gemm(1),
+    "two gemms": WLOAD + _gemm(8) + "gemm.accumulate p0, r0, r0, 8\n",
     # a wload handed over while a gemm streams takes its reads from that gemm; one
     # into the bank of the gemms before the last swap waits for their rows to leave
     # the array
-    "streaming gemms": (WLOAD + gemm(16)) * 3,
-    "streaming gemms, 32 rows": (WLOAD + gemm(32)) * 3,
-    "gemv tiles": (WLOAD + gemm(1)) * 4,
-    "2-row tiles": (WLOAD + gemm(2)) * 3,
-    "4-row tiles": (WLOAD + gemm(4)) * 3,
-    "8-row tiles": (WLOAD + gemm(8)) * 4,
-    "4-row wloads, gemv": ("wload p1, r0, 4, 8\n" + gemm(1)) * 4,
-    "4-row wloads, streaming": ("wload p1, r0, 4, 8\n" + gemm(16)) * 2,
-    "long gemm, short ones": WLOAD + gemm(64) + (WLOAD + gemm(8)) * 2,
-    "gemm without swap": WLOAD + gemm(1) + gemm(1, swap=0) + WLOAD + gemm(1),
-    "gemm on an idle array": WLOAD + gemm(16) + WLOAD + "nop\n" * 12 + gemm(16),
-    "gemm, vreq": WLOAD + gemm(8) + "vreq p3, r0, r0, 8, 8\n",
+    "streaming gemms": (WLOAD + _gemm(16)) * 3,
+    "streaming gemms, 32 rows": (WLOAD + _gemm(32)) * 3,
+    "gemv tiles": (WLOAD + _gemm(1)) * 4,
+    "2-row tiles": (WLOAD + _gemm(2)) * 3,
+    "4-row tiles": (WLOAD + _gemm(4)) * 3,
+    "8-row tiles": (WLOAD + _gemm(8)) * 4,
+    "4-row wloads, gemv": ("wload p1, r0, 4, 8\n" + _gemm(1)) * 4,
+    "4-row wloads, streaming": ("wload p1, r0, 4, 8\n" + _gemm(16)) * 2,
+    "long gemm, short ones": WLOAD + _gemm(64) + (WLOAD + _gemm(8)) * 2,
+    "gemm without swap": WLOAD + _gemm(1) + _gemm(1, swap=0) + WLOAD + _gemm(1),
+    "gemm on an idle array": WLOAD + _gemm(16) + WLOAD + "nop\n" * 12 + _gemm(16),
+    "gemm, vreq": WLOAD + _gemm(8) + "vreq p3, r0, r0, 8, 8\n",
     "load": LOAD,
     "load 16 B": "load p0, r0, r0, r0, 1, 16\n",
     "load 64 B": LOAD64,
