@@ -69,7 +69,7 @@ synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))
 
 synth-hierarchy: setup
-	$(PY) -m hdl.boards.hierarchy --board $(or $(BOARD),ulx3s)
+	$(PY) -m hdl.boards.hierarchy --board $(BOARD)
 
 lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests bench

@@ -539,8 +539,8 @@ def gemm_bench(device, config, seed):
 
 # The golden cost model counts these programs' cycles exactly, up to the fixed cost
 # of starting a run: every kind of instruction alone, back to back and through each
-# token channel (loads and stores with the simulation's memory, which answers at
-# once). The sequencer-bound ones repeat their instruction so an error shows 24-fold.
+# token channel (loads and stores with the simulation's memory, AxiRam). The
+# sequencer-bound ones repeat their instruction so an error shows 24-fold.
 REPEATS = 24
 WLOAD = "wload p1, r0, 8, 8\n"
 LOAD, LOAD64 = "load p0, r0, r0, r0, 1, 8\n", "load p0, r0, r0, r0, 1, 64\n"
@@ -637,8 +637,8 @@ COST_PROGRAMS = {
 
 
 def cost_model(device, config, seed):
-    """The golden cost model counts the cycles of the sequencer-bound programs in
-    :data:`COST_PROGRAMS` as the RTL does: every program's RTL cycles minus its golden
+    """The golden cost model counts the cycles of every program in
+    :data:`COST_PROGRAMS` as the RTL does: each program's RTL cycles minus its golden
     estimate equal the empty program's (the fixed cost of a run). Writes the figures
     to NPU_BENCH_OUT when it is set."""
     pair = Pair(device, config)
@@ -652,8 +652,7 @@ def cost_model(device, config, seed):
         rtl, gold = (drv.counters()["cycles"] for drv in pair.both())
         figures[name] = {"rtl_cycles": rtl, "golden_cycles": gold}
         print(f"  {name:<14} RTL {rtl:>5}  golden {gold:>5}  difference {rtl - gold}")
-    if os.environ.get("NPU_BENCH_OUT"):
-        Path(os.environ["NPU_BENCH_OUT"]).write_text(json.dumps(figures, indent=1))
+    _bench_out(figures)
     base = figures["end"]["rtl_cycles"] - figures["end"]["golden_cycles"]
     wrong = {n: f for n, f in figures.items() if f["rtl_cycles"] - f["golden_cycles"] != base}
     assert not wrong, f"the golden cost model is off (a run's fixed cost is {base}): {wrong}"

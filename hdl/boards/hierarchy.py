@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -123,7 +122,7 @@ def run(board_name: str, out: Path) -> dict:
     the report."""
     from hdl.top import NPU  # elaborating needs the HDL; the parsers above do not
 
-    from .blocks import block_rtlil
+    from .blocks import _run, block_rtlil
 
     board = BOARDS[board_name]
     mod = board.load()
@@ -134,12 +133,8 @@ def run(board_name: str, out: Path) -> dict:
     flow = {"ecp5": "synth_ecp5 -noflatten", "ice40": "synth_ice40 -dsp -noflatten"}[mod.FAMILY]
     t0 = time.monotonic()
     # yowasp tools see the working directory only: relative paths
-    done = subprocess.run([os.environ["YOSYS"], "-q", "-l", "yosys.log", "-p",
-                           f"read_rtlil top.il; {flow} -top top; stat"],
-                          cwd=work, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"yosys failed: {' / '.join(tail)}")
+    _run([os.environ["YOSYS"], "-q", "-l", "yosys.log", "-p",
+          f"read_rtlil top.il; {flow} -top top; stat"], work, "yosys")
     log = (work / "yosys.log").read_text(errors="replace")
     report = {"board": board_name, "device": board.device, "family": mod.FAMILY,
               "flow": flow, "npu_config": mod.CONFIG.as_dict(),
