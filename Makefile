@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 SEED ?=
 BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy lint docs clean
+.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy synth-depth lint docs clean
 
 help:
 	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
@@ -35,6 +35,7 @@ help:
 	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [PLACER=static] [ROUTER=router2]; build/synth/BOARD/report.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
+	@echo "make synth-depth BOARD=ulx3s  the deepest register-to-register paths of the board build (yosys only)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
@@ -70,6 +71,9 @@ synth-blocks: setup
 
 synth-hierarchy: setup
 	$(PY) -m hdl.boards.hierarchy --board $(BOARD)
+
+synth-depth: setup
+	$(PY) -m hdl.boards.depth --board $(BOARD)
 
 lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests bench

@@ -744,6 +744,65 @@ def test_hierarchy_report_sums_each_block_with_its_submodules():
     assert "| **NPU** | 15,079 |" in text
 
 
+def _netlist(cells: dict, names: dict) -> dict:
+    """A flat Yosys JSON module from {cell: (type, {port: (direction, [bits])})}."""
+    return {"cells": {c: {"type": t, "parameters": {}, "attributes": {},
+                          "port_directions": {p: d for p, (d, _) in ports.items()},
+                          "connections": {p: b for p, (_, b) in ports.items()}}
+                      for c, (t, ports) in cells.items()},
+            "netnames": {n: {"hide_name": 0, "bits": b, "attributes": {}}
+                         for n, b in names.items()}}
+
+
+def _ff(d: int, q: int):
+    return ("TRELLIS_FF", {"CLK": ("input", [1]), "CE": ("input", ["1"]),
+                           "LSR": ("input", ["0"]), "DI": ("input", [d]),
+                           "Q": ("output", [q])})
+
+
+def _lut(a: int, b: int, z: int):
+    return ("LUT4", {"A": ("input", [a]), "B": ("input", [b]), "C": ("input", ["0"]),
+                     "D": ("input", ["0"]), "Z": ("output", [z])})
+
+
+def test_depth_counts_levels_carries_and_block_ram_and_names_the_path():
+    from hdl.boards.depth import BRAM_CLK_TO_OUT, CARRY_BIT, LUT, Netlist, analyse, worst_per_signal
+
+    carry = {f"c{i}": ("CCU2C", {"A0": ("input", [20 + i]), "CIN": ("input", [30 + i]),
+                                  "S0": ("output", [40 + i]), "COUT": ("output", [31 + i])})
+             for i in range(3)}
+    cells = {
+        "src": _ff(99, 10), "ram": ("DP16KD", {"CLKB": ("input", [1]),
+                                               "DOB0": ("output", [11])}),
+        # src -> l1 -> l2 -> dst: two levels; ram -> l3 -> dst2: block RAM + one
+        "l1": _lut(10, 10, 12), "l2": _lut(12, 10, 13), "dst": _ff(13, 14),
+        "l3": _lut(11, 10, 15), "dst2": _ff(15, 16),
+        # src -> entry LUT -> three carry cells -> sum -> acc[1] (acc[0]: shallow)
+        "l4": _lut(10, 10, 30), **carry, "acc1": _ff(42, 51), "acc0": _ff(10, 50),
+    }
+    names = {"seq.word": [10], "imem.dob": [11], "seq.opnd": [14], "csr.ctr": [16],
+             "seq.decoded": [13], "acc": [50, 51], "ripple": [30, 31, 32, 33]}
+    paths = analyse(Netlist(_netlist(cells, names)))
+    by_end = {p.end: p for p in paths}
+    assert by_end["seq.opnd"].depth == 2 * LUT
+    assert by_end["seq.opnd"].nets == ("seq.word", "seq.decoded")  # to its D input
+    assert by_end["csr.ctr"].depth == BRAM_CLK_TO_OUT + LUT
+    assert by_end["csr.ctr"].nets[0] == "imem.dob"
+    # the entry LUT, carry in -> out through c0 and c1, then c2's carry in -> sum
+    assert by_end["acc[1]"].depth == pytest.approx(LUT + 3 * CARRY_BIT)
+    # one line per register, deepest first: acc[1] stands for acc
+    worst = worst_per_signal(paths, 10)
+    assert [p.end_signal for p in worst] == ["csr.ctr", "seq.opnd", "acc"]
+
+
+def test_depth_rejects_a_combinational_loop():
+    from hdl.boards.depth import Netlist, analyse
+
+    cells = {"a": _lut(10, 11, 11), "q": _ff(11, 12)}
+    with pytest.raises(ValueError, match="combinational loop through a"):
+        analyse(Netlist(_netlist(cells, {"x": [10]})))
+
+
 def test_every_timed_block_elaborates():
     # The tool's block list stays in step with the NPU's blocks and their constructors.
     from hdl.boards.blocks import BLOCKS, _blocks, block_rtlil
