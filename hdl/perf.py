@@ -51,9 +51,12 @@ def default_counter_widths(config: NPUConfig) -> dict[str, int]:
 class PerfCounters(wiring.Component):
     """The global performance counters, 64 bits each, in ``counter_names(config)`` order.
 
-    Every cycle, counter ``name`` adds ``inc.name`` (wrapping modulo ``2**64``).
-    ``reset`` clears every counter; an increment presented in the same cycle as
-    ``reset`` is dropped (the counters read zero on the next cycle).
+    Counter ``name`` adds ``inc.name`` (wrapping modulo ``2**64``) one cycle after it
+    is presented: the increments are registered first, so each 64-bit adder starts
+    from flip-flops whatever logic computes its increment (the sequencer's decode, the
+    queues' state), which is what kept the whole ECP5 build slow. ``reset`` clears
+    every counter and drops the increments not yet counted, those presented in its
+    cycle and the cycle before (the counters read zero on the next cycle).
 
     Parameters
     ----------
@@ -101,10 +104,12 @@ class PerfCounters(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         for i, name in enumerate(self.names):
+            inc = getattr(self.inc, name)
+            pending = Signal(len(inc), name=f"{name}_inc")
             with m.If(self.reset):
-                m.d.sync += self.values[i].eq(0)
+                m.d.sync += [self.values[i].eq(0), pending.eq(0)]
             with m.Else():
-                m.d.sync += self.values[i].eq(self.values[i] + getattr(self.inc, name))
+                m.d.sync += [self.values[i].eq(self.values[i] + pending), pending.eq(inc)]
         return m
 
 

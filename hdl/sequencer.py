@@ -234,7 +234,12 @@ class Sequencer(wiring.Component):
         meters_then = {n: Signal(32, name=f"meter_{n}_then") for n in meters}
         cycles_then = Signal(32)
         m.d.sync += [snap_en.eq(0), cycles_then.eq(run_cycles)]
-        m.d.sync += [meters_then[n].eq(meter) for n, meter in meters.items()]
+        # The stall meter counts its event a cycle late (the event is the deepest logic
+        # of the dispatch, so it is registered before the adder); the meter as of now
+        # adds the event in flight.
+        stall_q = Signal()
+        meters_now = dict(meters, stall_cycles=meters["stall_cycles"] + stall_q)
+        m.d.sync += [meters_then[n].eq(meter) for n, meter in meters_now.items()]
         with m.If(snap_en):
             m.d.sync += reg_start[snap_slot].eq(cycles_then)
             m.d.sync += [reg_snap[n][snap_slot].eq(meters_then[n]) for n in meters]
@@ -282,7 +287,8 @@ class Sequencer(wiring.Component):
             meters["tag_hits"].eq(meters["tag_hits"] + self.ev_hit),
             meters["tag_misses"].eq(meters["tag_misses"] + self.ev_miss),
             meters["instructions"].eq(meters["instructions"] + fire),
-            meters["stall_cycles"].eq(meters["stall_cycles"] + self.ev_stall),
+            stall_q.eq(self.ev_stall),
+            meters["stall_cycles"].eq(meters["stall_cycles"] + stall_q),
         ]
 
         clear_pending = Mux(self.rd_we, 1 << self.rd_index, 0)
@@ -636,7 +642,7 @@ class Sequencer(wiring.Component):
                         for i, n in enumerate(("instructions", "macs", "dram_read_bytes",
                                                "dram_write_bytes", "tag_hits", "tag_misses",
                                                "stall_cycles")):
-                            m.d.comb += rec[3 + i].eq(meters[n] - reg_snap[n][rtop])
+                            m.d.comb += rec[3 + i].eq(meters_now[n] - reg_snap[n][rtop])
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
                 fail(s >= cfg.pt_sets, ErrorCode.BAD_OPERAND)
