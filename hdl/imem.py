@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from firmware.config import NPUConfig
 
+from .sequencer import PREDECODE, predecode
+
 
 class InstructionMemory(wiring.Component):
-    """Two banks of ``imem_depth`` 64-bit instructions.
+    """Two banks of ``imem_depth`` 64-bit instructions, each stored with its
+    :func:`hdl.sequencer.predecode` (computed here, on the write port).
 
     The host writes through ``w_*`` (the CSR block refuses writes aimed at the
     active bank before they get here); the sequencer fetches from the active bank
@@ -26,6 +29,9 @@ class InstructionMemory(wiring.Component):
     r_bank, r_index, r_en : In
         Fetch address (``r_en`` low holds ``r_data``).
     r_data : Out(64)
+    r_pre : Out(hdl.sequencer.PREDECODE)
+        The fetched word's predecode (all zero, like an illegal word, where nothing
+        was written).
     """
 
     def __init__(self, config: NPUConfig):
@@ -34,21 +40,25 @@ class InstructionMemory(wiring.Component):
         super().__init__({
             "w_en": In(1), "w_bank": In(1), "w_index": In(16), "w_data": In(64),
             "r_en": In(1), "r_bank": In(1), "r_index": In(ibits), "r_data": Out(64),
+            "r_pre": Out(PREDECODE),
         })
 
     def elaborate(self, platform):
         m = Module()
         depth = self.config.imem_depth
         ibits = max(1, ceil_log2(depth))
-        m.submodules.mem = mem = Memory(shape=64, depth=2 * depth, init=[])
+        entry = data.StructLayout({"word": 64, "pre": PREDECODE})
+        m.submodules.mem = mem = Memory(shape=entry, depth=2 * depth, init=[])
         wr = mem.write_port()
         rd = mem.read_port()
         m.d.comb += [
             wr.en.eq(self.w_en & (self.w_index < depth)),
             wr.addr.eq(Cat(self.w_index[:ibits], self.w_bank)),
-            wr.data.eq(self.w_data),
+            wr.data.word.eq(self.w_data),
+            wr.data.pre.eq(predecode(m, self.w_data)),
             rd.en.eq(self.r_en),
             rd.addr.eq(Cat(self.r_index, self.r_bank)),
-            self.r_data.eq(rd.data),
+            self.r_data.eq(rd.data.word),
+            self.r_pre.eq(rd.data.pre),
         ]
         return m

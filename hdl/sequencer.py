@@ -39,8 +39,8 @@ from __future__ import annotations
 import functools
 import operator
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
-from amaranth.lib import stream, wiring
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
@@ -111,8 +111,9 @@ class Sequencer(wiring.Component):
         Outcome of the last run (held until the next run ends).
     regs : Out(32).array(16)
         Scalar registers.
-    imem_addr, imem_en : Out, imem_data : In(64)
-        Fetch port of the active instruction bank (one cycle read latency).
+    imem_addr, imem_en : Out, imem_data : In(64), imem_pre : In(PREDECODE)
+        Fetch port of the active instruction bank (one cycle read latency): the word
+        and its :func:`predecode`, stored beside it.
     chk : Out(hdl.partition.pt_check_signature).array(3)
         Partition range checks (the table's lookup is registered: see
         :func:`hdl.partition.pt_check_signature`).
@@ -144,6 +145,7 @@ class Sequencer(wiring.Component):
             "error_code": Out(8), "error_pc": Out(16), "error_addr": Out(32),
             "regs": Out(32).array(16),
             "imem_addr": Out(self._ibits), "imem_en": Out(1), "imem_data": In(64),
+            "imem_pre": In(PREDECODE),
             "chk": Out(pt_check_signature(config)).array(NUM_CHECKS),
             "pt_set": Out(2),
             "tinv_en": Out(1), "tinv_slot": Out(6),
@@ -299,43 +301,28 @@ class Sequencer(wiring.Component):
         m.d.comb += self.imem_addr.eq(Mux(fsm_running, next_pc, 0))
         m.d.sync += timeout.eq((self.cycle_budget != 0) & (run_cycles >= self.cycle_budget))
 
-        # Registers the fetched word names: it waits in OPERANDS while any of them has
-        # a vargmax result in flight (reads must see it; writes must land after it).
+        # The fetched word and its predecode (see `predecode`): the registers it names
+        # (it waits in OPERANDS while any of them has a vargmax result in flight: reads
+        # must see it, writes must land after it), the register each read slot reads,
+        # whether it is legal and which steps it takes. Decoded when the word was
+        # written, so the dispatch starts from the memory's outputs.
         live = self.imem_data
         live_opcode = live[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
-        uses = Signal(isa.NUM_REGS)
-        with m.Switch(live_opcode):
-            for mn, code in OPC.items():
-                regs_named = [n for n, (_, _, k) in DEC["fields"][mn].items() if k == "reg"]
-                if regs_named:
-                    with m.Case(code):
-                        m.d.comb += uses.eq(_or_shifts(live, mn, regs_named))
-        reg_wait = (uses & pending) != 0
+        pre = self.imem_pre
+        reg_wait = (pre.uses & pending) != 0
         # The registers the fetched word reads, one per slot (read once, shared by both
         # places that latch operands).
-        slot_idx = [Signal(4, name=f"slot{k}_idx") for k in range(READ_SLOTS)]
+        slot_idx = [pre.slots[k] for k in range(READ_SLOTS)]
         slot_val = [Signal(32, name=f"slot{k}_val") for k in range(READ_SLOTS)]
-        with m.Switch(live_opcode):
-            for mn, code in OPC.items():
-                named = [(k, DEC["fields"][mn][n]) for (mn_, n), k in SLOT_OF.items()
-                         if mn_ == mn]
-                if named:
-                    with m.Case(code):
-                        m.d.comb += [slot_idx[k].eq(live[lo:lo + bits])
-                                     for k, (lo, bits, _) in named]
         m.d.comb += [v.eq(regs[i]) for v, i in zip(slot_val, slot_idx, strict=True)]
-        # Whether the fetched word is a legal encoding, latched with it (a function of
-        # the word alone, so CHECK starts from a register).
+        # Whether the fetched word is legal, latched with it (CHECK starts from a register).
         legal = Signal()
-        legal_live = _legal(m, live)
-        live_queue_op = Signal()
-        with m.Switch(live_opcode):
-            with m.Case(*(OPC[mn] for mn in QUEUE_OPS)):
-                m.d.comb += live_queue_op.eq(1)
+        legal_live = pre.legal
+        live_queue_op = pre.queue_op
         # Queue instructions take two more steps: their partition spans. A branch takes
         # one (SPANS): its condition, a 32-bit compare of two registers, is registered
         # there, so CHECK's fault and next-pc logic start from a flag.
-        after_operands = Mux(live_queue_op | (live_opcode == OPC["br"]), 1 << SPANS, 1 << CHECK)
+        after_operands = Mux(pre.spans, 1 << SPANS, 1 << CHECK)
         queue_op = Signal()  # latched with the word
         latch_word = Signal()  # the fetched word is latched this cycle
 
@@ -890,6 +877,43 @@ class Sequencer(wiring.Component):
             raise AssertionError(mn)
 
 
+PREDECODE = data.StructLayout({
+    "uses": unsigned(isa.NUM_REGS),  # registers the word names (read or written)
+    "slots": data.ArrayLayout(unsigned(4), READ_SLOTS),  # the register each slot reads
+    "legal": unsigned(1),  # a legal encoding of this ISA version
+    "queue_op": unsigned(1),  # dispatched to a queue: takes SPANS and PRODUCTS
+    "spans": unsigned(1),  # takes SPANS (queue instructions and br)
+})
+"""What the dispatch needs of an instruction word at once, decoded when the word is
+written into the instruction memory and stored beside it (:func:`predecode`). The
+all-zero word (never written) is illegal, and so is an all-zero predecode."""
+
+
+def predecode(m: Module, word) -> data.View:
+    """The :data:`PREDECODE` fields of the 64-bit ``word``, as logic in ``m``.
+
+    The instruction memory computes them on its write port, from the CSR block's
+    registers; fetched, they save the dispatch the decode of the word (the ECP5
+    build's deepest paths ran from the memory through this decode into the step and
+    operand registers).
+    """
+    pre = Signal(PREDECODE)
+    with m.Switch(word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]):
+        for mn, code in OPC.items():
+            with m.Case(code):
+                named = [n for n, (_, _, k) in DEC["fields"][mn].items() if k == "reg"]
+                if named:
+                    m.d.comb += pre.uses.eq(_or_shifts(word, mn, named))
+                for (mn_, n), k in SLOT_OF.items():
+                    if mn_ == mn:
+                        lo, bits, _ = DEC["fields"][mn][n]
+                        m.d.comb += pre.slots[k].eq(word[lo:lo + bits])
+                m.d.comb += [pre.queue_op.eq(mn in QUEUE_OPS),
+                             pre.spans.eq(mn in QUEUE_OPS or mn == "br")]
+    m.d.comb += pre.legal.eq(_legal(m, word))
+    return pre
+
+
 def _legal(m, word):
     """A signal that is 1 when ``word`` is a legal encoding: a known opcode of this ISA
     version, no bits outside its operands or legal tokens, enums in range."""
@@ -920,4 +944,4 @@ def _or_shifts(word, mn, names):
     return mask
 
 
-__all__ = ["Sequencer", "field", "NUM_CHECKS", "TRACE_WORDS"]
+__all__ = ["Sequencer", "field", "predecode", "PREDECODE", "NUM_CHECKS", "TRACE_WORDS"]

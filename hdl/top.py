@@ -140,7 +140,7 @@ class NPU(wiring.Component):
             # A swap in the start cycle is impossible (do_start excludes it), so the
             # bank the first fetch reads is the bank the whole run uses.
             imem.r_bank.eq(active_bank),
-            seq.imem_data.eq(imem.r_data),
+            seq.imem_data.eq(imem.r_data), seq.imem_pre.eq(imem.r_pre),
             pt.w_en.eq(csr.pt_we), pt.w_bank.eq(csr.pt_bank), pt.w_set.eq(csr.pt_set),
             pt.w_part.eq(csr.pt_part), pt.w_base.eq(csr.pt_base), pt.w_size.eq(csr.pt_size),
             pt.r_bank.eq(csr.pt_rd_bank), pt.r_set.eq(csr.pt_rd_set),
