@@ -212,7 +212,7 @@ class UartBridge(wiring.Component):
                           (r_data, self.csr.rdata, self.mem.rdata)):
             m.d.comb += dst.eq(Mux(use_csr, a, b))
 
-        # ---- request checks (valid in CHECK) -------------------------------------------
+        # ---- request checks (registered, valid in CHECK) --------------------------------
         count = word0[:16]
         known = Signal()
         len_ok = Signal()
@@ -235,6 +235,12 @@ class UartBridge(wiring.Component):
                              addr_ok.eq(mem_end <= (1 << self.mem_addr_width))]
             with m.Case(Command.POLL):
                 m.d.comb += [known.eq(1), len_ok.eq(length == 0), addr_ok.eq(1)]
+
+        # The header and the first payload word are complete at least two received
+        # bytes (the CRC) before CHECK reads the checks: registered on the way, they
+        # keep the address arithmetic out of CHECK's decision.
+        known_q, len_ok_q, addr_ok_q = Signal(), Signal(), Signal()
+        m.d.sync += [known_q.eq(known), len_ok_q.eq(len_ok), addr_ok_q.eq(addr_ok)]
 
         def reject(code):
             m.d.sync += [status.eq(code), resp_len.eq(0), self.error.eq(1),
@@ -320,11 +326,11 @@ class UartBridge(wiring.Component):
                              aw_done.eq(0), w_done.eq(0)]
                 with m.If(~crc_ok):
                     reject(Status.BAD_CRC)
-                with m.Elif(~known):
+                with m.Elif(~known_q):
                     reject(Status.BAD_COMMAND)
-                with m.Elif(~len_ok):
+                with m.Elif(~len_ok_q):
                     reject(Status.BAD_LENGTH)
-                with m.Elif(~addr_ok):
+                with m.Elif(~addr_ok_q):
                     reject(Status.BAD_ADDRESS)
                 with m.Else():
                     with m.Switch(cmd):

@@ -306,8 +306,8 @@ class DMA(wiring.Component):
     later rows untouched; a failed store may have written parts of the failing row
     and of the later rows whose bursts were already in flight.
 
-    W data never waits for AWREADY; ``axi.rready`` follows ``load_sp.ready``
-    combinationally.
+    W data never waits for AWREADY. R beats enter a two-entry FIFO (``axi.rready``
+    is a register), so a beat reaches the scratchpad a cycle after it arrives.
 
     Parameters
     ----------
@@ -408,6 +408,14 @@ class DMA(wiring.Component):
             q.w_data.eq(b.payload.d),
         ]
 
+        # R beats pass through a two-entry FIFO whose ready is a register: the slave's
+        # R channel and the scratchpad's arbitration are no longer one combinational
+        # path (the ECP5 build's deepest), at one cycle of latency and full throughput.
+        m.submodules.load_r = rb = SyncFIFO(width=w * 8 + 2, depth=2)
+        m.d.comb += [rb.w_data.eq(Cat(axi.rdata, axi.rresp)), rb.w_en.eq(axi.rvalid),
+                     axi.rready.eq(rb.w_rdy)]
+        rvalid, rdata, rresp = rb.r_rdy, rb.r_data[:w * 8], rb.r_data[w * 8:]
+
         # data: each R beat becomes one scratchpad window write
         d = data.View(dlay, q.r_data)
         k = Signal(8)  # beat within the burst
@@ -415,18 +423,18 @@ class DMA(wiring.Component):
         err = Signal()  # the current command met a bus error: drop the rest
         err_addr = Signal(DRAM_ADDR_BITS)
         beat_last = k == d.len
-        is_err = axi.rresp[1]  # SLVERR or DECERR
+        is_err = rresp[1]  # SLVERR or DECERR
         drop = err | is_err
         take = Signal()
         marker = q.r_rdy & d.marker
         m.d.comb += [
-            sp.valid.eq(q.r_rdy & ~d.marker & axi.rvalid & ~drop),
+            sp.valid.eq(q.r_rdy & ~d.marker & rvalid & ~drop),
             sp.we.eq(1),
             sp.addr.eq(Mux(k == 0, d.sp_first, ptr)),
-            sp.wdata.eq(axi.rdata),
+            sp.wdata.eq(rdata),
             sp.wstrb.eq(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1))),
-            axi.rready.eq(q.r_rdy & ~d.marker & (drop | sp.ready)),
-            take.eq(axi.rvalid & axi.rready),
+            rb.r_en.eq(q.r_rdy & ~d.marker & (drop | sp.ready)),
+            take.eq(rvalid & rb.r_en),
             q.r_en.eq(marker | (take & beat_last)),
         ]
         with m.If(take):
