@@ -157,13 +157,16 @@ class Scratchpad(wiring.Component):
             claimed_r, claimed_w = cr, cw
 
         # ---- bank inputs: at most one granted port per bank and kind, so OR them ---
+        # The banks read every cycle (a bank no port reads reads row 0): read data is
+        # taken only in the cycle after a grant (``rvalid``), so nothing needs it held,
+        # and a read enable would cost each bank's outputs hold registers fed by the
+        # arbitration, the deepest paths of the ECP5 build.
         for k in range(nbanks):
-            r_addr, r_en = [], []
+            r_addr = []
             w_addr, w_data, w_en = [], [], []
             for d, gr, gw in zip(dec, grant_r, grant_w, strict=True):
                 r0 = gr & (d["b0"] == k)
                 r1 = gr & d["need1_r"] & (d["b1"] == k)
-                r_en += [r0, r1]
                 r_addr += [Mux(r0, d["row0"], 0), Mux(r1, d["row1"], 0)]
                 w0 = gw & (d["b0"] == k)
                 w1 = gw & d["need1_w"] & (d["b1"] == k)
@@ -172,7 +175,6 @@ class Scratchpad(wiring.Component):
                            Mux(w1, d["wide_data"][w * 8:], 0)]
                 w_en += [Mux(w0, d["wide_strb"][:w], 0), Mux(w1, d["wide_strb"][w:], 0)]
             m.d.comb += [
-                reads[k].en.eq(_or(r_en)),
                 reads[k].addr.eq(_or(r_addr)),
                 writes[k].addr.eq(_or(w_addr)),
                 writes[k].data.eq(_or(w_data)),
