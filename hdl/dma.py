@@ -411,10 +411,11 @@ class DMA(wiring.Component):
         # R beats pass through a two-entry FIFO whose ready is a register: the slave's
         # R channel and the scratchpad's arbitration are no longer one combinational
         # path (the ECP5 build's deepest), at one cycle of latency and full throughput.
-        m.submodules.load_r = rb = SyncFIFO(width=w * 8 + 2, depth=2)
-        m.d.comb += [rb.w_data.eq(Cat(axi.rdata, axi.rresp)), rb.w_en.eq(axi.rvalid),
+        # (RRESP's high bit is all a beat keeps of it: SLVERR or DECERR.)
+        m.submodules.load_r = rb = SyncFIFO(width=w * 8 + 1, depth=2)
+        m.d.comb += [rb.w_data.eq(Cat(axi.rdata, axi.rresp[1])), rb.w_en.eq(axi.rvalid),
                      axi.rready.eq(rb.w_rdy)]
-        rvalid, rdata, rresp = rb.r_rdy, rb.r_data[:w * 8], rb.r_data[w * 8:]
+        rvalid, rdata, is_err = rb.r_rdy, rb.r_data[:w * 8], rb.r_data[w * 8]
 
         # data: each R beat becomes one scratchpad window write
         d = data.View(dlay, q.r_data)
@@ -423,7 +424,6 @@ class DMA(wiring.Component):
         err = Signal()  # the current command met a bus error: drop the rest
         err_addr = Signal(DRAM_ADDR_BITS)
         beat_last = k == d.len
-        is_err = rresp[1]  # SLVERR or DECERR
         drop = err | is_err
         take = Signal()
         marker = q.r_rdy & d.marker

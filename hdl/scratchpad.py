@@ -42,7 +42,8 @@ class Scratchpad(wiring.Component):
     * Read data arrives one cycle after the grant with ``rvalid``, realigned so
       that lane ``i`` is byte ``a + i``. A read granted in the same cycle as a
       write to the same byte returns the old byte; the write is visible to reads
-      granted from the next cycle on.
+      granted from the next cycle on. ``rdata`` is valid in the ``rvalid`` cycle
+      only: it does not hold.
     * Strobed write lanes are written at the end of the granted cycle; the other
       lanes are left untouched.
 

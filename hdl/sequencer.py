@@ -309,7 +309,7 @@ class Sequencer(wiring.Component):
         live = self.imem_data
         live_opcode = live[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
         pre = self.imem_pre
-        reg_wait = (pre.uses & pending) != 0
+        reg_wait = (pre.uses & pending[1:]) != 0
         # The registers the fetched word reads, one per slot (read once, shared by both
         # places that latch operands).
         slot_idx = [pre.slots[k] for k in range(READ_SLOTS)]
@@ -878,7 +878,8 @@ class Sequencer(wiring.Component):
 
 
 PREDECODE = data.StructLayout({
-    "uses": unsigned(isa.NUM_REGS),  # registers the word names (read or written)
+    # registers r1..r15 the word names, read or written (bit i - 1: r0 is never pending)
+    "uses": unsigned(isa.NUM_REGS - 1),
     "slots": data.ArrayLayout(unsigned(4), READ_SLOTS),  # the register each slot reads
     "legal": unsigned(1),  # a legal encoding of this ISA version
     "queue_op": unsigned(1),  # dispatched to a queue: takes SPANS and PRODUCTS
@@ -903,7 +904,7 @@ def predecode(m: Module, word) -> data.View:
             with m.Case(code):
                 named = [n for n, (_, _, k) in DEC["fields"][mn].items() if k == "reg"]
                 if named:
-                    m.d.comb += pre.uses.eq(_or_shifts(word, mn, named))
+                    m.d.comb += pre.uses.eq(_or_shifts(word, mn, named)[1:])
                 for (mn_, n), k in SLOT_OF.items():
                     if mn_ == mn:
                         lo, bits, _ = DEC["fields"][mn][n]

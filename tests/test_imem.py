@@ -16,8 +16,8 @@ DEC = isa.decoder_constants()
 
 
 def _expected(word: int) -> dict:
-    """What the dispatch must see of ``word``: the registers its opcode's register
-    fields name, the register of each read slot, legality, the steps it takes."""
+    """What the dispatch must see of ``word``: the registers r1..r15 its opcode's
+    register fields name, the register of each read slot, legality, the steps it takes."""
     opcode = (word >> isa.OPCODE_LO) & ((1 << isa.OPCODE_BITS) - 1)
     mn = next((m for m, c in DEC["opcodes"].items() if c == opcode), None)
     out = {"uses": 0, "slots": [0] * (1 + max(SLOT_OF.values())), "queue_op": 0, "spans": 0}
@@ -34,6 +34,7 @@ def _expected(word: int) -> dict:
             out["uses"] |= 1 << value
         if (mn, name) in SLOT_OF:
             out["slots"][SLOT_OF[(mn, name)]] = value
+    out["uses"] >>= 1  # r1..r15: r0 is never pending
     out["queue_op"] = int(mn in QUEUE_OPS)
     out["spans"] = int(mn in QUEUE_OPS or mn == "br")
     return out
