@@ -410,7 +410,7 @@ class DMA(wiring.Component):
 
         # R beats pass through a two-entry FIFO whose ready is a register: the slave's
         # R channel and the scratchpad's arbitration are no longer one combinational
-        # path (the ECP5 build's deepest), at one cycle of latency and full throughput.
+        # path (then the ECP5 build's deepest), at one cycle of latency and full throughput.
         # (RRESP's high bit is all a beat keeps of it: SLVERR or DECERR.)
         m.submodules.load_r = rb = SyncFIFO(width=w * 8 + 1, depth=2)
         m.d.comb += [rb.w_data.eq(Cat(axi.rdata, axi.rresp[1])), rb.w_en.eq(axi.rvalid),
