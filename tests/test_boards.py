@@ -795,6 +795,16 @@ def test_depth_counts_levels_carries_and_block_ram_and_names_the_path():
     assert [p.end_signal for p in worst] == ["csr.ctr", "seq.opnd", "acc"]
 
 
+def test_depth_cli_rejects_unknown_board_and_non_ecp5(capsys, tmp_path):
+    from hdl.boards.depth import main
+
+    with pytest.raises(SystemExit):
+        main(["--board", "de10"])
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["--board", "icebreaker", "--out", str(tmp_path)]) == 1
+    assert "ECP5 cells only" in capsys.readouterr().err
+
+
 def test_depth_rejects_a_combinational_loop():
     from hdl.boards.depth import Netlist, analyse
 

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .synth import BOARDS, _tool_env
+
 # Delay of each combinational cell, in LUT levels (a LUT4 and the net after it).
 LUT = 1.0
 WIDE_MUX = 0.25  # PFUMX / L6MUX21: a mux inside the slice, next to its LUTs
@@ -208,7 +210,6 @@ def netlist(board_name: str, out: Path) -> Path:
     """Run Yosys alone on ``board_name``'s whole top, with the script ``make synth``
     uses, and return the flat netlist (``<out>/depth/<board>/top.json``)."""
     from .blocks import _run
-    from .synth import BOARDS, _tool_env
 
     board = BOARDS[board_name]
     mod = board.load()
@@ -241,7 +242,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--netlist", type=Path, help="a flat Yosys JSON netlist (top.json)")
-    src.add_argument("--board", help="run Yosys on this board's top first (ulx3s)")
+    src.add_argument("--board", choices=sorted(BOARDS),
+                     help="run Yosys on this board's top first (ECP5 boards: ulx3s)")
     ap.add_argument("--out", type=Path, default=Path("build/synth"),
                     help="build directory for --board (default build/synth)")
     ap.add_argument("--top", type=int, default=20, help="how many registers to list")
