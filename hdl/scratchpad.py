@@ -159,9 +159,8 @@ class Scratchpad(wiring.Component):
 
         # ---- bank inputs: at most one granted port per bank and kind, so OR them ---
         # The banks read every cycle (a bank no port reads reads row 0): read data is
-        # taken only in the cycle after a grant (``rvalid``), so nothing needs it held,
-        # and a read enable would cost each bank's outputs hold registers fed by the
-        # arbitration, the deepest paths of the ECP5 build.
+        # taken only in the cycle after a grant (``rvalid``), so nothing needs it held
+        # and the arbitration need not drive a read enable.
         for k in range(nbanks):
             r_addr = []
             w_addr, w_data, w_en = [], [], []

@@ -48,7 +48,7 @@ class RegPath:
 
     depth: float
     end: str  # the register written (an FF's signal) or a cell input
-    end_signal: str  # the end without its bit index: paths group by it
+    end_signal: str  # the register as a whole (all its bits): paths group by it
     nets: tuple[str, ...]  # the signals it passes, from the source to the sink
 
 
@@ -85,9 +85,6 @@ class Netlist:
         name, i = self.names[bit]
         return name if i < 0 else f"{name}[{i}]"
 
-    def signal(self, bit: int) -> str | None:
-        return self.names[bit][0] if bit in self.names else None
-
     def anchor(self, bit: int) -> str | None:
         """The RTL signal a bit's name starts from (a derived name cut at its first
         cell tag): what a path passes through, as far as the netlist still says."""
@@ -111,8 +108,9 @@ def _inputs(cell: dict) -> list[tuple[str, int]]:
             if cell["port_directions"].get(p) == "input" for b in bits if isinstance(b, int)]
 
 
-def _delay(cell: dict, in_port: str, out_port: str) -> float | None:
-    """Delay from ``in_port`` to ``out_port`` in LUT levels; None: no combinational arc."""
+def _delay(cell: dict, in_port: str) -> float | None:
+    """Delay from ``in_port`` to the cell's outputs in LUT levels; None: no
+    combinational arc (every input of a combinational cell reaches every output)."""
     kind = cell["type"]
     if kind == "LUT4":
         return LUT
@@ -146,7 +144,7 @@ def analyse(net: Netlist) -> list[RegPath]:
                 arrival[b] = (start, None)
                 continue
             arcs = [(ib, d) for ip, ib in _inputs(cell)
-                    if (d := _delay(cell, ip, drv[1])) is not None]
+                    if (d := _delay(cell, ip)) is not None]
             if not expanded:
                 stack.append((b, True))
                 for ib, _ in arcs:
