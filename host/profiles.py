@@ -48,6 +48,23 @@ def profile_key(config: NPUConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def timing_key() -> str:
+    """A digest of the hardware's timing as the golden model knows it (16 hex digits).
+
+    CAPS name a build's shape, not its timing: an RTL change that moves a cycle
+    (a pipeline stage, a latency) keeps the profile key. The golden cost model is
+    cycle-exact against the RTL (tests/test_npu.py), so its parameters change with
+    the timing. Saved runtime profiles are keyed on this too: timings measured
+    under another revision would steer the plan wrong.
+    """
+    from dataclasses import asdict
+
+    from firmware.golden import CostModel
+
+    text = json.dumps(sorted(asdict(CostModel()).items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def profile(name: str) -> NPUConfig:
     """The known profile called ``name``; ``KeyError`` lists the known names."""
     try:

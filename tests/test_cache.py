@@ -36,7 +36,7 @@ from host.datasets import load_digits_split
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
-from host.profiles import PROFILES, profile, profile_key, profile_name
+from host.profiles import PROFILES, profile, profile_key, profile_name, timing_key
 from host.runtime import Session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -459,6 +459,21 @@ def test_profile_key_is_stable_and_sensitive():
     assert len(keys) == 1 + len(dataclasses.fields(NPUConfig)), "a field does not count"
     with pytest.raises(TypeError):
         profile_key({"rows": 8})
+
+
+def test_timing_key_follows_the_golden_cost_model(monkeypatch):
+    import firmware.golden as golden
+
+    key = timing_key()
+    assert re.fullmatch(r"[0-9a-f]{16}", key) and timing_key() == key
+    for f in dataclasses.fields(golden.CostModel):
+        slower = dataclasses.make_dataclass(
+            "CostModel", [(f.name, int, getattr(golden.CostModel(), f.name) + 1)],
+            bases=(golden.CostModel,), frozen=True)
+        monkeypatch.setattr(golden, "CostModel", slower)
+        assert timing_key() != key, f"{f.name} does not count"
+        monkeypatch.undo()
+    assert timing_key() == key
 
 
 def test_profile_database():

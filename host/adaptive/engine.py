@@ -144,8 +144,9 @@ class AdaptiveRuntime(BatchServing):
     state : what :meth:`state` saved at the end of an earlier run of this model on
         this hardware profile: the profile so far and the merged units of its plan.
         The runtime starts on that plan (compiled plans come from the cache) with
-        the profiler's knowledge; a state of another model or profile is ignored
-        (event ``state-ignored``).
+        the profiler's knowledge; a state of another model, profile or hardware
+        timing (:func:`~host.profiles.timing_key`) is ignored (event
+        ``state-ignored``, which says why).
     """
 
     def __init__(self, driver: NPUDriver, graph: Graph, config: AdaptiveConfig | None = None,
@@ -562,21 +563,27 @@ class AdaptiveRuntime(BatchServing):
         """What a later run of this model on this profile starts from (JSON-ready):
         the profiler's state and the merged units of the plan (as chains of original
         units; speculative bets are re-learned)."""
-        from ..profiles import profile_key
+        from ..profiles import profile_key, timing_key
         from .cache import graph_signature
 
         merged = [self.units.originals(u.id) for u in self.units.active() if u.kind == MERGED]
         return {"version": 1, "graph": graph_signature(self.graph),
-                "profile": profile_key(self.hw), "profiler": self.profiler.to_dict(),
-                "merged": merged, "inferences": self.n}
+                "profile": profile_key(self.hw), "timing": timing_key(),
+                "profiler": self.profiler.to_dict(), "merged": merged, "inferences": self.n}
 
     def _restore(self, state: dict) -> None:
-        from ..profiles import profile_key
+        from ..profiles import profile_key, timing_key
         from .cache import graph_signature
 
-        if state.get("version") != 1 or state.get("graph") != graph_signature(self.graph) \
-                or state.get("profile") != profile_key(self.hw):
-            self._event("state-ignored", (), "saved for another model, profile or version")
+        mismatch = [why for key, want, why in (
+            ("version", 1, "another state format"),
+            ("graph", graph_signature(self.graph), "another model"),
+            ("profile", profile_key(self.hw), "another hardware profile"),
+            # Timings measured on another hardware revision would steer the plan.
+            ("timing", timing_key(), "another hardware timing revision"),
+        ) if state.get(key) != want]
+        if mismatch:
+            self._event("state-ignored", (), "saved for " + ", ".join(mismatch))
             return
         self.profiler = Profiler.from_dict(state["profiler"])
         plan_units = []
