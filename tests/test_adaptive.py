@@ -6,6 +6,8 @@ are deterministic properties of the plans, not timings. tests/test_adaptive_rtl.
 runs the same loop on the Verilator NPU.
 """
 
+from concurrent.futures import Future
+
 import numpy as np
 import pytest
 
@@ -311,6 +313,49 @@ def test_batches_get_a_guarded_batch_variant(seed):
     assert r.checked and r.plan != ("batch8",)
 
 
+class _HeldPool:
+    """A compile pool whose jobs finish only when the test says so."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, *args):
+        fut = Future()
+        self.jobs.append((fut, fn, args))
+        return fut
+
+    def release(self):
+        for fut, fn, args in self.jobs:
+            fut.set_result(fn(*args))
+        self.jobs = []
+
+    def shutdown(self, wait=True):
+        pass
+
+
+def test_a_fusion_compiled_while_batches_run_lands_and_the_variant_follows(seed):
+    """The batch variant is built on the plan of its time; a fusion whose compile
+    finishes later still lands (on generic runs) and the variant is rebuilt on it."""
+    rt = _runtime("mlp", AdaptiveConfig(async_compile=True))
+    rt._pool.shutdown()
+    rt._pool = pool = _HeldPool()
+    xs = list(_stream(rt, 40, [ALL], seed))
+    rt.run_batch(xs[:8])  # singly: the profile plans a fusion, its compile is held
+    assert [e.kind for e in rt.events] == ["fuse-planned"] and pool.jobs
+    old = rt.run_batch(xs[8:16])  # the variant of the unfused plan serves this batch
+    assert old[0].plan == ("batch8",) and rt.variants[8].plan == (1, 2)
+    pool.release()
+    landing = rt.run_batch(xs[16:24])  # generic runs: the fusion lands and validates
+    assert all(r.plan == (1090,) for r in landing[1:]), [r.plan for r in landing]
+    assert rt.validating is None
+    new = rt.run_batch(xs[24:32])
+    assert new[0].plan == ("batch8",) and rt.variants[8].plan == (1090,)
+    rebuilt = [e for e in rt.events if e.kind == "specialized"][-1]
+    assert rebuilt.detail.endswith("rebuilt: the plan is now [1090]"), rebuilt.detail
+    assert all(r.checked for r in old + landing + new)
+    assert new[0].cycles < old[0].cycles, (new[0].cycles, old[0].cycles)
+
+
 def test_routed_batches_bet_on_the_hot_branches(seed):
     """The MoE cannot be batched as is (per-input routing): the runtime builds a
     routed batch variant, first on every expert, then on the experts that took
@@ -360,3 +405,11 @@ def test_a_saved_state_starts_the_next_run_warm(seed):
     # A state of another model is ignored, with the reason.
     other = _runtime("moe", state=state)
     assert [e.kind for e in other.events] == ["state-ignored"]
+    assert other.events[0].detail == "saved for another model"
+    # So is one measured under other hardware timing (an older RTL revision, whose
+    # CAPS are the same), or saved before states recorded the timing.
+    for timing in ("0123456789abcdef", None):
+        old = _runtime("mlp", cache=cache, state={**state, "timing": timing})
+        assert [(e.kind, e.detail) for e in old.events] == [
+            ("state-ignored", "saved for another hardware timing revision")]
+        assert old.report()["restored_plan"] != [1090]

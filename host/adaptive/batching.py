@@ -51,6 +51,13 @@ class BatchServing:
                 self.batch_sizes[B] >= self.config.specialize_after:
             self._specialize(B)
         v = self.variants.get(B)
+        if v is not None and self._generic_plan_busy():
+            # A compiled plan change lands, and is validated in shadow, on runs of
+            # the generic plan; served by the variant, it would wait forever.
+            return [self.run(x) for x in inputs_list]
+        if getattr(v, "plan", ()) and v.plan != tuple(self._plan_ids()):
+            self._specialize(B, f"the plan is now {self._plan_ids()}")
+            v = self.variants.get(B)
         if v is not None:
             why = v.guard_failure(inputs_list)
             if why:
@@ -62,8 +69,15 @@ class BatchServing:
             return self._run_routed(v, inputs_list)
         return self._run_variant(v, inputs_list)
 
+    def _generic_plan_busy(self) -> bool:
+        """A compiled plan change waits to land, or a landed one is in validation."""
+        c = self.pending
+        ready = c is not None and (c.future is None or c.future.done())
+        return ready or self.validating is not None
+
     # ---- building variants -----------------------------------------------------------
-    def _specialize(self, B: int) -> None:
+    def _specialize(self, B: int, why: str = "") -> None:
+        """Build the batch-B variant of the current plan (``why``: a rebuild's reason)."""
         from .routed import branch_leaves
         from .specialize import BatchVariant, SpecializationError, batch_graph
 
@@ -84,11 +98,11 @@ class BatchServing:
             self.variants[B] = None
             self._event("specialize-refused", (), f"batch{B}: {e}")
             return
-        self.variants[B] = BatchVariant(model, B, self.model.graph)
+        self.variants[B] = BatchVariant(model, B, self.model.graph, tuple(self._plan_ids()))
         self._variant_checks[B] = self.config.validate_runs
         self._event("specialized", tuple(u.id for u in model.units),
                     f"batch{B} ({'cache hit' if hit else 'compiled'}): {B} inputs per run, "
-                    f"{len(model.program)} instructions")
+                    f"{len(model.program)} instructions" + (f"; rebuilt: {why}" if why else ""))
 
     def _cover_set(self) -> list:
         """The fewest branches that took ``route_cover`` of the routed inputs seen

@@ -201,11 +201,14 @@ class BatchVariant:
     model : the compiled batched program (``model.graph`` is the batched graph).
     batch : inferences per run (``B``).
     generic : the unbatched (simplified) graph it specializes.
+    plan : the unit ids of the generic plan it batches (a later plan needs a new
+        variant).
     """
 
     model: CompiledModel
     batch: int
     generic: Graph
+    plan: tuple[int, ...] = ()
     _signature: str = field(default="", init=False, repr=False)
 
     @property
