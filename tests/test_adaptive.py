@@ -16,14 +16,17 @@ from host.adaptive import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.cache import CompileCache
 from host.adaptive.faults import corrupt_requant
 from host.adaptive.fusion import locality, refusal
+from host.adaptive.timeline import attach_timeline
 from host.adaptive.units import QUARANTINED, UnitGraph
 from host.cli import model_path
 from host.compiler import compile_model
+from host.compiler.cost import CostModel
 from host.datasets import class_mix_stream
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
 from host.reference import run_reference
+from host.runtime import Session
 
 ALL = {c: 1.0 for c in range(10)}
 
@@ -135,6 +138,44 @@ def test_async_compile_swaps_without_blocking(seed):
         assert rt.run(x).checked
     assert rt.swaps >= 1
     rt.close()
+
+
+@pytest.mark.parametrize("name", ["cnn", "moe"])
+def test_golden_timeline_predicts_each_unit(name, seed):
+    """Before the device runs a plan, the cost model has each unit's golden cycles
+    (exact on the golden backend); a unit inside a branch the zero-input run did not
+    take is predicted by the linear model calibrated on the others' timelines."""
+    model = attach_timeline(compile_model(load_onnx(model_path(name)), CONFIGS["default"]))
+    works = {uid: r.resources["work"] for uid, r in model.regions.items()}
+    cost = CostModel(model.config)
+    cost.calibrate(works.values())
+    session = Session(NPUDriver(GoldenDevice(CONFIGS["default"])), model, check=False)
+    session.load()
+    inp = model.graph.inputs[0]
+    shape = model.graph.tensors[inp].shape
+    warm: dict[int, list] = {}
+    for s in class_mix_stream(30, [ALL], seed):
+        for t in session.run({inp: s.x.reshape(shape).astype(np.float32)}).trace:
+            if not t.tag_misses:
+                warm.setdefault(t.region, []).append(t.cycles)
+    timed = [uid for uid, w in works.items() if "timeline" in w]
+    assert timed and set(warm) >= set(timed)
+    for uid, cycles in warm.items():
+        predicted = cost.predict(works[uid])
+        if uid in timed:
+            assert set(cycles) == {predicted}, (uid, predicted, cycles)
+        else:
+            assert abs(predicted - np.mean(cycles)) < 0.1 * np.mean(cycles), (uid, predicted)
+    if name == "moe":
+        assert len(timed) < len(works)  # the experts the zero input did not route to
+
+
+def test_runtime_cost_model_is_right_before_it_measures(seed):
+    rt = _runtime("moe")
+    for x in _stream(rt, 16, [ALL], seed):
+        rt.run(x)
+    before, after = rt.cost_error()
+    assert before < 0.03 and after < 0.03, (before, after)
 
 
 def test_refusals():

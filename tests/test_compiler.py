@@ -292,6 +292,20 @@ def test_cost_model_refits_on_measurements(digits):
     assert after < before and after < 0.25, (before, after)
 
 
+def test_cost_model_learns_a_slower_memory():
+    """Units with a golden timeline on a device whose memory takes 12 more cycles
+    per transfer than the simulation's: the refit finds the 12."""
+    cost = CostModel(CONFIGS["default"])
+    base = dict.fromkeys(("instructions", "load_bytes", "tagged_bytes", "store_bytes",
+                          "wload_rows", "gemm_rows", "gemms", "vector_ops", "vector_bytes"), 0)
+    for timeline, loads, stores in ((600, 3, 1), (230, 1, 1), (1500, 6, 2), (150, 2, 0)):
+        work = {**base, "timeline": timeline, "loads": loads, "stores": stores}
+        assert cost.predict(work) == timeline
+        cost.observe(work, timeline + 12 * (loads + stores))
+    assert cost.error() > 0.05
+    assert cost.fit() < 0.01 and abs(cost.transfer_extra - 12) < 0.1, cost.transfer_extra
+
+
 def test_cli_commands(capsys):
     assert npu_main(["compile", "mlp"]) == 0
     assert "instructions" in capsys.readouterr().out

@@ -41,6 +41,7 @@ from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
 from .records import AdaptiveInference, RuntimeEvent, mismatch
 from .speculate import Bet, Leaf, SpecCandidate, gate_unit, hoist, leaves
+from .timeline import attach_timeline
 from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
 
 COST_SAMPLES = 512  # measured regions the cost model refits on (most recent)
@@ -172,6 +173,9 @@ class AdaptiveRuntime(BatchServing):
         self.session = Session(driver, base, check=False)
         self.profiler = Profiler(self.config.profiler)
         self.cost = CostModel(self.hw)
+        self.cost.calibrate(r.resources["work"] for r in base.regions.values()
+                            if "work" in r.resources)
+        self._cost_prior = dict(self.cost.coef)  # what the runtime knew before running
         self.events: list[RuntimeEvent] = []
         self.refused: dict[frozenset, str] = {}
         self.n = 0
@@ -316,7 +320,7 @@ class AdaptiveRuntime(BatchServing):
             if rec.region in self.units.units:
                 self.units[rec.region].exec_count += 1
             work = unit.resources.get("work")
-            if work is not None:
+            if work is not None and not rec.tag_misses:  # (it predicts steady state)
                 self.cost.observe(work, rec.cycles)
         del self.cost.samples[:-COST_SAMPLES]
         if b is not None and b.unit.id in ids:
@@ -324,8 +328,10 @@ class AdaptiveRuntime(BatchServing):
         return ""
 
     def cost_error(self) -> tuple[float, float]:
-        """(error of the profile's coefficients, error after refitting)."""
-        before = CostModel(self.hw, samples=list(self.cost.samples)).error()
+        """(error of what the runtime knew before running: golden timelines and the
+        coefficients calibrated on them; error after refitting on measurements)."""
+        before = CostModel(self.hw, dict(self._cost_prior),
+                           samples=list(self.cost.samples)).error()
         return before, self.cost.fit()
 
     # ---- deciding -------------------------------------------------------------------------
@@ -457,9 +463,11 @@ class AdaptiveRuntime(BatchServing):
     def _compile(self, plan: list[Subgraph], graph: Graph | None = None
                  ) -> tuple[CompiledModel, bool]:
         graph = self.graph if graph is None else graph
-        return self.cache.get_or_compile(
+        model, hit = self.cache.get_or_compile(
             graph, plan, self.hw,
             compile_fn=lambda: compile_model(graph, self.hw, plan, simplified=True))
+        # The cost model predicts the plan's units from their golden cycles.
+        return attach_timeline(model), hit
 
     def _finish_compile(self, change: _Change, outcome) -> None:
         result, error = outcome

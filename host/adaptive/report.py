@@ -98,8 +98,8 @@ def print_report(rep: dict, console: Console) -> None:
     console.print(
         f"{rep['inferences']} inferences, {rep['swaps']} swaps, {rep['rollbacks']} "
         f"rollbacks, {rep['compiles']} plan changes compiled ({cache['compiles']} compiles, "
-        f"{cache['hits']} cache hits); cost model error {100 * err['profile']:.0f}% from "
-        f"the profile, {100 * err['refit']:.1f}% refit", highlight=False)
+        f"{cache['hits']} cache hits); cost model error {100 * err['profile']:.1f}% before "
+        f"measuring (golden timeline), {100 * err['refit']:.1f}% refit", highlight=False)
     spec = rep.get("speculation")
     if spec:
         rate = spec["misspeculations"] / spec["bets"] if spec["bets"] else 0.0

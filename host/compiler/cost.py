@@ -3,9 +3,16 @@
 A unit's work (:class:`host.compiler.emit.Work`: dynamic counts of DMA transfers
 and bytes, weight loads, GEMM rows, vector rows and bytes, instructions) is known
 at compile time. The model predicts steady-state figures (resident weights hit
-their tags): DRAM bytes exactly, cycles as a linear function of the work whose
-initial coefficients come from the hardware profile (bus width, array size) and
-which :meth:`CostModel.fit` refits on measured region cycles.
+their tags): DRAM bytes exactly, and cycles
+
+* from the golden model's timeline when the work carries one (``timeline``: the
+  unit's warm cycles when its plan ran on the golden model, which is cycle-exact
+  against the RTL; :mod:`host.adaptive.timeline`), plus a refitted extra latency
+  per DMA transfer for a device whose memory is slower than the simulation's;
+* otherwise as a linear function of the work whose initial coefficients come
+  from the hardware profile (bus width, array size).
+
+:meth:`CostModel.fit` refits both on measured region cycles.
 """
 
 from __future__ import annotations
@@ -27,8 +34,11 @@ def warm_dram_bytes(work: dict) -> tuple[int, int]:
 
 
 def features(work: dict, config: NPUConfig) -> dict:
+    """The linear model's features of ``work`` (:data:`TERMS`), and its golden
+    ``timeline`` cycles (None when it has none)."""
     read, write = warm_dram_bytes(work)
     return {
+        "timeline": work.get("timeline"),
         "fixed": 1,
         "instructions": work["instructions"],
         "transfers": work["loads"] + work["stores"],
@@ -63,12 +73,15 @@ class CostModel:
     Members
     -------
     config : the hardware profile.
-    coef : cycles per feature (see :data:`TERMS`).
+    coef : cycles per feature (see :data:`TERMS`), for work without a timeline.
+    transfer_extra : cycles per DMA transfer that the device takes beyond the
+        golden timeline (0 until measured: the simulated memory's latency).
     samples : (features, measured cycles) pairs seen so far.
     """
 
     config: NPUConfig
     coef: dict = field(default_factory=dict)
+    transfer_extra: float = 0.0
     samples: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -76,18 +89,21 @@ class CostModel:
             self.coef = initial_coefficients(self.config)
 
     def predict(self, work: dict) -> float:
-        f = features(work, self.config)
+        return self._predict(features(work, self.config))
+
+    def _predict(self, f: dict) -> float:
+        if f["timeline"] is not None:
+            return max(0.0, f["timeline"] + self.transfer_extra * f["transfers"])
         return max(0.0, float(sum(self.coef[t] * f[t] for t in TERMS)))
 
     def observe(self, work: dict, cycles: int):
         self.samples.append((features(work, self.config), cycles))
 
     def error(self) -> float:
-        """Mean relative error of the current coefficients on the samples."""
+        """Mean relative error of the current model on the samples."""
         if not self.samples:
             return 0.0
-        pred = np.array([max(0.0, sum(self.coef[t] * f[t] for t in TERMS))
-                         for f, _ in self.samples])
+        pred = np.array([self._predict(f) for f, _ in self.samples])
         y = np.array([c for _, c in self.samples], dtype=float)
         return float(np.mean(np.abs(pred - y) / np.maximum(y, 1)))
 
@@ -96,8 +112,28 @@ class CostModel:
         samples do not tell (ridge); return the mean relative error afterwards."""
         if not self.samples:
             return 0.0
-        x = np.array([[f[t] for t in TERMS] for f, _ in self.samples], dtype=float)
-        y = np.array([c for _, c in self.samples], dtype=float)
+        timed = [(f, c) for f, c in self.samples if f["timeline"] is not None]
+        if timed:
+            # Least squares of (measured - timeline) on the transfers, ridged to 0.
+            t = np.array([f["transfers"] for f, _ in timed], dtype=float)
+            gap = np.array([c - f["timeline"] for f, c in timed], dtype=float)
+            self.transfer_extra = float(t @ gap / (t @ t + ridge * max(len(t), 1)))
+        self._fit_linear(self.samples, ridge)
+        return self.error()
+
+    def calibrate(self, works, ridge: float = 1e-3) -> None:
+        """Fit the linear coefficients to the golden timelines of ``works`` (the
+        units of a plan), before any device run: units that have no timeline (a
+        branch the golden run did not take) are then predicted from their
+        neighbours' golden cycles rather than the profile's rough guesses."""
+        timed = [(features(w, self.config), w["timeline"]) for w in works
+                 if w.get("timeline") is not None]
+        if timed:
+            self._fit_linear(timed, ridge)
+
+    def _fit_linear(self, samples, ridge: float) -> None:
+        x = np.array([[f[t] for t in TERMS] for f, _ in samples], dtype=float)
+        y = np.array([c for _, c in samples], dtype=float)
         prior = np.array([self.coef[t] for t in TERMS])
         # min |x b - y|^2 + lam |b - prior|^2 with b >= 0 (no feature makes a unit
         # faster; the features are nearly collinear, and free signs would let the
@@ -116,4 +152,3 @@ class CostModel:
                 break
             free &= b > 0
         self.coef = {t: max(0.0, float(v)) for t, v in zip(TERMS, b, strict=True)}
-        return self.error()

@@ -1,0 +1,55 @@
+"""Unit cycles from the golden model's timeline, before the device runs a plan.
+
+The golden model's cost model is cycle-exact against the RTL (tests/test_npu.py
+runs every kind of instruction on both). So the best prediction of what a freshly
+compiled plan's units will cost is to run the plan on the golden model: twice,
+on zero inputs, and take each region's cycles from the warm second run (its
+weights hit their tags, as in steady state).
+
+What this does not see: a region inside a branch the zero inputs do not take
+(it has no figure, and the linear model predicts it), data-dependent loop counts
+(none in the compiler's output), and a device whose memory is slower than the
+simulation's (:class:`~host.compiler.cost.CostModel` refits a per-transfer
+extra latency for that).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compiler import CompiledModel
+from ..device import GoldenDevice
+from ..driver import NPUDriver
+from ..runtime import Session
+
+
+def zero_inputs(model: CompiledModel) -> dict:
+    """Every graph input of ``model`` as zeros, in the dtype the runtime takes."""
+    g = model.graph
+    return {name: np.zeros(g.tensors[name].shape,
+                           np.uint8 if g.tensors[name].io_dtype == "uint8" else np.float32)
+            for name in g.inputs}
+
+
+def timeline_cycles(model: CompiledModel) -> dict[int, float]:
+    """Region id -> warm cycles per run of that region on the golden model (the
+    mean when a region runs more than once per inference)."""
+    session = Session(NPUDriver(GoldenDevice(model.config)), model, check=False)
+    session.load()
+    x = zero_inputs(model)
+    session.run(x)  # cold: the tags fill
+    runs: dict[int, list[int]] = {}
+    for rec in session.run(x).trace:
+        if not rec.tag_misses:
+            runs.setdefault(rec.region, []).append(rec.cycles)
+    return {r: float(np.mean(c)) for r, c in runs.items()}
+
+
+def attach_timeline(model: CompiledModel) -> CompiledModel:
+    """Write each measured region's golden cycles into its work (key ``timeline``),
+    which :class:`~host.compiler.cost.CostModel` predicts from first."""
+    for region, cycles in timeline_cycles(model).items():
+        unit = model.regions.get(region)
+        if unit is not None and "work" in unit.resources:
+            unit.resources["work"]["timeline"] = cycles
+    return model
