@@ -6,11 +6,13 @@ are deterministic properties of the plans, not timings. tests/test_adaptive_rtl.
 runs the same loop on the Verilator NPU.
 """
 
+import copy
 from concurrent.futures import Future
 
 import numpy as np
 import pytest
 
+from firmware import asm
 from firmware.config import CONFIGS
 from host.adaptive import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.cache import CompileCache
@@ -19,7 +21,7 @@ from host.adaptive.fusion import locality, refusal
 from host.adaptive.timeline import attach_timeline
 from host.adaptive.units import QUARANTINED, UnitGraph
 from host.cli import model_path
-from host.compiler import compile_model
+from host.compiler import CompileError, compile_model
 from host.compiler.cost import CostModel
 from host.datasets import class_mix_stream
 from host.device import GoldenDevice
@@ -168,6 +170,18 @@ def test_golden_timeline_predicts_each_unit(name, seed):
             assert abs(predicted - np.mean(cycles)) < 0.1 * np.mean(cycles), (uid, predicted)
     if name == "moe":
         assert len(timed) < len(works)  # the experts the zero input did not route to
+
+
+def test_a_plan_that_faults_on_the_golden_model_is_refused():
+    """The timeline run doubles as a check: a compiled plan whose program faults
+    (here a weight load outside its partition) is a compile error, never swapped in."""
+    model = compile_model(load_onnx(model_path("mlp")), CONFIGS["default"])
+    broken = copy.copy(model)
+    broken.source = model.source.replace("li r10, 0\n", "li r10, 100000\n", 1)
+    assert broken.source != model.source
+    broken.program = asm.assemble(broken.source)
+    with pytest.raises(CompileError, match="faults on the golden model: NPU error"):
+        attach_timeline(broken)
 
 
 def test_runtime_cost_model_is_right_before_it_measures(seed):

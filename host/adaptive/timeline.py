@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import CompiledModel
+from ..compiler import CompiledModel, CompileError
 from ..device import GoldenDevice
 from ..driver import NPUDriver
 from ..runtime import Session
@@ -35,11 +35,16 @@ def timeline_cycles(model: CompiledModel) -> dict[int, float]:
     """Region id -> warm cycles per run of that region on the golden model (the
     mean when a region runs more than once per inference)."""
     session = Session(NPUDriver(GoldenDevice(model.config)), model, check=False)
-    session.load()
     x = zero_inputs(model)
-    session.run(x)  # cold: the tags fill
+    try:
+        session.load()
+        session.run(x)  # cold: the tags fill
+        trace = session.run(x).trace
+    except RuntimeError as e:  # an NPU error (a compiler bug): refuse the plan before it
+        # is swapped in, as the device would fault on it too
+        raise CompileError(f"the compiled plan faults on the golden model: {e}") from e
     runs: dict[int, list[int]] = {}
-    for rec in session.run(x).trace:
+    for rec in trace:
         if not rec.tag_misses:
             runs.setdefault(rec.region, []).append(rec.cycles)
     return {r: float(np.mean(c)) for r, c in runs.items()}
