@@ -51,13 +51,14 @@ class BatchServing:
                 self.batch_sizes[B] >= self.config.specialize_after:
             self._specialize(B)
         v = self.variants.get(B)
-        if v is not None and self._generic_plan_busy():
-            # A compiled plan change lands, and is validated in shadow, on runs of
-            # the generic plan; served by the variant, it would wait forever.
-            return [self.run(x) for x in inputs_list]
-        if getattr(v, "plan", ()) and v.plan != tuple(self._plan_ids()):
-            self._specialize(B, f"the plan is now {self._plan_ids()}")
-            v = self.variants.get(B)
+        if getattr(v, "plan", ()):  # a batch variant of the generic plan
+            if self._generic_plan_busy():
+                # A compiled plan change lands, and is validated in shadow, on runs
+                # of the generic plan; served by the variant, it would wait forever.
+                return [self.run(x) for x in inputs_list]
+            if v.plan != tuple(self._plan_ids()):
+                self._specialize(B, f"the plan is now {self._plan_ids()}")
+                v = self.variants.get(B)
         if v is not None:
             why = v.guard_failure(inputs_list)
             if why:
