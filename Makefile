@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 SEED ?=
 BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy synth-depth lint docs clean
+.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy synth-depth synth-congestion lint docs clean
 
 help:
 	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
@@ -32,7 +32,8 @@ help:
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
-	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [PLACER=static] [ROUTER=router2]; build/synth/BOARD/report.md)"
+	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [PLACER=static] [ROUTER=router2 [HEATMAP=1]]; build/synth/BOARD/report.md)"
+	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
 	@echo "make synth-depth BOARD=ulx3s  the deepest register-to-register paths of the board build (yosys only)"
@@ -64,13 +65,16 @@ regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
-	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER))
+	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER)) $(if $(HEATMAP),--heatmap)
 
 synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))
 
 synth-hierarchy: setup
 	$(PY) -m hdl.boards.hierarchy --board $(BOARD)
+
+synth-congestion: setup
+	$(PY) -m hdl.boards.congestion build/synth/$(BOARD)
 
 synth-depth: setup
 	$(PY) -m hdl.boards.depth --board $(BOARD)

@@ -604,6 +604,62 @@ def test_nextpnr_options_name_placer_router_and_report():
         nextpnr_options(placer="annealing")
     with pytest.raises(ValueError, match="router 'router3'"):
         nextpnr_options(router="router3")
+    assert nextpnr_options(router="router2", heatmap=True) == (
+        "--router router2 --router2-heatmap heat --report nextpnr-report.json "
+        "--timing-allow-fail")
+    with pytest.raises(ValueError, match="heatmaps come from router2"):
+        nextpnr_options(heatmap=True)
+
+
+def test_synth_cli_heatmap_needs_router2(capsys):
+    from hdl.boards.synth import main
+
+    with pytest.raises(SystemExit):
+        main(["--board", "ulx3s", "--heatmap"])
+    assert "--heatmap needs --router router2" in capsys.readouterr().err
+
+
+def _heatmaps(folder, nets_by_iter, grid):
+    for i, nets in nets_by_iter.items():
+        (folder / f"heat_congestion_by_net_{i}.csv").write_text(
+            "".join(f"{n},{c}\n" for n, c in nets.items()))
+    last = max(nets_by_iter)
+    (folder / f"heat_congestion_by_coordinate_{last}.csv").write_text(
+        "".join(",".join(map(str, row)) + ",\n" for row in grid))
+
+
+def test_congestion_summary_by_block(tmp_path, capsys):
+    from hdl.boards.congestion import block_of, main, summarize
+
+    assert block_of("soc.npu.sp.p2_b0_q_LUT4_D_Z[1]") == "sp"
+    assert block_of("soc.npu.arr_cmd__payload.rows_LUT4_Z[0]") == "(npu top)"
+    assert block_of("soc.bridge.urx.state[0]") == "bridge"
+    assert block_of("$PACKER_GND_NET") == "(constants)"
+    assert block_of("error_stretch[7]") == "(top)"
+    grid = [[0] * 40 for _ in range(40)]
+    for x in range(20, 28):
+        for y in range(8, 16):
+            grid[x][y] = 3  # the hot spot: 192 of 200
+    grid[0][0] = 8
+    _heatmaps(tmp_path, {
+        1: {"soc.npu.sp.a[0]": 50, "soc.npu.vec.b[1]": 40, "$PACKER_VCC_NET": 10},
+        # iteration 2 comes before 10 (numeric order, not the files' names)
+        10: {"soc.npu.sp.a[0]": 6, "soc.npu.sp.c[2]": 3, "soc.npu.vec.b[1]": 1},
+        2: {"soc.npu.sp.a[0]": 20, "soc.npu.vec.b[1]": 20},
+    }, grid)
+    s = summarize(tmp_path, top=2)
+    assert s["iterations"] == {1: 100, 2: 40, 10: 10} and s["last"] == 10
+    assert s["blocks"] == {"sp": 9, "vec": 1} and s["total"] == 10
+    assert s["nets"] == [("soc.npu.sp.a[0]", 6), ("soc.npu.sp.c[2]", 3)]
+    x, y, share = s["hot_area"]
+    assert x <= 20 < 28 <= x + 16 and y <= 8 < 16 <= y + 16 and share == 192 / 200
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| sp | 9 | 90.0 % |" in out and (tmp_path / "congestion.md").read_text() == out
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert main([str(empty)]) == 1
+    assert "no router2 heatmaps" in capsys.readouterr().err
 
 
 def test_synth_cli_rejects_unknown_board(capsys):

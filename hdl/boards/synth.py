@@ -281,16 +281,22 @@ ROUTERS = ("router1", "router2")
 
 
 def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
-                    router: str | None = None) -> str:
+                    router: str | None = None, heatmap: bool = False) -> str:
     """nextpnr's command-line options for a build: the board's own, the placer and
-    router asked for (None: nextpnr's defaults, HeAP and router1), and a report."""
+    router asked for (None: nextpnr's defaults, HeAP and router1), router2's
+    congestion heatmaps when asked for (``heat_*.csv``, read by
+    :mod:`hdl.boards.congestion`), and a report."""
     if placer is not None and placer not in PLACERS:
         raise ValueError(f"placer {placer!r}: one of {', '.join(PLACERS)}")
     if router is not None and router not in ROUTERS:
         raise ValueError(f"router {router!r}: one of {', '.join(ROUTERS)}")
+    if heatmap and router != "router2":
+        raise ValueError("congestion heatmaps come from router2: add ROUTER=router2 "
+                         "(--router router2)")
     opts = [board_opts] if board_opts else []
     opts += [f"--placer {placer}"] if placer else []
     opts += [f"--router {router}"] if router else []
+    opts += ["--router2-heatmap heat"] if heatmap else []
     # --report: machine-readable fmax/utilization; a timing miss must still give a
     # bitstream (the report says it failed), so it is not fatal to nextpnr.
     opts += [f"--report {_PNR_REPORT}", "--timing-allow-fail"]
@@ -298,10 +304,12 @@ def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
 
 
 def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
-               placer: str | None = None, router: str | None = None) -> dict:
+               placer: str | None = None, router: str | None = None,
+               heatmap: bool = False) -> dict:
     """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
 
-    ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults).
+    ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
+    ``heatmap`` has router2 write its congestion heatmaps into the build folder.
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
@@ -317,7 +325,9 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     name = "top"
     options = dict(mod.TOOL_OPTIONS)
     options["nextpnr_opts"] = nextpnr_options(options.get("nextpnr_opts", ""),
-                                              placer=placer, router=router)
+                                              placer=placer, router=router, heatmap=heatmap)
+    for stale in build_dir.glob("heat_*.csv"):  # a previous run's iterations
+        stale.unlink()
     for stale in ("report.json", "report.md", _PNR_REPORT, f"{name}.{board.bitstream}",
                   f"{name}.tim", f"{name}.rpt"):
         (build_dir / stale).unlink(missing_ok=True)
@@ -388,13 +398,18 @@ def main(argv=None) -> int:
                     help="nextpnr placer (default: nextpnr's, heap)")
     ap.add_argument("--router", choices=ROUTERS, default=None,
                     help="nextpnr router (default: nextpnr's, router1)")
+    ap.add_argument("--heatmap", action="store_true",
+                    help="router2's congestion heatmaps into the build folder (with "
+                    "--router router2; summed up by python -m hdl.boards.congestion)")
     args = ap.parse_args(argv)
+    if args.heatmap and args.router != "router2":
+        ap.error("--heatmap needs --router router2 (the heatmaps are router2's)")
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
     try:
         report = synthesize(args.board, args.out,
                             clk_hz=None if args.freq is None else int(args.freq * 1e6),
-                            placer=args.placer, router=args.router)
+                            placer=args.placer, router=args.router, heatmap=args.heatmap)
     except SynthError as e:
         print(f"synth: FAILED: {e}", file=sys.stderr)
         return 1
