@@ -179,7 +179,7 @@ def report(model, results, labels, console: Console):
         console.print(f"[green]{checked}/{len(results)} results equal the reference "
                       "interpreter bit for bit")
     cost = CostModel(model.config)
-    cost.calibrate(u.resources["work"] for u in model.regions.values() if "work" in u.resources)
+    cost.calibrate(model)
     runs: dict[int, list] = {}
     for r in results:
         if any(isinstance(p, str) for p in getattr(r, "plan", ())):
@@ -192,8 +192,7 @@ def report(model, results, labels, console: Console):
     for uid in sorted(regions):
         u, recs = regions[uid], runs.get(uid, [])
         for t in recs:
-            if not t.tag_misses:  # (the model predicts steady state)
-                cost.observe(u.resources["work"], t.cycles)
+            cost.observe(u.resources["work"], t.cycles, cold=bool(t.tag_misses))
         if not recs:
             table.add_row(str(uid), ", ".join(u.nodes), "0", "", "", "", "", "", "", "")
             continue

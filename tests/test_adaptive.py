@@ -150,7 +150,7 @@ def test_golden_timeline_predicts_each_unit(name, seed):
     model = attach_timeline(compile_model(load_onnx(model_path(name)), CONFIGS["default"]))
     works = {uid: r.resources["work"] for uid, r in model.regions.items()}
     cost = CostModel(model.config)
-    cost.calibrate(works.values())
+    cost.calibrate(model)
     session = Session(NPUDriver(GoldenDevice(CONFIGS["default"])), model, check=False)
     session.load()
     inp = model.graph.inputs[0]

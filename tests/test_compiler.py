@@ -302,6 +302,8 @@ def test_cost_model_learns_a_slower_memory():
         work = {**base, "timeline": timeline, "loads": loads, "stores": stores}
         assert cost.predict(work) == timeline
         cost.observe(work, timeline + 12 * (loads + stores))
+        cost.observe(work, timeline + 500, cold=True)  # weights loading: left out
+    assert len(cost.samples) == 4
     assert cost.error() > 0.05
     assert cost.fit() < 0.01 and abs(cost.transfer_extra - 12) < 0.1, cost.transfer_extra
 

@@ -173,8 +173,7 @@ class AdaptiveRuntime(BatchServing):
         self.session = Session(driver, base, check=False)
         self.profiler = Profiler(self.config.profiler)
         self.cost = CostModel(self.hw)
-        self.cost.calibrate(r.resources["work"] for r in base.regions.values()
-                            if "work" in r.resources)
+        self.cost.calibrate(base)
         self._cost_prior = dict(self.cost.coef)  # what the runtime knew before running
         self.events: list[RuntimeEvent] = []
         self.refused: dict[frozenset, str] = {}
@@ -320,8 +319,8 @@ class AdaptiveRuntime(BatchServing):
             if rec.region in self.units.units:
                 self.units[rec.region].exec_count += 1
             work = unit.resources.get("work")
-            if work is not None and not rec.tag_misses:  # (it predicts steady state)
-                self.cost.observe(work, rec.cycles)
+            if work is not None:
+                self.cost.observe(work, rec.cycles, cold=bool(rec.tag_misses))
         del self.cost.samples[:-COST_SAMPLES]
         if b is not None and b.unit.id in ids:
             return "miss" if lost else "hit"

@@ -96,8 +96,11 @@ class CostModel:
             return max(0.0, f["timeline"] + self.transfer_extra * f["transfers"])
         return max(0.0, float(sum(self.coef[t] * f[t] for t in TERMS)))
 
-    def observe(self, work: dict, cycles: int):
-        self.samples.append((features(work, self.config), cycles))
+    def observe(self, work: dict, cycles: int, cold: bool = False):
+        """Record a measured run of a unit. A cold run (tag misses: its weights were
+        loading) is not the steady state the model predicts and is left out."""
+        if not cold:
+            self.samples.append((features(work, self.config), cycles))
 
     def error(self) -> float:
         """Mean relative error of the current model on the samples."""
@@ -121,11 +124,12 @@ class CostModel:
         self._fit_linear(self.samples, ridge)
         return self.error()
 
-    def calibrate(self, works, ridge: float = 1e-3) -> None:
-        """Fit the linear coefficients to the golden timelines of ``works`` (the
-        units of a plan), before any device run: units that have no timeline (a
-        branch the golden run did not take) are then predicted from their
-        neighbours' golden cycles rather than the profile's rough guesses."""
+    def calibrate(self, model, ridge: float = 1e-3) -> None:
+        """Fit the linear coefficients to the golden timelines of ``model``'s units
+        (a :class:`~host.compiler.CompiledModel`), before any device run: units that
+        have no timeline (a branch the golden run did not take) are then predicted
+        from their neighbours' golden cycles rather than the profile's rough guesses."""
+        works = (r.resources["work"] for r in model.regions.values() if "work" in r.resources)
         timed = [(features(w, self.config), w["timeline"]) for w in works
                  if w.get("timeline") is not None]
         if timed:
