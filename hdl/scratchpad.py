@@ -157,6 +157,30 @@ class Scratchpad(wiring.Component):
             ]
             claimed_r, claimed_w = cr, cw
 
+        # ---- even and odd banks ------------------------------------------------------
+        # A window's two words are in neighbouring banks, so one is in an even bank
+        # and the other in an odd one. Each port therefore drives one even and one
+        # odd bank, and each bank's data reaches a port through one selector, not
+        # two (word 0 or 1): half the wires from the banks to the ports, which are
+        # what congests the FPGA build (docs/fpga.md, "Routing congestion").
+        half = nbanks // 2
+        for i, d in enumerate(dec):
+            odd = d["b0"][0]  # word 0 is in an odd bank, so word 1 is in the even one
+            grp = d["b0"][1:]
+            ev_idx = Signal(range(half), name=f"p{i}_ev_idx")
+            m.d.comb += ev_idx.eq(Mux(odd, grp + 1, grp))  # wraps with the width
+            wd, ws = d["wide_data"], d["wide_strb"]
+            d["sides"] = (
+                # (bank index in its half, row, needed by a read / a write, data, strobes)
+                (ev_idx, Mux(odd, d["row1"], d["row0"]),
+                 ~odd | d["need1_r"], ~odd | d["need1_w"],
+                 Mux(odd, wd[w * 8:], wd[:w * 8]), Mux(odd, ws[w:], ws[:w])),
+                (grp, Mux(odd, d["row0"], d["row1"]),
+                 odd | d["need1_r"], odd | d["need1_w"],
+                 Mux(odd, wd[:w * 8], wd[w * 8:]), Mux(odd, ws[:w], ws[w:])),
+            )
+            d["odd"] = odd
+
         # ---- bank inputs: at most one granted port per bank and kind, so OR them ---
         # The banks read every cycle (a bank no port reads reads row 0): read data is
         # taken only in the cycle after a grant (``rvalid``), so nothing needs it held
@@ -165,15 +189,14 @@ class Scratchpad(wiring.Component):
             r_addr = []
             w_addr, w_data, w_en = [], [], []
             for d, gr, gw in zip(dec, grant_r, grant_w, strict=True):
-                r0 = gr & (d["b0"] == k)
-                r1 = gr & d["need1_r"] & (d["b1"] == k)
-                r_addr += [Mux(r0, d["row0"], 0), Mux(r1, d["row1"], 0)]
-                w0 = gw & (d["b0"] == k)
-                w1 = gw & d["need1_w"] & (d["b1"] == k)
-                w_addr += [Mux(w0, d["row0"], 0), Mux(w1, d["row1"], 0)]
-                w_data += [Mux(w0, d["wide_data"][:w * 8], 0),
-                           Mux(w1, d["wide_data"][w * 8:], 0)]
-                w_en += [Mux(w0, d["wide_strb"][:w], 0), Mux(w1, d["wide_strb"][w:], 0)]
+                idx, row, need_r, need_w, data, strb = d["sides"][k & 1]
+                here = idx == (k >> 1) if half > 1 else C(1, 1)
+                r = gr & need_r & here
+                wr = gw & need_w & here
+                r_addr.append(Mux(r, row, 0))
+                w_addr.append(Mux(wr, row, 0))
+                w_data.append(Mux(wr, data, 0))
+                w_en.append(Mux(wr, strb, 0))
             m.d.comb += [
                 reads[k].addr.eq(_or(r_addr)),
                 writes[k].addr.eq(_or(w_addr)),
@@ -181,19 +204,29 @@ class Scratchpad(wiring.Component):
                 writes[k].en.eq(_or(w_en)),
             ]
 
-        # ---- read responses: the granted port's two banks, realigned ---------------
-        bank_data = Array(r.data for r in reads)
+        # ---- read responses: the granted port's even and odd words, realigned ------
+        # Cat(even, odd, even) holds the window whichever bank word 0 is in: it starts
+        # at byte ``off`` of the even word, or of the odd word (byte W + off).
+        even_data = [reads[k].data for k in range(0, nbanks, 2)]
+        odd_data = [reads[k].data for k in range(1, nbanks, 2)]
         for i, (port, d, gr) in enumerate(zip(self.ports, dec, grant_r, strict=True)):
             off_q = Signal(lw, name=f"p{i}_off_q")
-            b0_q = Signal(lb, name=f"p{i}_b0_q")
+            odd_q = Signal(name=f"p{i}_odd_q")
+            ev_q = Signal(range(half), name=f"p{i}_ev_q")
+            od_q = Signal(range(half), name=f"p{i}_od_q")
             m.d.sync += port.rvalid.eq(gr)
             with m.If(gr):
-                m.d.sync += [off_q.eq(d["off"]), b0_q.eq(d["b0"])]
-            b1_q = Signal(lb, name=f"p{i}_b1_q")
-            m.d.comb += b1_q.eq(b0_q + 1)
-            pair = Cat(bank_data[b0_q], bank_data[b1_q])
-            m.d.comb += port.rdata.eq(pair.bit_select(Cat(C(0, 3), off_q), w * 8))
+                m.d.sync += [off_q.eq(d["off"]), odd_q.eq(d["odd"]),
+                             ev_q.eq(d["sides"][0][0]), od_q.eq(d["sides"][1][0])]
+            even, odd = _pick(even_data, ev_q), _pick(odd_data, od_q)
+            m.d.comb += port.rdata.eq(
+                Cat(even, odd, even).bit_select(Cat(C(0, 3), off_q, odd_q), w * 8))
         return m
+
+
+def _pick(values, index):
+    """``values[index]``; a single value needs no index."""
+    return values[0] if len(values) == 1 else Array(values)[index]
 
 
 def _or(values):

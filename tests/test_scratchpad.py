@@ -56,12 +56,15 @@ def _full(w):
 
 # rows per bank not a power of two: the wrap from the last word to word 0 is explicit
 ODD = NPUConfig(rows=4, cols=4, sp_bytes=24 * 4 * 8, sp_banks=4, bus_bytes=8)
+# the iCEBreaker's shape: two banks (one even, one odd) of 32-bit words
+TWO = NPUConfig(rows=4, cols=4, sp_bytes=2 * 4 * 40, sp_banks=2, bus_bytes=4)
 
 
 @pytest.mark.parametrize("name, ports, cycles",
-                         [("default", 4, 1500), ("small", 3, 1500), ("odd", 3, 500)])
+                         [("default", 4, 1500), ("small", 3, 1500), ("odd", 3, 500),
+                          ("two", 3, 500)])
 def test_random_traffic(name, ports, cycles, seed):
-    config = CONFIGS.get(name, ODD)
+    config = CONFIGS.get(name) or {"odd": ODD, "two": TWO}[name]
     dut = Scratchpad(config, ports)
     model, traffic = WindowModel(config), Traffic(config, ports, seed)
     cover = Coverage(model)
