@@ -408,6 +408,10 @@ class VectorUnit(wiring.Component):
         req, add = op == VectorOp.REQ, is_add
         coef_a = Signal(signed(32))
         coef_b = Signal(signed(32))
+        # A full lane's second pair of multipliers takes ``coef_a``'s high half of the
+        # operand, or for ADD the second source times ADD_MUL_B (below, S2).
+        coef_c = Signal(signed(32))
+        add_q = Signal()
         qshift = Signal(6)
         zp, lo, hi = Signal(signed(8)), Signal(signed(8)), Signal(signed(8))
         # The rounding constant is (1 << (s-1)) - 1 plus bit s of the value (0 for
@@ -430,6 +434,9 @@ class VectorUnit(wiring.Component):
         m.d.sync += [
             coef_a.eq(Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))),
             coef_b.eq(Mux(add, regs[CfgField.ADD_MUL_B], 0)),
+            coef_c.eq(Mux(add, regs[CfgField.ADD_MUL_B],
+                          Mux(req, regs[CfgField.QMUL], 1))),
+            add_q.eq(add),
             qshift.eq(shift_now),
             zp.eq(Mux(req | add, regs[CfgField.QZP], 0)),
             lo.eq(Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])),
@@ -452,7 +459,13 @@ class VectorUnit(wiring.Component):
         s1_addr = Signal(accb)
         # Lanes below ``cols`` also carry accumulator words; the others only bytes.
         opa = [Signal(signed(32 if j < C else 9), name=f"s1_opa{j}") for j in range(W)]
-        opb = [Signal(signed(9), name=f"s1_opb{j}") for j in range(W)]
+        # ADD puts both sources into a full lane's ``opa``, 16 bits each (see S2);
+        # the narrow lanes take the second one in ``opb``.
+        opb = [Signal(signed(9), name=f"s1_opb{j}") for j in range(C, W)]
+        opb = [None] * C + opb
+        # ... and the first one's sign, as bit 16 of the low half's multiplier operand
+        # (a register, so that no logic sits in front of the multipliers).
+        xsign = [Signal(name=f"s1_xsign{j}") for j in range(C)]
         bias_buf = Signal(C * 32)
         a_bytes = [head.data[8 * j: 8 * j + 8].as_signed() for j in range(W)]
         b_bytes = [qb.r_data[8 * j: 8 * j + 8].as_signed() for j in range(W)]
@@ -478,15 +491,20 @@ class VectorUnit(wiring.Component):
                         if j < C:
                             m.d.sync += opa[j].eq(acc_words[j] + bias_words[j])
                     with m.Case(VectorOp.ADD):
-                        m.d.sync += [opa[j].eq(a_bytes[j] - regs[CfgField.ADD_ZP_A]),
-                                     opb[j].eq(b_bytes[j] - regs[CfgField.ADD_ZP_B])]
+                        xa = a_bytes[j] - regs[CfgField.ADD_ZP_A]
+                        xb = b_bytes[j] - regs[CfgField.ADD_ZP_B]
+                        if j < C:
+                            m.d.sync += [opa[j].eq(Cat(_sext(xa, 16), _sext(xb, 16))),
+                                         xsign[j].eq(xa[-1])]
+                        else:
+                            m.d.sync += [opa[j].eq(xa), opb[j].eq(xb)]
                     with m.Case(VectorOp.CLIP):
                         m.d.sync += opa[j].eq(a_bytes[j])
                     with m.Case(VectorOp.MAX):
                         keep = ~tag.first & (opa[j] > a_bytes[j])
                         m.d.sync += opa[j].eq(Mux(keep, opa[j], a_bytes[j]))
                 with m.If(~add):
-                    m.d.sync += opb[j].eq(0)
+                    m.d.sync += opb[j].eq(0) if j >= C else xsign[j].eq(0)
             # The bias words arrive W bytes at a time, chunk k holding bytes kW..kW+W-1.
             with m.If((op == VectorOp.BIAS) & ~tag.row):
                 for kk in range(-(-4 * C // W)):
@@ -564,14 +582,19 @@ class VectorUnit(wiring.Component):
 
         # S2: partial products. The 32-bit factors are split into 16-bit halves
         # (``x = x_hi * 2**16 + x_lo``, ``x_lo`` unsigned, ``x_hi`` signed) so that
-        # each product is one 18x18 multiplier with a register behind it. S3 and S4
-        # add them into the exact sum ``v``. S5 finds bit ``qshift`` of ``v`` (for the
+        # each product is one 18x18 multiplier with a register behind it; a full
+        # lane has four. REQ multiplies ``x_lo`` and ``x_hi`` by both halves of
+        # ``qmul``; ADD, whose sources are 9-bit, has one in each half of ``opa``
+        # (``x_lo`` then signed) and multiplies the first by ADD_MUL_A's halves, the
+        # second by ADD_MUL_B's (``coef_c``). S3 and S4 add them into the exact sum
+        # ``v``. S5 finds bit ``qshift`` of ``v`` (for the
         # rounding constant), S6 adds the constant (``r``). S7 shifts ``r`` right by
         # the multiple of 8 in ``qshift`` and finds whether the result saturates, S8
         # shifts by the rest and saturates (``y``). S9 (the write buffer) adds the
         # zero point and clamps.
         ca_lo, ca_hi = coef_a[:16], coef_a[16:].as_signed()
         cb_lo, cb_hi = coef_b[:16], coef_b[16:].as_signed()
+        cc_lo, cc_hi = coef_c[:16], coef_c[16:].as_signed()
         s2_valid, s3_valid, s4_valid, s5_valid, s6_valid, s7_valid, s8_valid = (
             Signal(name=f"s{i}_valid") for i in range(2, 9))
 
@@ -596,32 +619,34 @@ class VectorUnit(wiring.Component):
             t = Signal(17, name=f"s7_t{j}")
             over, neg = Signal(name=f"s7_over{j}"), Signal(name=f"s7_neg{j}")
             y = Signal(signed(10), name=f"s8_y{j}")
-            # B side: opb * coef_b = (opb * cb_hi) * 2**16 + opb * cb_lo.
-            pbl = Signal(signed(26), name=f"s2_pbl{j}")
-            pbh = Signal(signed(25), name=f"s2_pbh{j}")
             with m.If(move):
-                m.d.sync += [pbl.eq(opb[j] * cb_lo), pbh.eq(opb[j] * cb_hi)]
                 if j < C:
-                    # opa * coef_a = hh * 2**32 + (lh + hl) * 2**16 + ll; S3 adds
-                    # the terms at 2**16 and those at 2**0, 2**32.
-                    a_lo, a_hi = opa[j][:16], opa[j][16:].as_signed()
-                    ll = Signal(32, name=f"s2_ll{j}")
+                    # REQ: opa * qmul = hh * 2**32 + (lh + hl) * 2**16 + ll (ll < 2**32);
+                    # ADD: ll + hl + (lh + hh) * 2**16. S3 adds the terms at 2**16
+                    # and the others.
+                    x_lo = Cat(opa[j][:16], xsign[j]).as_signed()
+                    x_hi = opa[j][16:].as_signed()
+                    ll = Signal(signed(34), name=f"s2_ll{j}")
                     lh = Signal(signed(33), name=f"s2_lh{j}")
                     hl = Signal(signed(33), name=f"s2_hl{j}")
                     hh = Signal(signed(32), name=f"s2_hh{j}")
                     s3_lo = Signal(signed(65), name=f"s3_lo{j}")
                     s3_mid = Signal(signed(35), name=f"s3_mid{j}")
-                    m.d.sync += [ll.eq(a_lo * ca_lo), lh.eq(a_lo * ca_hi),
-                                 hl.eq(a_hi * ca_lo), hh.eq(a_hi * ca_hi),
-                                 s3_lo.eq(Cat(ll, hh).as_signed() + pbl),
-                                 s3_mid.eq(lh + hl + pbh)]
+                    m.d.sync += [ll.eq(x_lo * ca_lo), lh.eq(x_lo * ca_hi),
+                                 hl.eq(x_hi * cc_lo), hh.eq(x_hi * cc_hi),
+                                 s3_lo.eq(Mux(add_q, ll + hl, Cat(ll[:32], hh).as_signed())),
+                                 s3_mid.eq(lh + Mux(add_q, hh, hl))]
                 else:
-                    # A 9-bit operand: (opa * ca_hi) * 2**16 + opa * ca_lo.
+                    # A 9-bit operand: (opa * ca_hi) * 2**16 + opa * ca_lo, and the
+                    # same for opb and coef_b.
+                    pbl = Signal(signed(26), name=f"s2_pbl{j}")
+                    pbh = Signal(signed(25), name=f"s2_pbh{j}")
                     pal = Signal(signed(26), name=f"s2_pal{j}")
                     pah = Signal(signed(25), name=f"s2_pah{j}")
                     s3_lo = Signal(signed(27), name=f"s3_lo{j}")
                     s3_mid = Signal(signed(26), name=f"s3_mid{j}")
-                    m.d.sync += [pal.eq(opa[j] * ca_lo), pah.eq(opa[j] * ca_hi),
+                    m.d.sync += [pbl.eq(opb[j] * cb_lo), pbh.eq(opb[j] * cb_hi),
+                                 pal.eq(opa[j] * ca_lo), pah.eq(opa[j] * ca_hi),
                                  s3_lo.eq(pal + pbl), s3_mid.eq(pah + pbh)]
                 # y = clamp(r >> qshift, -512, 511): r >> qshift fits in 10 bits iff
                 # the bits of r under sat_mask all equal its sign; then it is the 10
@@ -676,3 +701,8 @@ class VectorUnit(wiring.Component):
             (self.rd_a.valid & ~self.rd_a.ready) | (self.rd_b.valid & ~self.rd_b.ready)
             | (self.wr.valid & ~self.wr.ready)))
         return m
+
+
+def _sext(value, width):
+    """``value`` (signed, at most ``width`` bits) sign-extended to ``width`` bits."""
+    return Cat(value, value[-1].replicate(width - len(value)))
