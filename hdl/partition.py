@@ -9,9 +9,11 @@ registers of ``firmware.regs``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, C, Cat, Module, Signal, signed
+from amaranth.hdl import Array, C, Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 from firmware.config import NPUConfig
 from firmware.isa import ErrorCode
@@ -125,13 +127,44 @@ class PartitionTable(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
-        zero = C(0, 32)
 
-        # table[bank][set][part], padded with constant zero entries to the full
-        # 2 x 4 x 8 index space so that any index selects a defined (disabled) entry
-        base = [[[zero] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
+        abits = sp_addr_bits(cfg)
+        pb, sb = ceil_log2(cfg.partitions), ceil_log2(cfg.pt_sets)
+
+        # The entries as written, for readback only, in one memory read asynchronously
+        # (LUT RAM on the ECP5): a 64-way multiplexer of flip-flops was more than half
+        # of this block's logic. ``written`` stands in for the reset the memory lacks:
+        # an entry not written since reset reads back as (0, 0).
+        m.submodules.store = store = Memory(shape=64, depth=PT_BANKS << (pb + sb), init=[])
+        store_w = store.write_port()
+        store_r = store.read_port(domain="comb")
+        written = Signal(PT_BANKS << (pb + sb))
+        w_exists = (self.w_set < cfg.pt_sets) & (self.w_part < cfg.partitions)
+        r_exists = (self.r_set < cfg.pt_sets) & (self.r_part < cfg.partitions)
+        w_index = Cat(self.w_part[:pb], self.w_set[:sb], self.w_bank)
+        r_index = Cat(self.r_part[:pb], self.r_set[:sb], self.r_bank)
+        m.d.comb += [
+            store_w.addr.eq(w_index),
+            store_w.data.eq(Cat(self.w_base, self.w_size)),
+            store_w.en.eq(self.w_en & w_exists),
+            store_r.addr.eq(r_index),
+        ]
+        with m.If(self.w_en & w_exists):
+            m.d.sync += written.bit_select(w_index, 1).eq(1)
+        r_valid = r_exists & written.bit_select(r_index, 1)
+        m.d.comb += [
+            self.r_base.eq(Mux(r_valid, store_r.data[:32], 0)),
+            self.r_size.eq(Mux(r_valid, store_r.data[32:], 0)),
+        ]
+
+        # What the checks use, in flip-flops: table[bank][set][part], padded with
+        # disabled entries to the full 2 x 4 x 8 index space. Only an entry that passes
+        # its verdict is used, and then base + size <= sp_bytes: the base's
+        # scratchpad-address bits and one more for the size suffice.
+        zb, zs = C(0, abits), C(0, abits + 1)
+        base = [[[zb] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
                 for _ in range(PT_BANKS)]
-        size = [[[zero] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
+        size = [[[zs] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
                 for _ in range(PT_BANKS)]
         # Each entry's verdict, decided when it is written: bit 0 disabled (size 0),
         # bit 1 leaves the scratchpad (base + size > sp_bytes).
@@ -141,30 +174,17 @@ class PartitionTable(wiring.Component):
         for b in range(PT_BANKS):
             for s in range(cfg.pt_sets):
                 for p in range(cfg.partitions):
-                    eb = Signal(32, name=f"base_b{b}_s{s}_p{p}")
-                    es = Signal(32, name=f"size_b{b}_s{s}_p{p}")
+                    eb = Signal(abits, name=f"base_b{b}_s{s}_p{p}")
+                    es = Signal(abits + 1, name=f"size_b{b}_s{s}_p{p}")
                     ev = Signal(2, name=f"verdict_b{b}_s{s}_p{p}", init=0b01)
                     base[b][s][p], size[b][s][p], verdict[b][s][p] = eb, es, ev
                     with m.If(self.w_en & (self.w_bank == b) & (self.w_set == s)
                               & (self.w_part == p)):
                         m.d.sync += [eb.eq(self.w_base), es.eq(self.w_size), ev.eq(w_verdict)]
 
-        def flat(table):  # index Cat(part, set, bank)
-            return Array(table[b][s][p] for b in range(PT_BANKS)
-                         for s in range(1 << _SET_BITS) for p in range(1 << _PART_BITS))
-
-        all_base, all_size = flat(base), flat(size)
-        m.d.comb += [
-            self.r_base.eq(all_base[Cat(self.r_part, self.r_set, self.r_bank)]),
-            self.r_size.eq(all_size[Cat(self.r_part, self.r_set, self.r_bank)]),
-        ]
-
         # The active table and its per-entry verdicts, shared by all checkers, held in
         # registers: they change only with ptsel, a swap or a write, never between a
-        # check's lookup and its use, so the lookup starts from registers. Only an
-        # entry that passes its verdict is used, and then base + size <= sp_bytes:
-        # the base's scratchpad-address bits and one more for the size suffice.
-        abits = sp_addr_bits(cfg)
+        # check's lookup and its use, so the lookup starts from registers.
         act_base, act_size, act_bad = [], [], []
         tables = Cat(self.set, self.bank)  # index b * 4 + s
         for p in range(cfg.partitions):

@@ -10,7 +10,7 @@ import random
 import warnings
 
 import pytest
-from amaranth.hdl import UnusedElaboratable
+from amaranth.hdl import ResetInserter, Signal, UnusedElaboratable
 from amaranth.sim import Simulator
 
 from firmware.config import CONFIGS
@@ -219,6 +219,37 @@ def test_double_buffer_and_reset(name):
             assert (ctx.get(dut.r_base), ctx.get(dut.r_size)) == (0, 0)
 
     _run(dut, bench)
+
+
+def test_reset_clears_readback():
+    """The readback memory keeps its contents through a reset; the entries must not."""
+    config = CONFIGS["default"]
+    dut = PartitionTable(config, checks=1)
+    rst = Signal()
+    top = ResetInserter(rst)(dut)
+    chk = dut.checks[0]
+
+    async def bench(ctx):
+        ctx.set(dut.w_en, 1)
+        ctx.set(dut.w_part, 3)
+        ctx.set(dut.w_base, 0x40)
+        ctx.set(dut.w_size, 0x20)
+        await ctx.tick()
+        ctx.set(dut.w_en, 0)
+        ctx.set(dut.r_part, 3)
+        assert (ctx.get(dut.r_base), ctx.get(dut.r_size)) == (0x40, 0x20)
+        ctx.set(chk.p, 3)
+        ctx.set(chk.nbytes, 1)
+        await ctx.tick().repeat(2)
+        assert ctx.get(chk.error) == ErrorCode.NONE
+        ctx.set(rst, 1)
+        await ctx.tick()
+        ctx.set(rst, 0)
+        assert (ctx.get(dut.r_base), ctx.get(dut.r_size)) == (0, 0)
+        await ctx.tick().repeat(2)
+        assert ctx.get(chk.error) == ErrorCode.PARTITION_BOUNDS
+
+    _run(top, bench)
 
 
 def test_rejects_bad_arguments():
