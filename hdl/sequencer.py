@@ -41,6 +41,7 @@ import operator
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
@@ -224,10 +225,19 @@ class Sequencer(wiring.Component):
             "instructions", "macs", "dram_read_bytes", "dram_write_bytes",
             "tag_hits", "tag_misses", "stall_cycles")}
         reg_id = Array(Signal(16, name=f"region_id{i}") for i in range(rd_))
-        reg_start = Array(Signal(32, name=f"region_start{i}") for i in range(rd_))
-        reg_snap = {n: Array(Signal(32, name=f"region_{n}{i}") for i in range(rd_))
-                    for n in meters}
         reg_sp = Signal(range(rd_ + 1))
+        rtop = Signal(range(rd_))  # the innermost open region
+        m.d.comb += rtop.eq(reg_sp - 1)
+        # Each open region's snapshot (its start cycle and the meters): written by the
+        # begin, read by the end, one slot at a time, so a memory read asynchronously
+        # (LUT RAM on the ECP5) instead of flip-flops behind a multiplexer.
+        snap_names = ("start", *meters)
+        m.submodules.region_snaps = snaps = Memory(
+            shape=32 * len(snap_names), depth=rd_, init=[])
+        snap_w = snaps.write_port()
+        snap_r = snaps.read_port(domain="comb")
+        m.d.comb += snap_r.addr.eq(rtop)
+        reg_snap = {n: snap_r.data[32 * i: 32 * i + 32] for i, n in enumerate(snap_names)}
         # A region.begin's snapshot is written the cycle after its fire (the enable
         # reaches every snapshot register from a register), from the meters and cycle
         # count as they were at the fire.
@@ -242,9 +252,11 @@ class Sequencer(wiring.Component):
         stall_q = Signal()
         meters_now = dict(meters, stall_cycles=meters["stall_cycles"] + stall_q)
         m.d.sync += [meters_then[n].eq(meter) for n, meter in meters_now.items()]
-        with m.If(snap_en):
-            m.d.sync += reg_start[snap_slot].eq(cycles_then)
-            m.d.sync += [reg_snap[n][snap_slot].eq(meters_then[n]) for n in meters]
+        m.d.comb += [
+            snap_w.en.eq(snap_en),
+            snap_w.addr.eq(snap_slot),
+            snap_w.data.eq(Cat(cycles_then, *(meters_then[n] for n in meters))),
+        ]
 
         # The scalar write of the instruction in flight (resolved in CHECK, done at fire).
         wb_en = Signal()
@@ -608,8 +620,6 @@ class Sequencer(wiring.Component):
                 m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
                 rid = field(word, "region", "id")
                 is_begin = field(word, "region", "op") == isa.RegionOp.BEGIN
-                rtop = Signal(range(rd_))
-                m.d.comb += rtop.eq(reg_sp - 1)
                 fail(is_begin & (reg_sp >= rd_), ErrorCode.REGION)
                 fail(~is_begin & ((reg_sp == 0) | (reg_id[rtop] != rid)), ErrorCode.REGION)
                 slot = reg_sp[:max(1, ceil_log2(rd_))]
@@ -624,12 +634,12 @@ class Sequencer(wiring.Component):
                         rec = self.trace_record
                         m.d.comb += [
                             self.trace_valid.eq(1),
-                            rec[0].eq(rid), rec[1].eq(reg_start[rtop]), rec[2].eq(run_cycles),
+                            rec[0].eq(rid), rec[1].eq(reg_snap["start"]), rec[2].eq(run_cycles),
                         ]
                         for i, n in enumerate(("instructions", "macs", "dram_read_bytes",
                                                "dram_write_bytes", "tag_hits", "tag_misses",
                                                "stall_cycles")):
-                            m.d.comb += rec[3 + i].eq(meters_now[n] - reg_snap[n][rtop])
+                            m.d.comb += rec[3 + i].eq(meters_now[n] - reg_snap[n])
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
                 fail(s >= cfg.pt_sets, ErrorCode.BAD_OPERAND)
