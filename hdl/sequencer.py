@@ -238,9 +238,9 @@ class Sequencer(wiring.Component):
         snap_r = snaps.read_port(domain="comb")
         m.d.comb += snap_r.addr.eq(rtop)
         reg_snap = {n: snap_r.data[32 * i: 32 * i + 32] for i, n in enumerate(snap_names)}
-        # A region.begin's snapshot is written the cycle after its fire (the enable
-        # reaches every snapshot register from a register), from the meters and cycle
-        # count as they were at the fire.
+        # A region.begin's snapshot is written the cycle after its fire (the write
+        # enable comes from a register), from the meters and cycle count as they were
+        # at the fire.
         snap_en = Signal()
         snap_slot = Signal(range(rd_))
         meters_then = {n: Signal(32, name=f"meter_{n}_then") for n in meters}
@@ -636,9 +636,7 @@ class Sequencer(wiring.Component):
                             self.trace_valid.eq(1),
                             rec[0].eq(rid), rec[1].eq(reg_snap["start"]), rec[2].eq(run_cycles),
                         ]
-                        for i, n in enumerate(("instructions", "macs", "dram_read_bytes",
-                                               "dram_write_bytes", "tag_hits", "tag_misses",
-                                               "stall_cycles")):
+                        for i, n in enumerate(meters):  # in the record's order
                             m.d.comb += rec[3 + i].eq(meters_now[n] - reg_snap[n])
             with case("ptsel"):
                 s = field(word, "ptsel", "set")

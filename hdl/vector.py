@@ -408,8 +408,9 @@ class VectorUnit(wiring.Component):
         req, add = op == VectorOp.REQ, is_add
         coef_a = Signal(signed(32))
         coef_b = Signal(signed(32))
-        # A full lane's second pair of multipliers takes ``coef_a``'s high half of the
-        # operand, or for ADD the second source times ADD_MUL_B (below, S2).
+        # What a full lane's second pair of multipliers multiplies the operand's high
+        # half by (S2): QMUL for REQ; ADD_MUL_B for ADD, whose second source is that
+        # half; 1 otherwise.
         coef_c = Signal(signed(32))
         add_q = Signal()
         qshift = Signal(6)

@@ -28,6 +28,18 @@ def _run(dut, bench):
     sim.run()
 
 
+async def _write(ctx, dut, bank, pt_set, p, base, size):
+    """Write one entry (one cycle)."""
+    ctx.set(dut.w_en, 1)
+    ctx.set(dut.w_bank, bank)
+    ctx.set(dut.w_set, pt_set)
+    ctx.set(dut.w_part, p)
+    ctx.set(dut.w_base, base)
+    ctx.set(dut.w_size, size)
+    await ctx.tick()
+    ctx.set(dut.w_en, 0)
+
+
 def _golden(machine, bank, pt_set, p, offset, nbytes):
     """(error, addr, reason) from golden ``_sp_range`` with ``bank``/``pt_set`` active."""
     machine.active_bank, machine.pt_set = bank, pt_set
@@ -95,16 +107,6 @@ def test_random_tables_against_golden(name, seed, regress):
     golden = Machine(config, dram_bytes=16)
     rounds, queries = (6, 300) if regress else (3, 120)
 
-    async def write(ctx, bank, pt_set, p, base, size):
-        ctx.set(dut.w_en, 1)
-        ctx.set(dut.w_bank, bank)
-        ctx.set(dut.w_set, pt_set)
-        ctx.set(dut.w_part, p)
-        ctx.set(dut.w_base, base)
-        ctx.set(dut.w_size, size)
-        await ctx.tick()
-        ctx.set(dut.w_en, 0)
-
     async def bench(ctx):
         counts = {reason: 0 for reason in ("ok", *_REASONS)}
         for rnd in range(rounds):
@@ -119,7 +121,7 @@ def test_random_tables_against_golden(name, seed, regress):
                         entry = _random_entry(rng, config.sp_bytes)
                         if p == off:
                             entry = (entry[0], 0)
-                        await write(ctx, bank, pt_set, p, *entry)
+                        await _write(ctx, dut, bank, pt_set, p, *entry)
                         golden.ptables[bank][pt_set][p] = entry
             # CSR readback of every entry
             for bank in range(2):
@@ -230,12 +232,7 @@ def test_reset_clears_readback():
     chk = dut.checks[0]
 
     async def bench(ctx):
-        ctx.set(dut.w_en, 1)
-        ctx.set(dut.w_part, 3)
-        ctx.set(dut.w_base, 0x40)
-        ctx.set(dut.w_size, 0x20)
-        await ctx.tick()
-        ctx.set(dut.w_en, 0)
+        await _write(ctx, dut, 0, 0, 3, 0x40, 0x20)
         ctx.set(dut.r_part, 3)
         assert (ctx.get(dut.r_base), ctx.get(dut.r_size)) == (0x40, 0x20)
         ctx.set(chk.p, 3)
