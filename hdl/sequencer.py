@@ -398,9 +398,14 @@ class Sequencer(wiring.Component):
                 with m.Elif(stage[PRODUCTS]):
                     m.d.sync += stage.eq(1 << CHECK)
                 with m.Elif(stage[CHECK]):
-                    # Fetch the next instruction (its pc is resolved this cycle).
-                    m.d.comb += self.imem_en.eq(1)
                     m.d.sync += stage.eq(1 << FIRE)
+                # Fetch the next instruction in CHECK (its pc is resolved this cycle).
+                # Outside the chain above on purpose: the chain's earlier conditions
+                # depend on the fetched word (reg_wait), which made a path from the
+                # memory's output to its own enable (the routed critical path of a
+                # board build). Fetching in a CHECK that goes to STOP instead is harmless:
+                # nothing reads the word again before the next start fetches pc 0.
+                m.d.comb += self.imem_en.eq(stage[CHECK])
             with m.State("STOP"):
                 # Let everything dispatched before the failing instruction finish.
                 m.d.comb += self.busy.eq(1)
