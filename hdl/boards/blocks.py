@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from amaranth.lib import wiring
 
 from firmware.config import NPUConfig
 
-from .synth import _tool_env, parse_nextpnr_log, parse_yosys_stat
+from .synth import _tool_env, parse_critical_path, parse_nextpnr_log, parse_yosys_stat
 
 __all__ = ["BLOCKS", "block_rtlil", "parse_critical_path", "time_block", "render_markdown", "main"]
 
@@ -111,54 +110,6 @@ class Dispatch(wiring.Component):
                     m.d.comb += outer.eq(inner_v)
         connect_checks(m, seq, pt)
         return m
-
-_SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
-_PY_LINE = re.compile(r"(\S+\.py:\d+)")
-
-
-def _source(path: str) -> str | None:
-    """``.../site-packages/amaranth/lib/fifo.py:166`` -> ``amaranth/lib/fifo.py:166``;
-    ``/work/x/hdl/vector.py:482`` -> ``hdl/vector.py:482``; other files: None."""
-    if "/amaranth/" in path:
-        return "amaranth/" + path.split("/amaranth/", 1)[1]
-    if "/hdl/" in path:
-        return "hdl/" + path.rsplit("/hdl/", 1)[1]
-    return None
-_SPLIT_RE = re.compile(r"Info: ([\d.]+) ns logic, ([\d.]+) ns routing")
-
-
-def parse_critical_path(text: str) -> dict | None:
-    """Summarize the last critical-path report of a nextpnr log (the routed one).
-
-    Returns ``{"from", "to", "delay_ns", "logic_ns", "routing_ns", "sources"}``, where
-    ``sources`` lists ``[file:line, cells on the path defined there]`` for the
-    project's (and amaranth.lib's) source lines in path order, or None when the log
-    has no critical path (nothing was routed).
-    """
-    parts = text.split("Critical path report for clock")
-    if len(parts) < 2:
-        return None
-    body = parts[-1].split("\n\n", 1)[0] + "\n"
-    ends = re.findall(r"(clk-to-q|setup)\s+[\d.]+\s+([\d.]+)\s+Source (\S+)", body)
-    sources: list[list] = []
-    for block in _SOURCE_RE.findall(body):
-        for loc in dict.fromkeys(_source(p) for p in _PY_LINE.findall(block)):
-            if loc is None:
-                continue
-            if sources and sources[-1][0] == loc:
-                sources[-1][1] += 1
-            else:
-                sources.append([loc, 1])
-    split = _SPLIT_RE.search(body)
-    return {
-        "from": ends[0][2] if ends else None,
-        "to": ends[-1][2] if ends else None,
-        "delay_ns": float(ends[-1][1]) if ends else None,
-        "logic_ns": float(split.group(1)) if split else None,
-        "routing_ns": float(split.group(2)) if split else None,
-        "sources": sources,
-    }
-
 
 def _run(cmd: list[str], cwd: Path, what: str):
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)

