@@ -36,7 +36,7 @@ help:
 	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
-	@echo "make synth-depth BOARD=ulx3s  the deepest register-to-register paths of the board build (yosys only)"
+	@echo "make synth-depth BOARD=ulx3s [CONFIG=small]  the deepest register-to-register paths of the board build (yosys only)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
@@ -77,7 +77,7 @@ synth-congestion: setup
 	$(PY) -m hdl.boards.congestion build/synth/$(BOARD)
 
 synth-depth: setup
-	$(PY) -m hdl.boards.depth --board $(BOARD)
+	$(PY) -m hdl.boards.depth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG))
 
 lint: setup
 	$(PY) -m ruff check firmware hdl host verif tests bench

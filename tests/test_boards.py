@@ -359,13 +359,19 @@ def test_board_configs_are_valid_and_match_host_profiles():
     assert profile_name(icebreaker.CONFIG) == "icebreaker"
 
 
-def test_synth_config_names_a_known_npu_build(capsys):
+def test_synth_config_names_a_known_npu_build(capsys, tmp_path):
     """`--config` picks a board's build or a named one; every name is a host profile,
     so a board built with it is recognized by its CAPS. An unknown name is refused."""
     from firmware.config import CONFIGS
     from hdl.boards import icebreaker
-    from hdl.boards.synth import board_config, main
+    from hdl.boards.synth import board_config, board_top, main
     from host.profiles import PROFILES
+
+    _, mod, top, build_dir = board_top("ulx3s", tmp_path / "b", config="small")
+    assert top.config == CONFIGS["small"] and build_dir.is_dir()
+    assert board_top("ulx3s", tmp_path / "b")[2].config == mod.CONFIG
+    with pytest.raises(ValueError, match="unknown board 'de10'"):
+        board_top("de10", tmp_path)
 
     assert board_config("small") == CONFIGS["small"]
     assert board_config("icebreaker") == icebreaker.CONFIG

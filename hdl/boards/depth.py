@@ -22,7 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .synth import BOARDS, _tool_env
+from firmware.config import CONFIGS
+
+from .synth import BOARDS, board_top
 
 # Delay of each combinational cell, in LUT levels (a LUT4 and the net after it).
 LUT = 1.0
@@ -204,21 +206,17 @@ def worst_per_signal(paths: list[RegPath], limit: int) -> list[RegPath]:
     return out
 
 
-def netlist(board_name: str, out: Path) -> Path:
-    """Run Yosys alone on ``board_name``'s whole top, with the script ``make synth``
-    uses, and return the flat netlist (``<out>/depth/<board>/top.json``)."""
+def netlist(board_name: str, out: Path, config: str | None = None) -> Path:
+    """Run Yosys alone on ``board_name``'s whole top (around the NPU build ``config``
+    names; None: the board's own), with the script ``make synth`` uses, and return the
+    flat netlist (``<out>/depth/<board>/top.json``)."""
     from .blocks import _run
 
-    board = BOARDS[board_name]
-    mod = board.load()
+    _, mod, top, work = board_top(board_name, out / "depth" / board_name, config=config)
     if mod.FAMILY != "ecp5":
         raise ValueError(f"{board_name}: the depth count knows ECP5 cells only "
                          f"({mod.FAMILY} is not supported)")
-    _tool_env()
-    work = (out / "depth" / board_name).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    plan = mod.platform().prepare(mod.make_top(clk_freq=mod.CLK_HZ), name="top",
-                                  **mod.TOOL_OPTIONS)
+    plan = mod.platform().prepare(top, name="top", **mod.TOOL_OPTIONS)
     plan.extract(work)
     _run([os.environ["YOSYS"], "-q", "-l", "top.rpt", "top.ys"], work, "yosys")
     return work / "top.json"
@@ -244,10 +242,12 @@ def main(argv=None) -> int:
                      help="run Yosys on this board's top first (ECP5 boards: ulx3s)")
     ap.add_argument("--out", type=Path, default=Path("build/synth"),
                     help="build directory for --board (default build/synth)")
+    ap.add_argument("--config", choices=sorted(set(BOARDS) | set(CONFIGS)),
+                    help="with --board: build it around another NPU build (see make synth)")
     ap.add_argument("--top", type=int, default=20, help="how many registers to list")
     args = ap.parse_args(argv)
     try:
-        path = args.netlist or netlist(args.board, args.out)
+        path = args.netlist or netlist(args.board, args.out, args.config)
     except (ValueError, RuntimeError) as e:
         print(f"depth: {e}", file=sys.stderr)
         return 1

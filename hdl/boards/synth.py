@@ -349,6 +349,24 @@ def _tool_env():
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
 
+def board_top(board_name: str, build_dir: Path, *, clk_hz: int | None = None,
+              config: str | None = None):
+    """What every whole-board run starts with: the board, its module, its top (at
+    ``clk_hz``, around the NPU build ``config`` names, :func:`board_config`; None:
+    the board's own) and ``build_dir`` made and resolved, with the tools' environment
+    set. Returns ``(board, module, top, build_dir)``."""
+    if board_name not in BOARDS:
+        raise ValueError(f"unknown board {board_name!r}; known: {', '.join(BOARDS)}")
+    board = BOARDS[board_name]
+    mod = board.load()
+    npu_config = board_config(config) if config is not None else mod.CONFIG
+    _tool_env()
+    build_dir = build_dir.resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    top = mod.make_top(clk_freq=clk_hz or mod.CLK_HZ, config=npu_config)
+    return board, mod, top, build_dir
+
+
 def _failure_reason(build_dir: Path, name: str) -> str | None:
     """The first error a tool logged, for the exit message (None: no tool logged one)."""
     for log, step in ((f"{name}.tim", "place and route (nextpnr)"),
@@ -400,15 +418,8 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
-    if board_name not in BOARDS:
-        raise ValueError(f"unknown board {board_name!r}; known: {', '.join(BOARDS)}")
-    board = BOARDS[board_name]
-    mod = board.load()
-    npu_config = board_config(config) if config is not None else mod.CONFIG
-    _tool_env()
-    build_dir = (out / board_name).resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
-    top = mod.make_top(clk_freq=clk_hz or mod.CLK_HZ, config=npu_config)
+    board, mod, top, build_dir = board_top(board_name, out / board_name, clk_hz=clk_hz,
+                                           config=config)
     plat = mod.platform()
     name = "top"
     options = dict(mod.TOOL_OPTIONS)
