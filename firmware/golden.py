@@ -53,7 +53,7 @@ class CostModel:
     branch: int = 1  # extra cycles per br, taken or not (its condition is registered first)
     branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
     queue_start: int = 5  # from a queue instruction's dispatch to its idle queue starting it
-    drain: int = 2  # from the queues' last completion to a draining instruction's end
+    drain: int = 3  # from the queues' last completion to a draining instruction's end
     # A load or store costs its latency plus a cycle per bus beat. The latencies are the
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
     # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
@@ -689,7 +689,9 @@ class _Timeline:
         self._wait(self.reg_ready[r])
 
     def drain(self, queues=("load", "compute", "store")):
-        self._wait(max(self.done[q] + self.cost.drain for q in queues))
+        # A queue that has completed nothing in this run (done 0) was idle all along.
+        self._wait(max((self.done[q] + self.cost.drain for q in queues if self.done[q]),
+                       default=0))
 
     def begin(self, queue: Queue, tokens: Token, channels):
         q = queue.value

@@ -217,7 +217,7 @@ class LoadQueue(wiring.Component):
                     m.d.comb += self.tag_inv_en.eq(cur.slot != 0)
                     m.next = "ISSUE"
             _dma_issue_and_wait(m, self.busy, self.dma_cmd, self.dma_done, done)
-        m.d.comb += self.idle.eq(~q.r_rdy & ~self.busy)
+        m.d.comb += self.idle.eq((q.level == 0) & ~self.busy)
         return m
 
 
@@ -267,7 +267,7 @@ class StoreQueue(wiring.Component):
         with m.FSM():
             _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "ISSUE")
             _dma_issue_and_wait(m, self.busy, self.dma_cmd, self.dma_done, done)
-        m.d.comb += self.idle.eq(~q.r_rdy & ~self.busy)
+        m.d.comb += self.idle.eq((q.level == 0) & ~self.busy)
         return m
 
 
@@ -403,6 +403,6 @@ class ComputeQueue(wiring.Component):
         ]
         m.d.comb += [
             self.busy.eq(infl.r_rdy | ~self.arr_idle | ~self.vec_idle),
-            self.idle.eq(~q.r_rdy & ~infl.r_rdy & self.arr_idle & self.vec_idle),
+            self.idle.eq((q.level == 0) & ~infl.r_rdy & self.arr_idle & self.vec_idle),
         ]
         return m

@@ -281,6 +281,14 @@ class Sequencer(wiring.Component):
         is_end_q = Signal()
         timeout = Signal()  # registered: the run has used its cycle budget
         all_idle = self.load_idle & self.compute_idle & self.store_idle
+        # FIRE and STOP wait on the idle flags a cycle late: they come from the engines
+        # through the queues, and straight into `fire` they were the routed critical path
+        # of a board build. A cycle late is safe because a dispatch shows in its queue's
+        # idle the next cycle, before the next FIRE can look; a drain takes a cycle more
+        # (the golden model's `drain`).
+        idle_q = Signal(init=1)
+        load_idle_q = Signal(init=1)
+        m.d.sync += [idle_q.eq(all_idle), load_idle_q.eq(self.load_idle)]
 
         err_code = Signal(8)
         err_pc = Signal(16)
@@ -413,7 +421,7 @@ class Sequencer(wiring.Component):
                     m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
                                  cur_pc.eq(self.queue_error_pc),
                                  cur_addr.eq(self.queue_error_addr), flushing.eq(1)]
-                with m.Elif(all_idle):
+                with m.Elif(idle_q):
                     m.next = "FINISH"
             with m.State("FINISH"):
                 m.d.comb += [self.done.eq(1), self.ev_error.eq(cur_code != 0)]
@@ -740,7 +748,7 @@ class Sequencer(wiring.Component):
         m.d.comb += [chain.eq(Cat(terms_hit).any()),
                      chain_code.eq(functools.reduce(operator.or_, terms_code)),
                      chain_at.eq(functools.reduce(operator.or_, terms_at))]
-        wait = ((needs_q["idle"] & ~all_idle) | (needs_q["load_idle"] & ~self.load_idle)
+        wait = ((needs_q["idle"] & ~idle_q) | (needs_q["load_idle"] & ~load_idle_q)
                 | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
                 | (needs_q["compute"] & ~self.compute.ready))
         # CHECK registers the outcome; FIRE acts on it.
