@@ -81,6 +81,9 @@ def _entry_fifo(m, entry, layout, depth):
 
     Returns the FIFO and a view of its head entry.
     """
+    # A queue's idle flag counts the FIFO's level, not r_rdy: an entry shows in the
+    # level the cycle after its write (r_rdy a cycle later), which the sequencer's
+    # registered idle flags rely on (hdl/sequencer.py).
     q = fifo.SyncFIFOBuffered(width=data.Layout.cast(layout).size, depth=depth)
     m.submodules.fifo = q
     m.d.comb += [q.w_data.eq(entry.payload), q.w_en.eq(entry.valid), entry.ready.eq(q.w_rdy)]

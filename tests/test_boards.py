@@ -364,8 +364,10 @@ def test_synth_config_names_a_known_npu_build(capsys, tmp_path):
     so a board built with it is recognized by its CAPS. An unknown name is refused."""
     from firmware.config import CONFIGS
     from hdl.boards import icebreaker
-    from hdl.boards.synth import board_config, board_top, main
+    from hdl.boards.synth import board_config, board_top, main, npu_builds
     from host.profiles import PROFILES
+
+    assert npu_builds() == ["default", "icebreaker", "small", "ulx3s"]
 
     _, mod, top, build_dir = board_top("ulx3s", tmp_path / "b", config="small")
     assert top.config == CONFIGS["small"] and build_dir.is_dir()

@@ -22,9 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from firmware.config import CONFIGS
-
-from .synth import BOARDS, board_top
+from .synth import BOARDS, board_top, npu_builds
 
 # Delay of each combinational cell, in LUT levels (a LUT4 and the net after it).
 LUT = 1.0
@@ -242,7 +240,7 @@ def main(argv=None) -> int:
                      help="run Yosys on this board's top first (ECP5 boards: ulx3s)")
     ap.add_argument("--out", type=Path, default=Path("build/synth"),
                     help="build directory for --board (default build/synth)")
-    ap.add_argument("--config", choices=sorted(set(BOARDS) | set(CONFIGS)),
+    ap.add_argument("--config", choices=npu_builds(),
                     help="with --board: build it around another NPU build (see make synth)")
     ap.add_argument("--top", type=int, default=20, help="how many registers to list")
     args = ap.parse_args(argv)

