@@ -79,6 +79,20 @@ def _desc_layout(config: NPUConfig) -> data.StructLayout:
     })
 
 
+def _load_write_layout(config: NPUConfig, w: int, sp_addr) -> data.StructLayout:
+    """One entry of the load channel's write FIFO: a scratchpad write, a completion or both."""
+    return data.StructLayout({
+        "write": 1,  # a beat to write (not dropped after a bus error)
+        "addr": sp_addr,
+        "data": w * 8,
+        "strb": w,
+        "done": 1,  # the command completes once this entry leaves
+        "error": 1,  # ... with a bus error (load_done.payload)
+        "row": DRAM_ADDR_BITS,  # ... reported at this DRAM address
+        "nbytes": N_BITS,  # a row completed without error (read_bytes)
+    })
+
+
 # Descriptor fields read by the store channel's W side and by its B side.
 _W_FIELDS = ("len", "lo", "hi", "sp_first", "sp_next")
 _B_FIELDS = ("row", "nbytes", "row_last", "cmd_last", "marker")
@@ -307,7 +321,9 @@ class DMA(wiring.Component):
     and of the later rows whose bursts were already in flight.
 
     W data never waits for AWREADY. R beats enter a two-entry FIFO (``axi.rready``
-    is a register), so a beat reaches the scratchpad a cycle after it arrives.
+    is a register) and their scratchpad writes another one (its write side does not
+    wait on the scratchpad's ``ready``), so a beat reaches the scratchpad two cycles
+    after it arrives, and a load completes a cycle after its last write.
 
     Parameters
     ----------
@@ -417,8 +433,15 @@ class DMA(wiring.Component):
                      axi.rready.eq(rb.w_rdy)]
         rvalid, rdata, is_err = rb.r_rdy, rb.r_data[:w * 8], rb.r_data[w * 8]
 
-        # data: each R beat becomes one scratchpad window write
+        # data: each R beat becomes one scratchpad window write. The writes (and the
+        # completions, which must follow their command's last write) pass through a
+        # two-entry FIFO whose write side waits on its level only: the scratchpad's
+        # grant, combinational from the other ports' requests, then reaches only this
+        # FIFO's read side, not the R FIFO, the descriptor queue and the error state
+        # (the ECP5 build's routed critical path). One cycle of latency, full throughput.
         d = data.View(dlay, q.r_data)
+        slay = _load_write_layout(cfg, w, sp.addr.shape())
+        m.submodules.load_w = wb = SyncFIFO(width=slay.size, depth=2)
         k = Signal(8)  # beat within the burst
         ptr = Signal(sp.addr.shape())  # window address of beat k >= 1
         err = Signal()  # the current command met a bus error: drop the rest
@@ -426,16 +449,23 @@ class DMA(wiring.Component):
         beat_last = k == d.len
         drop = err | is_err
         take = Signal()
-        marker = q.r_rdy & d.marker
+        marker = q.r_rdy & d.marker & wb.w_rdy
+        done = Signal()  # a command's completion enters the write FIFO
+        ent = data.View(slay, wb.w_data)
         m.d.comb += [
-            sp.valid.eq(q.r_rdy & ~d.marker & rvalid & ~drop),
-            sp.we.eq(1),
-            sp.addr.eq(Mux(k == 0, d.sp_first, ptr)),
-            sp.wdata.eq(rdata),
-            sp.wstrb.eq(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1))),
-            rb.r_en.eq(q.r_rdy & ~d.marker & (drop | sp.ready)),
+            rb.r_en.eq(q.r_rdy & ~d.marker & wb.w_rdy),
             take.eq(rvalid & rb.r_en),
             q.r_en.eq(marker | (take & beat_last)),
+            done.eq(marker | (take & beat_last & d.cmd_last)),
+            wb.w_en.eq(marker | take),
+            ent.write.eq(take & ~drop),
+            ent.addr.eq(Mux(k == 0, d.sp_first, ptr)),
+            ent.data.eq(rdata),
+            ent.strb.eq(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1))),
+            ent.done.eq(done),
+            ent.error.eq(drop | marker),
+            ent.row.eq(Mux(err, err_addr, d.row)),
+            ent.nbytes.eq(Mux(take & beat_last & d.row_last & ~drop, d.nbytes, 0)),
         ]
         with m.If(take):
             m.d.sync += [
@@ -444,27 +474,39 @@ class DMA(wiring.Component):
             ]
             with m.If(is_err & ~err):
                 m.d.sync += [err.eq(1), err_addr.eq(d.row)]
-
-        done = Signal()
-        m.d.comb += done.eq(marker | (take & beat_last & d.cmd_last))
-        m.d.sync += [
-            self.load_done.valid.eq(done),
-            self.read_bytes.eq(Mux(take & beat_last & d.row_last & ~drop, d.nbytes, 0)),
-        ]
         with m.If(done):
+            m.d.sync += err.eq(0)
+
+        # the write FIFO's head: the scratchpad write, then the completion
+        head = data.View(slay, wb.r_data)
+        wrote, finished = Signal(), Signal()
+        m.d.comb += [
+            sp.valid.eq(wb.r_rdy & head.write),
+            sp.we.eq(1),
+            sp.addr.eq(head.addr),
+            sp.wdata.eq(head.data),
+            sp.wstrb.eq(head.strb),
+            wb.r_en.eq(~head.write | sp.ready),
+            wrote.eq(wb.r_rdy & head.write & sp.ready),
+            finished.eq(wb.r_rdy & wb.r_en & head.done),
+        ]
+        m.d.sync += [
+            self.load_done.valid.eq(finished),
+            self.read_bytes.eq(Mux(wb.r_rdy & wb.r_en, head.nbytes, 0)),
+        ]
+        with m.If(finished):
             m.d.sync += [
-                self.load_done.payload.error.eq(drop | marker),
-                self.load_done.payload.addr.eq(Mux(err, err_addr, d.row)),
-                err.eq(0),
+                self.load_done.payload.error.eq(head.error),
+                self.load_done.payload.addr.eq(head.row),
             ]
 
         inflight = self._inflight(m, "load_inflight", depth,
-                                  self.load_cmd.valid & self.load_cmd.ready, done)
+                                  self.load_cmd.valid & self.load_cmd.ready, finished)
         # Stop issuing only if the failing command is still being split into bursts.
         m.d.comb += [
             bursts.abort.eq(err & (inflight == 1) & bursts.active),
             self.load_busy.eq(inflight != 0),
-            self.load_stall.eq((inflight != 0) & ~take),
+            self.load_stall.eq((inflight != 0) & ~wrote),
         ]
 
     def _store(self, m, cfg, w, depth, dlay):
