@@ -500,13 +500,15 @@ class DMA(wiring.Component):
                 self.load_done.payload.addr.eq(head.row),
             ]
 
+        # Counted up to the completion entering the write FIFO, so that neither the
+        # abort nor this count waits on the scratchpad's grant; busy covers the FIFO.
         inflight = self._inflight(m, "load_inflight", depth,
-                                  self.load_cmd.valid & self.load_cmd.ready, finished)
+                                  self.load_cmd.valid & self.load_cmd.ready, done)
         # Stop issuing only if the failing command is still being split into bursts.
         m.d.comb += [
             bursts.abort.eq(err & (inflight == 1) & bursts.active),
-            self.load_busy.eq(inflight != 0),
-            self.load_stall.eq((inflight != 0) & ~wrote),
+            self.load_busy.eq((inflight != 0) | wb.r_rdy),
+            self.load_stall.eq(self.load_busy & ~wrote),
         ]
 
     def _store(self, m, cfg, w, depth, dlay):
