@@ -443,6 +443,16 @@ class Sequencer(wiring.Component):
         loop_back = in_loop & (seq_next == loop_end[top])
         m.d.comb += advance.eq(Mux(loop_back & (loop_rem[top] > 1), loop_start[top], seq_next))
 
+        # Which of the three next pcs an instruction takes (a branch's target, a loop's
+        # end, else ``advance``) is latched with the word, decoded from the fetched
+        # opcode: the next pc is the fetch address, and selected by the opcode in CHECK
+        # it made a path from the word register through the decode into the memory.
+        pc_br, pc_loop, pc_loopi = Signal(), Signal(), Signal()
+        with m.If(latch_word):
+            m.d.sync += [pc_br.eq(live_opcode == OPC["br"]),
+                         pc_loop.eq((live_opcode == OPC["loop"]) | (live_opcode == OPC["loopr"])),
+                         pc_loopi.eq(live_opcode == OPC["loop"])]
+
         loop_back_q, loop_more_q = Signal(), Signal()  # registered for the fire
         with m.If(running & stage[CHECK]):
             m.d.sync += [loop_back_q.eq(loop_back), loop_more_q.eq(loop_rem[top] > 1)]
@@ -545,7 +555,6 @@ class Sequencer(wiring.Component):
         with m.Switch(opcode):
             # -- sequencer instructions --------------------------------------------------
             with case("nop", "misspec"):
-                m.d.comb += next_pc.eq(advance)
                 with m.If(fire):
                     do_advance()
                 m.d.comb += self.ev_misspec.eq(fire & (opcode == OPC["misspec"]))
@@ -553,7 +562,6 @@ class Sequencer(wiring.Component):
                 m.d.comb += [needs["idle"].eq(1), is_end.eq(1)]
                 fail(reg_sp != 0, ErrorCode.REGION)
             with case("li", "addi", "add", "sub", "mul", "cmp"):
-                m.d.comb += next_pc.eq(advance)
                 result = Signal(32)
                 result_q = Signal(32)
                 with m.Switch(opcode):
@@ -598,7 +606,6 @@ class Sequencer(wiring.Component):
                                  outside2_q.eq((loop_sp > 1) & ~inside2)]
                 fail(taken_q & (target >= depth), ErrorCode.PC_BOUNDS)
                 fail(taken_q & leaves_q & outside2_q, ErrorCode.LOOP)
-                m.d.comb += next_pc.eq(Mux(taken_q, target, advance))
                 with m.If(fire):
                     with m.If(taken_q):
                         with m.If(leaves_q):
@@ -607,13 +614,11 @@ class Sequencer(wiring.Component):
                         do_advance()
             with case("loop", "loopr"):
                 end = field(word, "loop", "end")
-                count = Mux(opcode == OPC["loop"], field(word, "loop", "count"),
-                            R("loopr", "rs"))
+                count = Mux(pc_loopi, field(word, "loop", "count"), R("loopr", "rs"))
                 fail(end >= depth + 1, ErrorCode.PC_BOUNDS)
                 fail(end <= pc + 1, ErrorCode.LOOP)
                 fail(in_loop & (end >= loop_end[top]), ErrorCode.LOOP)
                 fail(loop_sp >= ld, ErrorCode.LOOP)
-                m.d.comb += next_pc.eq(Mux(count == 0, end, pc + 1))
                 push_at = loop_sp[:max(1, ceil_log2(ld))]  # the free stack entry
                 count_nz = Signal()
                 with m.If(resolving):
@@ -626,11 +631,11 @@ class Sequencer(wiring.Component):
                         loop_sp.eq(loop_sp + 1),
                     ]
             with case("sync"):
-                m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
+                m.d.comb += needs["idle"].eq(1)
                 with m.If(fire):
                     do_advance()
             with case("region"):
-                m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
+                m.d.comb += needs["idle"].eq(1)
                 rid = field(word, "region", "id")
                 is_begin = field(word, "region", "op") == isa.RegionOp.BEGIN
                 fail(is_begin & (reg_sp >= rd_), ErrorCode.REGION)
@@ -654,15 +659,14 @@ class Sequencer(wiring.Component):
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
                 fail(s >= cfg.pt_sets, ErrorCode.BAD_OPERAND)
-                m.d.comb += [needs["idle"].eq(1), next_pc.eq(advance)]
+                m.d.comb += needs["idle"].eq(1)
                 with m.If(fire):
                     do_advance()
                     m.d.sync += pt_set.eq(s)
             with case("tinv"):
                 slot = field(word, "tinv", "slot")
                 fail(slot > cfg.tag_slots, ErrorCode.BAD_OPERAND)
-                m.d.comb += [needs["load_idle"].eq(1), next_pc.eq(advance),
-                             self.tinv_slot.eq(slot)]
+                m.d.comb += [needs["load_idle"].eq(1), self.tinv_slot.eq(slot)]
                 with m.If(fire):
                     do_advance()
                     m.d.comb += self.tinv_en.eq(1)
@@ -687,7 +691,7 @@ class Sequencer(wiring.Component):
                         entry.cmd.rows.eq(rows), entry.cmd.nbytes.eq(nb),
                         entry.cmd.sp.eq(chk[0].addr),
                         entry.tokens.eq(toks), entry.pc.eq(pc[:INSN_PC_BITS]),
-                        needs[mn].eq(1), next_pc.eq(advance),
+                        needs[mn].eq(1),
                     ]
                     with m.If(fire):
                         do_advance()
@@ -702,11 +706,15 @@ class Sequencer(wiring.Component):
                                   spanning, acc_over)
                     m.d.comb += [
                         entry_c.tokens.eq(toks),
-                        needs["compute"].eq(1), next_pc.eq(advance),
+                        needs["compute"].eq(1),
                     ]
                     with m.If(fire):
                         do_advance()
                         m.d.comb += self.compute.valid.eq(1)
+
+        # (An end or a faulting instruction fetches ``advance``, which nothing reads.)
+        m.d.comb += next_pc.eq(Mux(pc_br & taken_q, target,
+                                   Mux(pc_loop & (count == 0), end, advance)))
 
         # The register file's writes, one port per register: the start of a run (r1..r7
         # from ``args``, the others 0), a vargmax write-back, or the scalar write of a
