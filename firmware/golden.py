@@ -58,7 +58,7 @@ class CostModel:
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
     # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
     load_latency: int = 9  # start to the first beat in the scratchpad (after the R and write FIFOs)
-    store_latency: int = 10  # start to the write response, less the beats
+    store_latency: int = 11  # start to the write response, less the beats
     dma_gap: int = 1  # the next load (store) and a load's (store's) token come this much later
     tag_hit: int = 1  # a load whose tag hits ends this long after its start...
     tag_check: int = 3  # ... and the load queue starts its next instruction this long after

@@ -323,7 +323,9 @@ class DMA(wiring.Component):
     W data never waits for AWREADY. R beats enter a two-entry FIFO (``axi.rready``
     is a register) and their scratchpad writes another one (its write side does not
     wait on the scratchpad's ``ready``), so a beat reaches the scratchpad two cycles
-    after it arrives, and a load completes a cycle after its last write.
+    after it arrives, and a load completes a cycle after its last write. The store
+    side plans each beat's window into a two-entry FIFO before it reads it, for the
+    same reason (the scratchpad's grant reaches that FIFO only).
 
     Parameters
     ----------
@@ -543,37 +545,54 @@ class DMA(wiring.Component):
             awq.r_en.eq(axi.awready),
         ]
 
-        # W side: read one window per beat into a small buffer that the bus drains;
-        # a read is issued only when its data is sure to find room.
+        # W side: each beat's window (address, strobes, wlast) is planned into a
+        # two-entry FIFO whose write side waits on its level only; its head is read
+        # from the scratchpad when the data is sure to find room in the buffer that
+        # the bus drains. The scratchpad's grant, combinational from the other ports'
+        # requests, then reaches only that FIFO's read side, not the descriptor queue
+        # and the beat counters. One cycle of latency, full throughput.
         wbuf_depth = 4
         m.submodules.store_wbuf = wbuf = SyncFIFO(width=w * 8 + w + 1, depth=wbuf_depth)
+        alay = data.StructLayout({"addr": sp.addr.shape(), "strb": w, "last": 1})
+        m.submodules.store_a = af = SyncFIFO(width=alay.size, depth=2)
         d = data.View(wlay, wq.r_data)
         k = Signal(8)
         ptr = Signal(sp.addr.shape())
+        beat_last = k == d.len
+        plan = Signal()
+        plan_in = data.View(alay, af.w_data)
+        m.d.comb += [
+            plan.eq(wq.r_rdy & af.w_rdy),
+            af.w_en.eq(plan),
+            plan_in.addr.eq(Mux(k == 0, d.sp_first, ptr)),
+            plan_in.strb.eq(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1))),
+            plan_in.last.eq(beat_last),
+            wq.r_en.eq(plan & beat_last),
+        ]
+        with m.If(plan):
+            m.d.sync += [
+                k.eq(Mux(beat_last, 0, k + 1)),
+                ptr.eq(Mux(k == 0, d.sp_next, ptr + w)),
+            ]
+        head = data.View(alay, af.r_data)
         pending = Signal()  # a read was accepted last cycle: its data arrives now
         meta = Signal(w + 1)  # strobe and wlast of that read
-        beat_last = k == d.len
         room = (wbuf.level + pending) < wbuf_depth
         ask = Signal()
         m.d.comb += [
-            sp.valid.eq(wq.r_rdy & room),
+            sp.valid.eq(af.r_rdy & room),
             sp.we.eq(0),
-            sp.addr.eq(Mux(k == 0, d.sp_first, ptr)),
+            sp.addr.eq(head.addr),
             sp.wdata.eq(0),
             sp.wstrb.eq(0),
             ask.eq(sp.valid & sp.ready),
-            wq.r_en.eq(ask & beat_last),
+            af.r_en.eq(ask),
             wbuf.w_en.eq(sp.rvalid),
             wbuf.w_data.eq(Cat(sp.rdata, meta)),
         ]
         m.d.sync += pending.eq(ask)
         with m.If(ask):
-            m.d.sync += [
-                k.eq(Mux(beat_last, 0, k + 1)),
-                ptr.eq(Mux(k == 0, d.sp_next, ptr + w)),
-                meta.eq(Cat(_strobe(w, Mux(k == 0, d.lo, 0), Mux(beat_last, d.hi, w - 1)),
-                            beat_last)),
-            ]
+            m.d.sync += meta.eq(Cat(head.strb, head.last))
         wmoved = Signal()
         m.d.comb += [
             axi.wvalid.eq(wbuf.r_rdy),
