@@ -78,6 +78,9 @@ class _Walker:
         self.k = Signal(N_BITS, name=f"{name}_k")
         self.t = Signal(8, name=f"{name}_t")
         self.rem = Signal(N_BITS, name=f"{name}_rem")
+        # Lane j of this beat holds an element (rem > j), kept beside rem so that a
+        # write's strobes come from a register into the scratchpad's arbitration.
+        self.lanes = Signal(step, name=f"{name}_lanes")
         self.i_last = Signal(M_BITS, name=f"{name}_i_last")
         self.k_last = Signal(N_BITS, name=f"{name}_k_last")
         self.t_last = Signal(8, name=f"{name}_t_last")
@@ -106,9 +109,13 @@ class _Walker:
             self.active.eq(1),
             self.addr.eq(base), self.chunk.eq(base), self.row.eq(base),
             self.i.eq(0), self.k.eq(0), self.t.eq(0), self.rem.eq(n), self.n.eq(n),
+            self.lanes.eq(self._lanes(n)),
             self.i_last.eq(rows - 1), self.k_last.eq(k_last), self.t_last.eq(taps - 1),
             self.rstride.eq(rstride), self.tstride.eq(tstride),
         ]
+
+    def _lanes(self, rem):
+        return Cat(rem > j for j in range(self.step))
 
     def advance(self, m):
         """Move to the next beat (the walk ends after the final one)."""
@@ -118,12 +125,14 @@ class _Walker:
             nxt = self.chunk + self.step
             m.d.sync += [
                 self.t.eq(0), self.k.eq(self.k + 1), self.rem.eq(self.rem - self.step),
+                self.lanes.eq(self._lanes(self.rem - self.step)),
                 self.chunk.eq(nxt), self.addr.eq(nxt),
             ]
         with m.Elif(self.i != self.i_last):
             nxt = self.row + self.rstride
             m.d.sync += [
                 self.t.eq(0), self.k.eq(0), self.i.eq(self.i + 1), self.rem.eq(self.n),
+                self.lanes.eq(self._lanes(self.n)),
                 self.row.eq(nxt), self.chunk.eq(nxt), self.addr.eq(nxt),
             ]
         with m.Else():
@@ -691,7 +700,7 @@ class VectorUnit(wiring.Component):
             self.wr.we.eq(1),
             self.wr.addr.eq(ww.addr),
             self.wr.wdata.eq(wb_head),
-            self.wr.wstrb.eq(Cat(ww.rem > j for j in range(W))),
+            self.wr.wstrb.eq(ww.lanes),
         ]
         with m.If(self.wr.valid & self.wr.ready):
             ww.advance(m)
