@@ -189,8 +189,10 @@ class LoadQueue(wiring.Component):
         cmd = cur.cmd
         m.d.comb += [
             # The tag key has the DMA command's fields in its order (hdl.tags).
-            self.tag_key.eq(cmd.as_value()), self.tag_set_key.eq(cmd.as_value()),
-            self.tag_slot.eq(cur.slot),
+            self.tag_set_key.eq(cmd.as_value()),
+            # The tag store's lookup is registered: it is made from the head as IDLE
+            # takes it, and answers in CHECK.
+            self.tag_key.eq(head.cmd.as_value()), self.tag_slot.eq(head.slot),
             self.tag_set_slot.eq(cur.slot),
             self.tag_inv_slot.eq(cur.slot),
             self.dma_cmd.payload.eq(cmd),

@@ -11,7 +11,7 @@ so a failed transfer leaves the slot invalid. ``tinv slot`` invalidates one slot
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -57,8 +57,10 @@ def tag_key_layout(config: NPUConfig) -> data.StructLayout:
 class TagStore(wiring.Component):
     """``tag_slots`` tile tags (slots 1..tag_slots), all invalid after reset.
 
-    Lookups are combinational and see the tags as they were at the start of the
-    cycle; sets and invalidations take effect at its end. When a set and an
+    Lookups are registered: ``q_hit`` answers the ``q_slot``/``q_key`` of the
+    cycle before, against the tags as that cycle's sets and invalidations left them
+    (so a lookup is one cycle, and the load queue makes it as it takes an entry).
+    Sets and invalidations take effect at the end of their cycle. When a set and an
     invalidation of the same slot (or ``inv_all``) meet in one cycle, the
     invalidation wins: a spurious miss only costs a transfer, a spurious hit
     would skip one. Slot 0 and slots above ``tag_slots`` never hit and are never
@@ -77,7 +79,8 @@ class TagStore(wiring.Component):
     q_key : In(tag_key_layout(config))
         Key of the load.
     q_hit : Out(1)
-        ``q_slot`` is a real slot, valid, and holds ``q_key``.
+        Last cycle's ``q_slot`` is a real slot, valid, and holds last cycle's
+        ``q_key`` (after last cycle's updates).
     set_en, set_slot, set_key : In(1), In(6), In(tag_key_layout(config))
         Make ``set_slot`` valid with ``set_key`` (after a completed transfer).
     inv_en, inv_slot : In(1), In(6)
@@ -132,9 +135,17 @@ class TagStore(wiring.Component):
             for s in range(1, n + 1):
                 with m.Case(s):
                     m.d.comb += hit_valid.eq(valid[s])
-        m.d.comb += self.q_hit.eq(hit_valid & (rd.data.as_value() == self.q_key.as_value()))
-
+        # Registered: the compare of a key read from LUT RAM into the load queue's
+        # next step was the board build's deepest path after the scratchpad's.
+        # This cycle's set and invalidations of the slot decide, as they will for
+        # the tags at the start of the next cycle.
+        key = self.q_key.as_value()
         inv_every = self.inv_all | (self.inv_en & (self.inv_slot == 0))
+        inv_q = inv_every | (self.inv_en & (self.inv_slot == self.q_slot))
+        set_q = set_ok & (self.set_slot == self.q_slot)
+        m.d.sync += self.q_hit.eq(~inv_q & Mux(set_q, self.set_key.as_value() == key,
+                                               hit_valid & (rd.data.as_value() == key)))
+
         for s in range(1, n + 1):
             with m.If(set_ok & (self.set_slot == s)):
                 m.d.sync += valid[s].eq(1)
