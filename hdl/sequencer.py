@@ -386,20 +386,25 @@ class Sequencer(wiring.Component):
                     # The next instruction was fetched in CHECK: its OPERANDS step is
                     # this cycle, reading the registers as this fire leaves them, unless
                     # it waits for a vargmax result (or this is a vargmax, whose result
-                    # becomes pending now).
-                    with m.If(~reg_wait & (opcode != OPC["vargmax"])):
+                    # becomes pending now). The word and operands are latched even when
+                    # it waits (OPERANDS latches them again until it does not): so the
+                    # wait, decoded from the memory's output, sets the next step only,
+                    # not the enable of every register the word loads (a routed board
+                    # build's critical path).
+                    with m.If(opcode != OPC["vargmax"]):
                         m.d.comb += latch_word.eq(1)
-                        m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands),
-                                     queue_op.eq(live_queue_op)]
+                        m.d.sync += [word.eq(live), legal.eq(legal_live),
+                                     queue_op.eq(live_queue_op),
+                                     stage.eq(Mux(reg_wait, 1 << OPERANDS, after_operands))]
                         m.d.sync += [sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, value))
                                      for sig, idx, value in zip(opnd, slot_idx, slot_val,
                                                                 strict=True)]
                     with m.Else():
                         m.d.sync += stage.eq(1 << OPERANDS)
-                with m.Elif(stage[OPERANDS] & ~reg_wait):
+                with m.Elif(stage[OPERANDS]):
                     m.d.comb += latch_word.eq(1)
-                    m.d.sync += [word.eq(live), legal.eq(legal_live), stage.eq(after_operands),
-                                 queue_op.eq(live_queue_op)]
+                    m.d.sync += [word.eq(live), legal.eq(legal_live), queue_op.eq(live_queue_op),
+                                 stage.eq(Mux(reg_wait, 1 << OPERANDS, after_operands))]
                     m.d.sync += [sig.eq(value) for sig, value in zip(opnd, slot_val, strict=True)]
                 with m.Elif(stage[SPANS]):
                     m.d.sync += stage.eq(Mux(queue_op, 1 << PRODUCTS, 1 << CHECK))
