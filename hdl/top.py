@@ -151,8 +151,17 @@ class NPU(wiring.Component):
         connect_checks(m, seq, pt)
 
         # ---- tags ---------------------------------------------------------------------------
+        # Sets and invalidations reach the tag store a cycle late: they come from the DMA's
+        # completion through the load queue, and from the sequencer's fire, and straight
+        # into the valid bits they were a routed board build's critical path. The lookup
+        # sees a late update in its own cycle (the store's lookup counts that cycle's
+        # updates), and none is later than that: a load's set lands as its queue takes
+        # the next entry, a tinv (which waits for the load queue to idle) cycles before the
+        # next load can be taken, and a miss's invalidation while its transfer runs.
         m.d.comb += [
             tags.q_slot.eq(lq.tag_slot), tags.q_key.eq(lq.tag_key), lq.tag_hit.eq(tags.q_hit),
+        ]
+        m.d.sync += [
             tags.set_en.eq(lq.tag_set_en), tags.set_slot.eq(lq.tag_set_slot),
             tags.set_key.eq(lq.tag_set_key),
             tags.inv_en.eq(lq.tag_inv_en | seq.tinv_en),
