@@ -929,6 +929,7 @@ def test_depth_cli_rejects_unknown_board_and_non_ecp5(capsys, tmp_path):
     assert "invalid choice" in capsys.readouterr().err
     assert main(["--board", "icebreaker", "--out", str(tmp_path)]) == 1
     assert "ECP5 cells only" in capsys.readouterr().err
+    assert not (tmp_path / "depth").exists()  # rejected before anything is built
 
 
 def test_depth_rejects_a_combinational_loop():

@@ -210,10 +210,12 @@ def netlist(board_name: str, out: Path, config: str | None = None) -> Path:
     flat netlist (``<out>/depth/<board>/top.json``)."""
     from .blocks import _run
 
-    _, mod, top, work = board_top(board_name, out / "depth" / board_name, config=config)
-    if mod.FAMILY != "ecp5":
+    # Checked before board_top, which makes the build directory.
+    family = BOARDS[board_name].load().FAMILY if board_name in BOARDS else None
+    if family not in (None, "ecp5"):
         raise ValueError(f"{board_name}: the depth count knows ECP5 cells only "
-                         f"({mod.FAMILY} is not supported)")
+                         f"({family} is not supported)")
+    _, mod, top, work = board_top(board_name, out / "depth" / board_name, config=config)
     plan = mod.platform().prepare(top, name="top", **mod.TOOL_OPTIONS)
     plan.extract(work)
     _run([os.environ["YOSYS"], "-q", "-l", "top.rpt", "top.ys"], work, "yosys")
