@@ -625,17 +625,18 @@ def test_report_summary_and_markdown_say_timing_plainly():
 def test_nextpnr_options_name_placer_router_and_report():
     from hdl.boards.synth import nextpnr_options
 
-    assert nextpnr_options() == "--report nextpnr-report.json --timing-allow-fail"
+    assert nextpnr_options() == ("--report nextpnr-report.json --detailed-timing-report "
+                                 "--timing-allow-fail")
     assert nextpnr_options("--seed 3", placer="static", router="router2") == (
         "--seed 3 --placer static --router router2 --report nextpnr-report.json "
-        "--timing-allow-fail")
+        "--detailed-timing-report --timing-allow-fail")
     with pytest.raises(ValueError, match="placer 'annealing'"):
         nextpnr_options(placer="annealing")
     with pytest.raises(ValueError, match="router 'router3'"):
         nextpnr_options(router="router3")
     assert nextpnr_options(router="router2", heatmap=True) == (
         "--router router2 --router2-heatmap heat --report nextpnr-report.json "
-        "--timing-allow-fail")
+        "--detailed-timing-report --timing-allow-fail")
     with pytest.raises(ValueError, match="heatmaps come from router2"):
         nextpnr_options(heatmap=True)
 

@@ -407,9 +407,11 @@ def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
     opts += [f"--placer {placer}"] if placer else []
     opts += [f"--router {router}"] if router else []
     opts += ["--router2-heatmap heat"] if heatmap else []
-    # --report: machine-readable fmax/utilization; a timing miss must still give a
-    # bitstream (the report says it failed), so it is not fatal to nextpnr.
-    opts += [f"--report {_PNR_REPORT}", "--timing-allow-fail"]
+    # --report: machine-readable fmax/utilization, with every register input's arrival
+    # time (--detailed-timing-report: the slowest registers, not only the worst path;
+    # hdl.boards.endpoints); a timing miss must still give a bitstream (the report
+    # says it failed), so it is not fatal to nextpnr.
+    opts += [f"--report {_PNR_REPORT}", "--detailed-timing-report", "--timing-allow-fail"]
     return " ".join(opts)
 
 
