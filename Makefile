@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 SEED ?=
 BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy synth-depth synth-congestion lint docs clean
+.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy synth-depth synth-congestion synth-endpoints lint docs clean
 
 help:
 	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
@@ -34,6 +34,7 @@ help:
 	@echo "make regress  long regression (thousands of random programs)"
 	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [CONFIG=small] [PLACER=static] [ROUTER=router2 [HEATMAP=1]]; build/synth/BOARD/report.md)"
 	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
+	@echo "make synth-endpoints BOARD=ulx3s  the slowest registers of the last routed build (build/synth/BOARD/endpoints.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
 	@echo "make synth-depth BOARD=ulx3s [CONFIG=small]  the deepest register-to-register paths of the board build (yosys only)"
@@ -75,6 +76,9 @@ synth-hierarchy: setup
 
 synth-congestion: setup
 	$(PY) -m hdl.boards.congestion build/synth/$(BOARD)
+
+synth-endpoints: setup
+	$(PY) -m hdl.boards.endpoints build/synth/$(BOARD)
 
 synth-depth: setup
 	$(PY) -m hdl.boards.depth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG))

