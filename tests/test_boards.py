@@ -1100,6 +1100,7 @@ def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
     assert "2 of 3 registers have an input arriving after the 10.00 ns period" in out
     assert "| 17.90 | `soc.npu.tags.valid` | tags | LSR | 1/2 |" in out
     assert "soc.npu.dma.state" not in out  # --top 2
+    assert "| tags | 1 | 17.90 |" in out and "| imem | 1 | 11.25 |" in out  # by block
     assert out in (tmp_path / "endpoints.md").read_text()
     assert main([str(tmp_path / "missing")]) == 1
     assert "endpoints:" in capsys.readouterr().err

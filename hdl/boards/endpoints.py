@@ -15,7 +15,8 @@ A register is its flip-flops' name without the packer's suffix
 (block RAMs, multipliers, pins) stand for themselves. For each: the worst arrival,
 the pin it arrives at (``DI``/``M`` data, ``CE`` enable, ``LSR`` set/reset; a RAM's
 port names), how many of its inputs miss the clock's period, and its NPU block;
-also written to ``endpoints.md`` beside the report.
+first, how many registers of each block miss it. Also written to ``endpoints.md``
+beside the report.
 """
 
 from __future__ import annotations
@@ -87,8 +88,17 @@ def render_markdown(endpoints: list[Endpoint], period_ns: float | None, limit: i
     head = (f"{len(late)} of {len(endpoints)} registers have an input arriving after the "
             f"{period_ns:.2f} ns period" if period_ns is not None
             else f"{len(endpoints)} registers")
-    out = [f"{head} (arrival after the clock edge, routing included, setup not).", "",
-           "| arrival (ns) | register | block | pin | late inputs | net |",
+    out = [f"{head} (arrival after the clock edge, routing included, setup not).", ""]
+    if late:
+        # Where the late registers are: one path to cut, or the whole design.
+        by_block: dict[str, list[float]] = {}
+        for e in late:
+            by_block.setdefault(e.block, []).append(e.arrival_ns)
+        out += ["| block | late registers | slowest (ns) |", "|---|---:|---:|"]
+        out += [f"| {b} | {len(a)} | {max(a):.2f} |" for b, a in
+                sorted(by_block.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+        out.append("")
+    out += ["| arrival (ns) | register | block | pin | late inputs | net |",
            "|---:|---|---|---|---:|---|"]
     for e in endpoints[:limit]:
         out.append(f"| {e.arrival_ns:.2f} | `{e.register}` | {e.block} | {e.pin} | "
