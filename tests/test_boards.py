@@ -1051,7 +1051,8 @@ def test_failed_build_reports_the_reason(tmp_path):
 
 def _timing_report(period_mhz=100.0):
     """A nextpnr --detailed-timing-report JSON: two bits of one register (one late),
-    a block RAM's address, another register's enable, and an unclocked pin."""
+    a block RAM's address, another register's enable, two LUT RAM tiles of one memory
+    and two flip-flops named after its data pins, and an unclocked pin."""
     def ep(cell, port, arrival, event="posedge $glbnet$clk"):
         return {"cell": cell, "port": port, "delay": [0.5, arrival], "event": event}
 
@@ -1066,13 +1067,18 @@ def _timing_report(period_mhz=100.0):
                 ep("led0.buf.buf0", "I", 30.0, event="<async>")]},
             {"net": "soc.npu.dma.go", "driver": "z", "port": "F", "endpoints": [
                 ep("soc.npu.dma.state_TRELLIS_FF_Q_12", "CE", 9.5)]},
+            {"net": "soc.npu.trace.wa", "driver": "w", "port": "Q", "endpoints": [
+                ep("soc.npu.trace.mem.0.83$DPRAM_COMB0", "WAD0", 8.0),
+                ep("soc.npu.trace.mem.0.42$DPRAM_COMB3", "WAD1", 8.5),
+                ep("soc.npu.trace.mem.0.1_DOA9_TRELLIS_FF_Q_1", "M", 7.0),
+                ep("soc.npu.trace.mem.0.0_DIB12_TRELLIS_FF_Q", "DI", 6.5)]},
         ]}
 
 
 def test_endpoints_rank_registers_by_their_slowest_input():
     """The routed build's registers that miss the clock, slowest first, from one run:
-    a register's flip-flops are one entry, its worst input named; unclocked sinks
-    (pins) have no setup to meet and are left out."""
+    a register's flip-flops are one entry, and so are a memory's tiles, its worst input
+    named; unclocked sinks (pins) have no setup to meet and are left out."""
     from hdl.boards.endpoints import Endpoint, period_of, slowest
 
     report = _timing_report()
@@ -1080,10 +1086,12 @@ def test_endpoints_rank_registers_by_their_slowest_input():
     got = slowest(report, period_of(report))
     assert got == [
         Endpoint("soc.npu.tags.valid", "tags", 17.9, "LSR", "soc.npu.tags.valid_d0", 1, 2),
-        Endpoint("soc.npu.imem.mem.0.5", "imem", 11.25, "ADB", "soc.npu.seq.pc", 1, 1),
+        Endpoint("soc.npu.imem.mem", "imem", 11.25, "ADB", "soc.npu.seq.pc", 1, 1),
         Endpoint("soc.npu.dma.state", "dma", 9.5, "CE", "soc.npu.dma.go", 0, 1),
+        # a memory's tiles are one entry
+        Endpoint("soc.npu.trace.mem", "trace", 8.5, "WAD", "soc.npu.trace.wa", 0, 4),
     ]
-    assert [e.late for e in slowest(report, None)] == [0, 0, 0]
+    assert [e.late for e in slowest(report, None)] == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="without --detailed-timing-report"):
         slowest({"fmax": {}})
 
@@ -1097,7 +1105,7 @@ def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
     (tmp_path / "nextpnr-report.json").write_text(json.dumps(_timing_report()))
     assert main([str(tmp_path), "--top", "2"]) == 0
     out = capsys.readouterr().out
-    assert "2 of 3 registers have an input arriving after the 10.00 ns period" in out
+    assert "2 of 4 registers have an input arriving after the 10.00 ns period" in out
     assert "| 17.90 | `soc.npu.tags.valid` | tags | LSR | 1/2 |" in out
     assert "soc.npu.dma.state" not in out  # --top 2
     assert "| tags | 1 | 17.90 |" in out and "| imem | 1 | 11.25 |" in out  # by block

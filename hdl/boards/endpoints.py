@@ -11,8 +11,12 @@ clock, slowest first, from one run::
     make synth-endpoints BOARD=ulx3s       # python -m hdl.boards.endpoints build/synth/ulx3s
 
 A register is its flip-flops' name without the packer's suffix
-(``soc.npu.tags.valid_TRELLIS_FF_Q_3`` -> ``soc.npu.tags.valid``); other cells
-(block RAMs, multipliers, pins) stand for themselves. For each: the worst arrival,
+(``soc.npu.tags.valid_TRELLIS_FF_Q_3`` -> ``soc.npu.tags.valid``), and a memory
+is its block RAMs' or LUT RAM cells' name without their tile numbers
+(``soc.npu.sp.bank3.0.1``, ``soc.npu.trace.mem.0.83$DPRAM_COMB2`` ->
+``soc.npu.sp.bank3``, ``soc.npu.trace.mem``), with the flip-flops yosys's memory
+mapping names after a tile's data pin (``soc.npu.sp.bank3.0.1_DOB9_TRELLIS_FF_Q``);
+other cells (multipliers, pins) stand for themselves. For each: the worst arrival,
 the pin it arrives at (``DI``/``M`` data, ``CE`` enable, ``LSR`` set/reset; a RAM's
 port names), how many of its inputs miss the clock's period, and its NPU block;
 first, how many registers of each block miss it. Also written to ``endpoints.md``
@@ -34,11 +38,13 @@ __all__ = ["Endpoint", "slowest", "render_markdown"]
 
 REPORT = "nextpnr-report.json"
 _FF_SUFFIX = re.compile(r"_TRELLIS_FF_Q(_\d+)?$")
+_MEM_TILE = re.compile(r"(\.\d+)+(\$DPRAM_COMB\d+)?$")  # yosys's memory tiles, LUT RAM cells
+_MEM_OUT = re.compile(r"(\.\d+)+_D[IO][AB]\d+$")  # flip-flops named after a tile's data pin
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A register (or RAM, multiplier, pin) and its slowest input."""
+    """A register (or memory, multiplier, pin) and its slowest input."""
 
     register: str
     block: str
@@ -50,8 +56,10 @@ class Endpoint:
 
 
 def register_of(cell: str) -> str:
-    """``soc.npu.x.y_TRELLIS_FF_Q_2`` -> ``soc.npu.x.y``; other cells stand for themselves."""
-    return _FF_SUFFIX.sub("", cell)
+    """``soc.npu.x.y_TRELLIS_FF_Q_2`` -> ``soc.npu.x.y``; ``soc.npu.x.mem.0.3`` (a
+    memory's tile) -> ``soc.npu.x.mem``; other cells stand for themselves."""
+    reg, n = _FF_SUFFIX.subn("", cell)
+    return _MEM_OUT.sub("", reg) if n else _MEM_TILE.sub("", cell)
 
 
 def _pin_kind(port: str) -> str:
