@@ -471,12 +471,15 @@ class Sequencer(wiring.Component):
 
         # ---- partition checks ------------------------------------------------------------
         # Each check's byte span is a * b + add (+ the pooling window's extent): SPANS
-        # registers the partition, offset and factors; in PRODUCTS the partition table
-        # looks the partition up (registered) while the span is multiplied out; in
-        # CHECK the table compares the span with the room left after the offset.
+        # registers the partition, offset, factors and addend; in PRODUCTS the
+        # partition table looks the partition up (registered) while the span is
+        # multiplied out; in CHECK the table compares the span with the room left
+        # after the offset.
         chk = self.chk
-        pool_extent = Signal(SPAN_BITS)  # follows its cfg registers a cycle later
-        m.d.sync += pool_extent.eq((shadow_cfg[CfgField.POOL_COUNT] - 1)
+        # The pooling window's extent, from the cfg registers as SPANS sees them (a
+        # cfg of the window fires before the next instruction's SPANS).
+        pool_extent = Signal(SPAN_BITS)
+        m.d.comb += pool_extent.eq((shadow_cfg[CfgField.POOL_COUNT] - 1)
                                    * shadow_cfg[CfgField.POOL_STRIDE])
         spans = [{"p": Signal.like(c.p, name=f"span{i}_p"),
                   "offset": Signal.like(c.offset, name=f"span{i}_offset"),
@@ -485,15 +488,20 @@ class Sequencer(wiring.Component):
                   "add": Signal(13, name=f"span{i}_add"),
                   "extra": Signal(name=f"span{i}_extra")}
                  for i, c in enumerate(chk)]
-        spans_q = [{k: Signal.like(v, name=f"{v.name}_q") for k, v in span.items()}
-                   for span in spans]
+        # The addend is summed in SPANS (the byte count plus the pooling extent), so
+        # PRODUCTS is a product and one add: with both adds there, it was among a
+        # routed board build's slowest paths.
+        spans_q = [{k: Signal.like(span[k], name=f"{span[k].name}_q")
+                    for k in ("p", "offset", "a", "b")} for span in spans]
+        for i, q in enumerate(spans_q):
+            q["addend"] = Signal(SPAN_BITS, name=f"span{i}_addend_q")
         with m.If(spanning):
             for span, q in zip(spans, spans_q, strict=True):
-                m.d.sync += [q[k].eq(v) for k, v in span.items()]
+                m.d.sync += [q[k].eq(span[k]) for k in ("p", "offset", "a", "b")]
+                m.d.sync += q["addend"].eq(span["add"] + Mux(span["extra"], pool_extent, 0))
         with m.If(running & stage[PRODUCTS]):
             for c, q in zip(chk, spans_q, strict=True):
-                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + q["add"]
-                                        + Mux(q["extra"], pool_extent, 0))
+                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + q["addend"])
         for c, q in zip(chk, spans_q, strict=True):
             m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"])]
 

@@ -246,6 +246,9 @@ ERROR_CASES = [
     ("loop_empty", "nop\nloop 3, 2\nend"),
     ("loop_nesting", "loop 2, 4\nloop 2, 5\nnop\nnop\nnop\nend"),
     ("token_deadlock", "nop\nstore p0, r0, r0, r0, 1, 1, pop=prev\nend"),
+    # the pooling window set by the cfg just before: 254 * 8 + 8 bytes leave p0
+    ("pool_window_bounds",
+     "cfg.pool_stride 8\ncfg.pool_count 255\nvmax p2, r0, p0, r0, 1, 8\nend"),
     ("region_mismatch", "region.begin 1\nregion.end 2\nend"),
     ("region_open_at_end", "region.begin 1\nend"),
     ("run_off_the_end", "nop\nnop"),
