@@ -68,12 +68,13 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
 class PartitionTable(wiring.Component):
     """``2 x pt_sets x partitions`` entries of (base, size) with range checkers.
 
-    Every entry resets to (0, 0), i.e. disabled. A write takes effect at the
-    end of its cycle; readback, and a check lookup sampled at the same edge, see
-    the table as it was at the start of the cycle. Writes to a set or partition
-    the build does not have are ignored, and read back as (0, 0). The table
-    writes whichever bank it is told to: refusing writes to the active bank is
-    the CSR block's job (it flags them).
+    Every entry resets to (0, 0), i.e. disabled. A write takes effect for
+    readback at the end of its cycle (readback in its cycle sees the entry as it
+    was), and for the checks a cycle later: the active table takes it at the edge
+    after that, and a lookup at that edge still sees the entry as it was. Writes
+    to a set or partition the build does not have are ignored, and read back as
+    (0, 0). The table writes whichever bank it is told to: refusing writes to the
+    active bank is the CSR block's job (it flags them).
     A set the build does not have behaves as a table of disabled entries.
 
     Parameters
@@ -170,7 +171,15 @@ class PartitionTable(wiring.Component):
         # bit 1 leaves the scratchpad (base + size > sp_bytes).
         verdict = [[[C(0b01, 2)] * (1 << _PART_BITS) for _ in range(1 << _SET_BITS)]
                    for _ in range(PT_BANKS)]
-        w_verdict = Cat(self.w_size == 0, self.w_base + self.w_size > cfg.sp_bytes)
+        # They take a write a cycle after the readback does, from registered copies
+        # of the write port: the verdict's add and compare then start from this
+        # block's registers, not from the CSR block's across the chip (a routed
+        # board build's slow path). The CSR block writes only the shadow bank, and a
+        # swap takes a cycle more than this to reach the active table.
+        wq = {n: Signal.like(getattr(self, n), name=f"{n}_q")
+              for n in ("w_en", "w_bank", "w_set", "w_part", "w_base", "w_size")}
+        m.d.sync += [q.eq(getattr(self, n)) for n, q in wq.items()]
+        w_verdict = Cat(wq["w_size"] == 0, wq["w_base"] + wq["w_size"] > cfg.sp_bytes)
         for b in range(PT_BANKS):
             for s in range(cfg.pt_sets):
                 for p in range(cfg.partitions):
@@ -178,9 +187,10 @@ class PartitionTable(wiring.Component):
                     es = Signal(abits + 1, name=f"size_b{b}_s{s}_p{p}")
                     ev = Signal(2, name=f"verdict_b{b}_s{s}_p{p}", init=0b01)
                     base[b][s][p], size[b][s][p], verdict[b][s][p] = eb, es, ev
-                    with m.If(self.w_en & (self.w_bank == b) & (self.w_set == s)
-                              & (self.w_part == p)):
-                        m.d.sync += [eb.eq(self.w_base), es.eq(self.w_size), ev.eq(w_verdict)]
+                    with m.If(wq["w_en"] & (wq["w_bank"] == b) & (wq["w_set"] == s)
+                              & (wq["w_part"] == p)):
+                        m.d.sync += [eb.eq(wq["w_base"]), es.eq(wq["w_size"]),
+                                     ev.eq(w_verdict)]
 
         # The active table and its per-entry verdicts, shared by all checkers, held in
         # registers: they change only with ptsel, a swap or a write, never between a

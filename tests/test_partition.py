@@ -123,6 +123,7 @@ def test_random_tables_against_golden(name, seed, regress):
                             entry = (entry[0], 0)
                         await _write(ctx, dut, bank, pt_set, p, *entry)
                         golden.ptables[bank][pt_set][p] = entry
+            await ctx.tick()  # the checks take the last write a cycle after readback
             # CSR readback of every entry
             for bank in range(2):
                 for pt_set in range(config.pt_sets):
@@ -223,6 +224,27 @@ def test_double_buffer_and_reset(name):
     _run(dut, bench)
 
 
+def test_checks_take_a_write_a_cycle_after_readback():
+    """The documented write timing: readback at the write's edge, the checks' copy one
+    edge later, then the active table, then the lookup."""
+    config = CONFIGS["small"]
+    dut = PartitionTable(config, checks=1)
+    chk = dut.checks[0]
+
+    async def bench(ctx):
+        ctx.set(chk.p, 2)
+        ctx.set(chk.nbytes, 1)
+        await _write(ctx, dut, 0, 0, 2, 0x80, 0x10)
+        ctx.set(dut.r_part, 2)
+        assert (ctx.get(dut.r_base), ctx.get(dut.r_size)) == (0x80, 0x10)
+        await ctx.tick().repeat(2)  # the copy, then the active table: lookup still old
+        assert ctx.get(chk.error) == ErrorCode.PARTITION_BOUNDS
+        await ctx.tick()
+        assert (ctx.get(chk.error), ctx.get(chk.addr)) == (ErrorCode.NONE, 0x80)
+
+    _run(dut, bench)
+
+
 def test_reset_clears_readback():
     """The readback memory keeps its contents through a reset; the entries must not."""
     config = CONFIGS["default"]
@@ -237,7 +259,8 @@ def test_reset_clears_readback():
         assert (ctx.get(dut.r_base), ctx.get(dut.r_size)) == (0x40, 0x20)
         ctx.set(chk.p, 3)
         ctx.set(chk.nbytes, 1)
-        await ctx.tick().repeat(2)
+        # the checks' copy of the entry, the active table, then the lookup
+        await ctx.tick().repeat(3)
         assert ctx.get(chk.error) == ErrorCode.NONE
         ctx.set(rst, 1)
         await ctx.tick()
