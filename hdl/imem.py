@@ -55,7 +55,7 @@ class InstructionMemory(wiring.Component):
             wr.en.eq(self.w_en & (self.w_index < depth)),
             wr.addr.eq(Cat(self.w_index[:ibits], self.w_bank)),
             wr.data.word.eq(self.w_data),
-            wr.data.pre.eq(predecode(m, self.w_data)),
+            wr.data.pre.eq(predecode(m, self.w_data, self.config)),
             rd.en.eq(self.r_en),
             rd.addr.eq(Cat(self.r_index, self.r_bank)),
             self.r_data.eq(rd.data.word),

@@ -338,6 +338,7 @@ class Sequencer(wiring.Component):
         # Whether the fetched word is legal, latched with it (CHECK starts from a register).
         legal = Signal()
         legal_live = pre.legal
+        wbad = Signal()  # operands_bad(), latched with the word
         live_queue_op = pre.queue_op
         # Queue instructions take two more steps: their partition spans. A branch takes
         # one (SPANS): its condition, a 32-bit compare of two registers, is registered
@@ -394,7 +395,7 @@ class Sequencer(wiring.Component):
                     with m.If(opcode != OPC["vargmax"]):
                         m.d.comb += latch_word.eq(1)
                         m.d.sync += [word.eq(live), legal.eq(legal_live),
-                                     queue_op.eq(live_queue_op),
+                                     wbad.eq(pre.operands_bad), queue_op.eq(live_queue_op),
                                      stage.eq(Mux(reg_wait, 1 << OPERANDS, after_operands))]
                         m.d.sync += [sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, value))
                                      for sig, idx, value in zip(opnd, slot_idx, slot_val,
@@ -403,7 +404,8 @@ class Sequencer(wiring.Component):
                         m.d.sync += stage.eq(1 << OPERANDS)
                 with m.Elif(stage[OPERANDS]):
                     m.d.comb += latch_word.eq(1)
-                    m.d.sync += [word.eq(live), legal.eq(legal_live), queue_op.eq(live_queue_op),
+                    m.d.sync += [word.eq(live), legal.eq(legal_live), wbad.eq(pre.operands_bad),
+                                 queue_op.eq(live_queue_op),
                                  stage.eq(Mux(reg_wait, 1 << OPERANDS, after_operands))]
                     m.d.sync += [sig.eq(value) for sig, value in zip(opnd, slot_val, strict=True)]
                 with m.Elif(stage[SPANS]):
@@ -476,11 +478,27 @@ class Sequencer(wiring.Component):
         # multiplied out; in CHECK the table compares the span with the room left
         # after the offset.
         chk = self.chk
-        # The pooling window's extent, from the cfg registers as SPANS sees them (a
-        # cfg of the window fires before the next instruction's SPANS).
+        # The pooling window's extent, (count - 1) * stride, kept in a register that
+        # changes with its cfg registers (SPANS, right after a cfg's fire, reads it):
+        # a cfg's CHECK step multiplies out both candidates, the new count by the
+        # stride and the count by the new stride, and its fire keeps the one it sets.
         pool_extent = Signal(SPAN_BITS)
-        m.d.comb += pool_extent.eq((shadow_cfg[CfgField.POOL_COUNT] - 1)
-                                   * shadow_cfg[CfgField.POOL_STRIDE])
+        count_r, stride_r = shadow_cfg[CfgField.POOL_COUNT], shadow_cfg[CfgField.POOL_STRIDE]
+        cfg_fld, cfg_value = field(word, "cfg", "field"), field(word, "cfg", "value")
+        ext_new_count = Signal(SPAN_BITS)
+        ext_new_stride = Signal(SPAN_BITS)
+        with m.If(running & stage[CHECK]):
+            m.d.sync += [
+                ext_new_count.eq((cfg_value[:len(count_r)] - 1) * stride_r),
+                ext_new_stride.eq((count_r - 1) * cfg_value[:len(stride_r)]),
+            ]
+        with m.If(self.run_start):
+            m.d.sync += pool_extent.eq(0)  # the reset count is 1
+        with m.Elif(fire & (opcode == OPC["cfg"])):
+            with m.If(cfg_fld == CfgField.POOL_COUNT):
+                m.d.sync += pool_extent.eq(ext_new_count)
+            with m.Elif(cfg_fld == CfgField.POOL_STRIDE):
+                m.d.sync += pool_extent.eq(ext_new_stride)
         spans = [{"p": Signal.like(c.p, name=f"span{i}_p"),
                   "offset": Signal.like(c.offset, name=f"span{i}_offset"),
                   "a": Signal(13, name=f"span{i}_a", init=1),
@@ -617,7 +635,7 @@ class Sequencer(wiring.Component):
                 with m.If(spanning):
                     m.d.sync += [taken_q.eq(taken), leaves_q.eq(in_loop & ~inside),
                                  outside2_q.eq((loop_sp > 1) & ~inside2)]
-                fail(taken_q & (target >= depth), ErrorCode.PC_BOUNDS)
+                fail(taken_q & wbad, ErrorCode.PC_BOUNDS)  # the target is past the end
                 fail(taken_q & leaves_q & outside2_q, ErrorCode.LOOP)
                 with m.If(fire):
                     with m.If(taken_q):
@@ -628,7 +646,7 @@ class Sequencer(wiring.Component):
             with case("loop", "loopr"):
                 end = field(word, "loop", "end")
                 count = Mux(pc_loopi, field(word, "loop", "count"), R("loopr", "rs"))
-                fail(end >= depth + 1, ErrorCode.PC_BOUNDS)
+                fail(wbad, ErrorCode.PC_BOUNDS)  # the end is past the end
                 fail(end <= pc + 1, ErrorCode.LOOP)
                 fail(in_loop & (end >= loop_end[top]), ErrorCode.LOOP)
                 fail(loop_sp >= ld, ErrorCode.LOOP)
@@ -671,14 +689,14 @@ class Sequencer(wiring.Component):
                             m.d.comb += rec[3 + i].eq(meters_now[n] - reg_snap[n])
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
-                fail(s >= cfg.pt_sets, ErrorCode.BAD_OPERAND)
+                fail(wbad, ErrorCode.BAD_OPERAND)  # no such set
                 m.d.comb += needs["idle"].eq(1)
                 with m.If(fire):
                     do_advance()
                     m.d.sync += pt_set.eq(s)
             with case("tinv"):
                 slot = field(word, "tinv", "slot")
-                fail(slot > cfg.tag_slots, ErrorCode.BAD_OPERAND)
+                fail(wbad, ErrorCode.BAD_OPERAND)  # no such slot
                 m.d.comb += [needs["load_idle"].eq(1), self.tinv_slot.eq(slot)]
                 with m.If(fire):
                     do_advance()
@@ -694,7 +712,7 @@ class Sequencer(wiring.Component):
                     offset = (R(mn, "sp") + field(word, mn, "off"))[:32]
                     if mn == "load":
                         tag = field(word, "load", "tag")
-                        fail(tag > cfg.tag_slots, ErrorCode.BAD_OPERAND)
+                        fail(wbad, ErrorCode.BAD_OPERAND)  # no such slot
                         m.d.comb += [entry.slot.eq(tag), entry.part.eq(field(word, mn, "p"))]
                     e = check(0, field(word, mn, "p"), offset, rows, nb)
                     fail(e != 0, e, at=0)
@@ -716,7 +734,7 @@ class Sequencer(wiring.Component):
                     token_checks(mn, isa.Queue.COMPUTE)
                     self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
                                   w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending,
-                                  spanning, acc_over)
+                                  spanning, acc_over, wbad)
                     m.d.comb += [
                         entry_c.tokens.eq(toks),
                         needs["compute"].eq(1),
@@ -799,9 +817,10 @@ class Sequencer(wiring.Component):
 
     # ------------------------------------------------------------------------------------
     def _compute(self, m, mn, word, R, check, fail, eff, entry, pc, wk, wn, w_active,
-                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending, spanning, acc_over):
-        """Resolve and check one compute-queue instruction (golden order of checks)."""
-        cfg = self.config
+                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending, spanning, acc_over,
+                 wbad):
+        """Resolve and check one compute-queue instruction (golden order of checks).
+        ``wbad``: its operands_bad(), latched with the word."""
         arr, vec = entry.arr, entry.vec
         fieldof = lambda name: field(word, mn, name)  # noqa: E731
 
@@ -826,10 +845,7 @@ class Sequencer(wiring.Component):
         if mn == "cfg":
             fld = fieldof("field")
             value = fieldof("value")
-            # One term per field, ORed (a balanced tree, not a chain of muxes).
-            bad = Cat((fld == int(f)) & ((value < lo) | (value > hi))
-                      for f, (_, lo, hi) in isa.CFG_RANGE.items()).any()
-            fail(bad, ErrorCode.BAD_OPERAND)
+            fail(wbad, ErrorCode.BAD_OPERAND)  # the value is out of the field's range
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.CFG), vec.field.eq(fld),
                          vec.value.eq(value)]
             with m.If(fire):
@@ -838,7 +854,7 @@ class Sequencer(wiring.Component):
                         m.d.sync += [sig.eq(value), cfg_zero[f].eq(value == 0)]
         elif mn == "wload":
             k, n = fieldof("k"), fieldof("n")
-            fail((k > cfg.rows) | (n > cfg.cols), ErrorCode.BAD_OPERAND)
+            fail(wbad, ErrorCode.BAD_OPERAND)  # k or n larger than the array
             off = offset("sp")
             e = check(0, fieldof("p"), off, k, n)
             fail(e != 0, e, at=0)
@@ -865,7 +881,7 @@ class Sequencer(wiring.Component):
                 m.d.sync += w_active.eq(active)
         elif mn in ("vbias", "vreq"):
             mr, n = fieldof("m"), fieldof("n")
-            fail(n > cfg.cols, ErrorCode.BAD_OPERAND)
+            fail(wbad, ErrorCode.BAD_OPERAND)  # n larger than the array
             first = acc_check(mr)
             off = offset("sp")
             if mn == "vbias":
@@ -926,14 +942,45 @@ PREDECODE = data.StructLayout({
     "legal": unsigned(1),  # a legal encoding of this ISA version
     "queue_op": unsigned(1),  # dispatched to a queue: takes SPANS and PRODUCTS
     "spans": unsigned(1),  # takes SPANS (queue instructions and br)
+    "operands_bad": unsigned(1),  # operands out of this build's range (operands_bad())
 })
 """What the dispatch needs of an instruction word at once, decoded when the word is
 written into the instruction memory and stored beside it (:func:`predecode`). The
 all-zero word (never written) is illegal, and so is an all-zero predecode."""
 
 
-def predecode(m: Module, word) -> data.View:
-    """The :data:`PREDECODE` fields of the 64-bit ``word``, as logic in ``m``.
+def operands_bad(word, mn: str, config: NPUConfig):
+    """The faults of ``mn`` that its ``word`` alone decides, ORed: operands out of
+    ``config``'s range (BAD_OPERAND; PC_BOUNDS for a loop's end and a branch's
+    target, which a branch reports only when taken). None if it has none. Decoded
+    into the predecode, so CHECK reads a flag instead of comparing fields."""
+    def f(name):
+        return field(word, mn, name)
+    if mn == "ptsel":
+        return f("set") >= config.pt_sets
+    if mn == "tinv":
+        return f("slot") > config.tag_slots
+    if mn == "load":
+        return f("tag") > config.tag_slots
+    if mn == "cfg":
+        # One term per field, ORed (a balanced tree, not a chain of muxes).
+        fld, value = f("field"), f("value")
+        return Cat((fld == int(c)) & ((value < lo) | (value > hi))
+                   for c, (_, lo, hi) in isa.CFG_RANGE.items()).any()
+    if mn == "wload":
+        return (f("k") > config.rows) | (f("n") > config.cols)
+    if mn in ("vbias", "vreq"):
+        return f("n") > config.cols
+    if mn in ("loop", "loopr"):
+        return f("end") >= config.imem_depth + 1
+    if mn == "br":
+        return f("target") >= config.imem_depth
+    return None
+
+
+def predecode(m: Module, word, config: NPUConfig) -> data.View:
+    """The :data:`PREDECODE` fields of the 64-bit ``word`` for the NPU build
+    ``config``, as logic in ``m``.
 
     The instruction memory computes them on its write port, from the CSR block's
     registers; fetched, they save the dispatch the decode of the word (the ECP5
@@ -953,6 +1000,9 @@ def predecode(m: Module, word) -> data.View:
                         m.d.comb += pre.slots[k].eq(word[lo:lo + bits])
                 m.d.comb += [pre.queue_op.eq(mn in QUEUE_OPS),
                              pre.spans.eq(mn in QUEUE_OPS or mn == "br")]
+                bad = operands_bad(word, mn, config)
+                if bad is not None:
+                    m.d.comb += pre.operands_bad.eq(bad)
     m.d.comb += pre.legal.eq(_legal(m, word))
     return pre
 

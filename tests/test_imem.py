@@ -15,12 +15,34 @@ from hdl.sequencer import QUEUE_OPS, SLOT_OF
 DEC = isa.decoder_constants()
 
 
-def _expected(word: int) -> dict:
+def _operands_bad(mn: str, f: dict, cfg) -> bool:
+    """The operand-range faults the ISA defines for one instruction (docs/isa.md),
+    from its raw field values ``f`` (count fields hold the count - 1)."""
+    if mn == "cfg":
+        rng = isa.CFG_RANGE.get(f["field"])
+        value = f["value"] - (1 << 32) if f["value"] >> 31 else f["value"]
+        return rng is not None and not rng[1] <= value <= rng[2]
+    return {
+        "ptsel": lambda: f["set"] >= cfg.pt_sets,
+        "tinv": lambda: f["slot"] > cfg.tag_slots,
+        "load": lambda: f["tag"] > cfg.tag_slots,
+        "wload": lambda: f["k"] + 1 > cfg.rows or f["n"] + 1 > cfg.cols,
+        "vbias": lambda: f["n"] + 1 > cfg.cols,
+        "vreq": lambda: f["n"] + 1 > cfg.cols,
+        "loop": lambda: f["end"] > cfg.imem_depth,
+        "loopr": lambda: f["end"] > cfg.imem_depth,
+        "br": lambda: f["target"] >= cfg.imem_depth,
+    }.get(mn, lambda: False)()
+
+
+def _expected(word: int, cfg) -> dict:
     """What the dispatch must see of ``word``: the registers r1..r15 its opcode's
-    register fields name, the register of each read slot, legality, the steps it takes."""
+    register fields name, the register of each read slot, legality, the steps it
+    takes, whether its operands are out of ``cfg``'s range."""
     opcode = (word >> isa.OPCODE_LO) & ((1 << isa.OPCODE_BITS) - 1)
     mn = next((m for m, c in DEC["opcodes"].items() if c == opcode), None)
-    out = {"uses": 0, "slots": [0] * (1 + max(SLOT_OF.values())), "queue_op": 0, "spans": 0}
+    out = {"uses": 0, "slots": [0] * (1 + max(SLOT_OF.values())), "queue_op": 0, "spans": 0,
+           "operands_bad": 0}
     try:
         isa.decode(word)
         out["legal"] = 1
@@ -28,8 +50,9 @@ def _expected(word: int) -> dict:
         out["legal"] = 0
     if mn is None:
         return out
+    raw = {}
     for name, (lo, bits, kind) in DEC["fields"][mn].items():
-        value = (word >> lo) & ((1 << bits) - 1)
+        value = raw[name] = (word >> lo) & ((1 << bits) - 1)
         if kind == "reg":
             out["uses"] |= 1 << value
         if (mn, name) in SLOT_OF:
@@ -37,6 +60,32 @@ def _expected(word: int) -> dict:
     out["uses"] >>= 1  # r1..r15: r0 is never pending
     out["queue_op"] = int(mn in QUEUE_OPS)
     out["spans"] = int(mn in QUEUE_OPS or mn == "br")
+    out["operands_bad"] = int(_operands_bad(mn, raw, cfg))
+    return out
+
+
+def _boundary_words(cfg) -> list[int]:
+    """Words with an operand just inside and just outside ``cfg``'s range, per rule."""
+    def word(mn, **fields):
+        spec = isa.BY_MNEMONIC[mn]
+        w = (spec.opcode << isa.OPCODE_LO) | (isa.ISA_VERSION << isa.VERSION_LO)
+        for name, value in fields.items():
+            lo, bits, _ = DEC["fields"][mn][name]
+            w |= (value & ((1 << bits) - 1)) << lo
+        return w
+    out = []
+    for edge in (0, 1):  # in range, then one past it (count fields hold count - 1)
+        out += [word("ptsel", set=cfg.pt_sets - 1 + edge),
+                word("tinv", slot=cfg.tag_slots + edge),
+                word("load", tag=cfg.tag_slots + edge),
+                word("wload", k=cfg.rows - 1 + edge), word("wload", n=cfg.cols - 1 + edge),
+                word("vbias", n=cfg.cols - 1 + edge), word("vreq", n=cfg.cols - 1 + edge),
+                word("loop", end=cfg.imem_depth + edge),
+                word("loopr", end=cfg.imem_depth + edge),
+                word("br", target=cfg.imem_depth - 1 + edge)]
+        for fld, (_, lo, hi) in isa.CFG_RANGE.items():
+            out += [word("cfg", field=int(fld), value=lo - edge),
+                    word("cfg", field=int(fld), value=hi + edge)]
     return out
 
 
@@ -63,9 +112,12 @@ def test_predecode_matches_the_isa_decoder(seed):
     cfg = CONFIGS["small"]
     rng = random.Random(seed)
     dut = InstructionMemory(cfg)
-    words = _words(rng, cfg.imem_depth - 1)
-    legal = sum(_expected(w)["legal"] for w in words)
+    edges = _boundary_words(cfg)
+    words = edges + _words(rng, cfg.imem_depth - 1 - len(edges))
+    legal = sum(_expected(w, cfg)["legal"] for w in words)
     assert legal > len(words) // 3 and legal < len(words)  # both kinds are exercised
+    bad = sum(_expected(w, cfg)["operands_bad"] for w in words)
+    assert len(words) // 20 < bad < len(words) // 2  # so are operands in and out of range
 
     async def bench(ctx):
         for i, word in enumerate(words):
@@ -82,10 +134,11 @@ def test_predecode_matches_the_isa_decoder(seed):
             ctx.set(dut.r_index, i)
             await ctx.tick()
             assert ctx.get(dut.r_data) == word
-            want = _expected(word)
+            want = _expected(word, cfg)
             got = {"uses": ctx.get(dut.r_pre.uses), "legal": ctx.get(dut.r_pre.legal),
                    "slots": [ctx.get(dut.r_pre.slots[k]) for k in range(len(want["slots"]))],
-                   "queue_op": ctx.get(dut.r_pre.queue_op), "spans": ctx.get(dut.r_pre.spans)}
+                   "queue_op": ctx.get(dut.r_pre.queue_op), "spans": ctx.get(dut.r_pre.spans),
+                   "operands_bad": ctx.get(dut.r_pre.operands_bad)}
             assert got == want, f"seed {seed}, word {i} {word:#018x}: {got} != {want}"
 
     sim = Simulator(dut)

@@ -235,6 +235,12 @@ ERROR_CASES = [
     ("bad_cfg_qshift", "cfg.qshift 64\nend"),
     ("bad_tinv_slot", "nop\ntinv 63\nend"),
     ("bad_ptsel", "ptsel 3\nend"),
+    ("bad_wload_n", "nop\nwload p0, r0, 1, 9\nend"),
+    ("bad_load_tag", "load p0, r0, r0, r0, 1, 1, tag=63\nend"),
+    ("bad_vreq_n", "nop\nvreq p0, r0, r0, 1, 9\nend"),
+    ("pc_bounds_loop", "loopr r1, 5000\nnop\nend"),
+    # an untaken branch may name any target: the fault is the ptsel after it
+    ("untaken_branch_past_the_end", "li r1, 1\nbr.eq r0, r1, 5000\nptsel 3\nend"),
     ("gemm_without_weights", "gemm.overwrite p0, r0, r0, 1\nend"),
     ("partition_bounds", "li r1, 1000\nload p0, r1, r0, r0, 1, 100\nend"),
     ("partition_disabled", "load p7, r0, r0, r0, 1, 1\nend"),
