@@ -562,6 +562,7 @@ def test_parse_nextpnr_report_and_log():
     from hdl.boards.synth import parse_nextpnr_log, parse_nextpnr_report
 
     rep = parse_nextpnr_report(NEXTPNR_REPORT)
+    assert parse_nextpnr_report(json.loads(NEXTPNR_REPORT)) == rep  # text or parsed
     assert rep["fmax"]["pll_clk"] == (21.5, 24.0)
     assert rep["utilization"]["ICESTORM_LC"] == (4321, 5280)
     assert rep["utilization"]["ICESTORM_SPRAM"] == (2, 4)

@@ -105,10 +105,10 @@ class SynthError(RuntimeError):
 
 # ---- parsers ------------------------------------------------------------------------------
 
-def parse_nextpnr_report(text: str) -> dict:
-    """Read nextpnr's ``--report`` JSON: ``{"fmax": {clock: (achieved, target) MHz},
-    "utilization": {bel type: (used, available)}}``."""
-    data = json.loads(text)
+def parse_nextpnr_report(report: str | dict) -> dict:
+    """Read nextpnr's ``--report`` JSON (its text, or the parsed object): ``{"fmax":
+    {clock: (achieved, target) MHz}, "utilization": {bel type: (used, available)}}``."""
+    data = json.loads(report) if isinstance(report, str) else report
     fmax = {clk: (float(v["achieved"]), float(v["constraint"]))
             for clk, v in data.get("fmax", {}).items()}
     util = {kind: (int(v["used"]), int(v["available"]))
@@ -471,9 +471,9 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     log_text = log.read_text(errors="replace") if log.exists() else ""
     slow = None
     if report_json.exists():
-        pnr_json = report_json.read_text()
+        pnr_json = json.loads(report_json.read_text())  # 12 MB with the detailed timing
         pnr = parse_nextpnr_report(pnr_json)
-        slow = slowest_registers(json.loads(pnr_json))
+        slow = slowest_registers(pnr_json)
     else:
         pnr = parse_nextpnr_log(log_text)
     cells = parse_yosys_stat((build_dir / f"{name}.rpt").read_text(errors="replace"))
