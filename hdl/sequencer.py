@@ -760,9 +760,9 @@ class Sequencer(wiring.Component):
                 m.d.sync += regs[i].eq(Mux(rd_hit, self.rd_value, wb_value))
 
         # ---- faults (first listed wins), timeout, pc bounds, illegal ------------------------
-        chain_code = Signal(8)
+        chain_code = Signal(8)  # from the groups' registered outcomes (FIRE)
         chain_at = Signal(range(NUM_CHECKS + 1))  # 1 + the check that failed, or 0
-        chain = Signal()
+        chain = Signal()  # some group's fault (CHECK)
         # Each instruction's faults form a short priority chain; the opcode picks one
         # chain (a parallel select, not one chain through every instruction's faults).
         by_ops: dict = {}
@@ -770,7 +770,11 @@ class Sequencer(wiring.Component):
             by_ops.setdefault(ops, []).append((cond, code, at))
         # The opcode group is decoded from the fetched word and latched with it (one flag
         # per group, at most one set), so the selection is an AND-OR of the groups'
-        # chains rather than a decode of the word in CHECK.
+        # chains rather than a decode of the word in CHECK. CHECK registers whether
+        # the instruction faults and each group's own outcome (code, check); which
+        # fault it is, and its address, are selected from those registers in FIRE,
+        # where only the move to STOP reads them: through the selection and the code's
+        # priority into registers, the chains were a routed build's slowest paths.
         terms_hit, terms_code, terms_at = [], [], []
         for gi, (ops, items) in enumerate(by_ops.items()):
             grp = Signal(name=f"fault_group{gi}")
@@ -781,28 +785,33 @@ class Sequencer(wiring.Component):
             for cond, code, at in reversed(items):
                 with m.If(cond):
                     m.d.comb += [g_hit.eq(1), g_code.eq(code), g_at.eq(at)]
+            q_code, q_at = Signal.like(g_code, name=f"g{gi}_code_q"), \
+                Signal.like(g_at, name=f"g{gi}_at_q")
+            with m.If(resolving):
+                m.d.sync += [q_code.eq(g_code), q_at.eq(g_at)]
             terms_hit.append(grp & g_hit)
-            terms_code.append(Mux(grp, g_code, 0))
-            terms_at.append(Mux(grp, g_at, 0))
+            terms_code.append(Mux(grp, q_code, 0))
+            terms_at.append(Mux(grp, q_at, 0))
         m.d.comb += [chain.eq(Cat(terms_hit).any()),
                      chain_code.eq(functools.reduce(operator.or_, terms_code)),
                      chain_at.eq(functools.reduce(operator.or_, terms_at))]
         wait = ((needs_q["idle"] & ~idle_q) | (needs_q["load_idle"] & ~load_idle_q)
                 | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
                 | (needs_q["compute"] & ~self.compute.ready))
-        # CHECK registers the outcome; FIRE acts on it.
+        # CHECK registers whether it faults; FIRE acts on it, and selects which fault
+        # from registers (``pc`` and ``legal`` hold until the fire).
         pc_out = pc >= depth
         bad = Signal()
         bad_code = Signal(8)
         bad_at = Signal.like(chain_at)  # the check whose offset the fault reports, + 1
         with m.If(resolving):
-            m.d.sync += [
-                bad.eq(pc_out | ~legal | chain),
-                bad_code.eq(Mux(pc_out, ErrorCode.PC_BOUNDS,
-                                Mux(~legal, ErrorCode.ILLEGAL_INSTRUCTION, chain_code))),
-                bad_at.eq(Mux(pc_out | ~legal | (chain_code != ErrorCode.PARTITION_BOUNDS),
-                              0, chain_at)),
-            ]
+            m.d.sync += bad.eq(pc_out | ~legal | chain)
+        m.d.comb += [
+            bad_code.eq(Mux(pc_out, ErrorCode.PC_BOUNDS,
+                            Mux(~legal, ErrorCode.ILLEGAL_INSTRUCTION, chain_code))),
+            bad_at.eq(Mux(pc_out | ~legal | (chain_code != ErrorCode.PARTITION_BOUNDS),
+                          0, chain_at)),
+        ]
         with m.If(running):
             with m.If(timeout):
                 m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.TIMEOUT)]
