@@ -255,6 +255,8 @@ ERROR_CASES = [
     # the pooling window set by the cfg just before: 254 * 8 + 8 bytes leave p0
     ("pool_window_bounds",
      "cfg.pool_stride 8\ncfg.pool_count 255\nvmax p2, r0, p0, r0, 1, 8\nend"),
+    ("pool_window_bounds_stride_last",
+     "cfg.pool_count 255\ncfg.pool_stride 8\nvmax p2, r0, p0, r0, 1, 8\nend"),
     ("region_mismatch", "region.begin 1\nregion.end 2\nend"),
     ("region_open_at_end", "region.begin 1\nend"),
     ("run_off_the_end", "nop\nnop"),
