@@ -1098,8 +1098,6 @@ def test_endpoints_rank_registers_by_their_slowest_input():
 
 
 def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
-    import json
-
     from hdl.boards.endpoints import main
     from hdl.boards.synth import render_markdown, slowest_registers
 

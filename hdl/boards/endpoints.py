@@ -26,6 +26,7 @@ beside the report.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from .congestion import block_of
 
-__all__ = ["Endpoint", "slowest", "render_markdown"]
+__all__ = ["Endpoint", "slowest", "render_markdown", "register_table"]
 
 REPORT = "nextpnr-report.json"
 _FF_SUFFIX = re.compile(r"_TRELLIS_FF_Q(_\d+)?$")
@@ -106,12 +107,21 @@ def render_markdown(endpoints: list[Endpoint], period_ns: float | None, limit: i
         out += [f"| {b} | {len(a)} | {max(a):.2f} |" for b, a in
                 sorted(by_block.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         out.append("")
-    out += ["| arrival (ns) | register | block | pin | late inputs | net |",
-           "|---:|---|---|---|---:|---|"]
-    for e in endpoints[:limit]:
-        out.append(f"| {e.arrival_ns:.2f} | `{e.register}` | {e.block} | {e.pin} | "
-                   f"{e.late}/{e.inputs} | `{e.net}` |")
+    out += register_table([dataclasses.asdict(e) for e in endpoints[:limit]])
     return "\n".join(out) + "\n"
+
+
+def register_table(rows: list[dict], net: bool = True) -> list[str]:
+    """Markdown lines of a table of :class:`Endpoint` fields (``dataclasses.asdict``
+    rows, as the synth report stores them); ``net``: with the feeding net's column."""
+    head = "| arrival (ns) | register | block | pin | late inputs |"
+    rule = "|---:|---|---|---|---:|"
+    out = [head + " net |" if net else head, rule + "---|" if net else rule]
+    for e in rows:
+        line = (f"| {e['arrival_ns']:.2f} | `{e['register']}` | {e['block']} | {e['pin']} | "
+                f"{e['late']}/{e['inputs']} |")
+        out.append(line + f" `{e['net']}` |" if net else line)
+    return out
 
 
 def period_of(report: dict) -> float | None:

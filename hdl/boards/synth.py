@@ -30,6 +30,8 @@ from pathlib import Path
 
 from firmware.config import CONFIGS, NPUConfig
 
+from .endpoints import period_of, register_table, slowest
+
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
            "summarize", "render_markdown", "timing_lines", "nextpnr_options", "PLACERS",
@@ -330,11 +332,8 @@ def render_markdown(report: dict) -> str:
     if r.get("slowest_registers"):
         out += ["", "## Slowest registers (routed)", "",
                 "Arrival after the clock edge, routing included, setup not; "
-                "`python -m hdl.boards.endpoints` lists more.", "",
-                "| arrival (ns) | register | block | pin | late inputs |",
-                "|---:|---|---|---|---:|"]
-        out += [f"| {e['arrival_ns']:.2f} | `{e['register']}` | {e['block']} | {e['pin']} | "
-                f"{e['late']}/{e['inputs']} |" for e in r["slowest_registers"]]
+                "`python -m hdl.boards.endpoints` lists more.", ""]
+        out += register_table(r["slowest_registers"], net=False)
     out += ["", "## Utilization", "", "| resource | used | available | % |", "|---|---:|---:|---:|"]
     for name, v in r["utilization"].items():
         pct = f"{100 * v['used'] / v['available']:.1f}" if v["available"] else "-"
@@ -492,8 +491,6 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
 def slowest_registers(pnr_report: dict, limit: int = 10) -> list[dict] | None:
     """The ``limit`` slowest registers of a routed build (:mod:`hdl.boards.endpoints`),
     or None when nextpnr's report has no detailed timing."""
-    from .endpoints import period_of, slowest
-
     if "detailed_net_timings" not in pnr_report:
         return None
     return [dataclasses.asdict(e) for e in
