@@ -58,18 +58,19 @@ class CostModel:
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
     # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
     load_latency: int = 9  # start to the first beat in the scratchpad (after the R and write FIFOs)
-    store_latency: int = 11  # start to the write response, less the beats
+    store_latency: int = 12  # start to the write response, less the beats
     dma_gap: int = 1  # the next load (store) and a load's (store's) token come this much later
     tag_hit: int = 1  # a load whose tag hits ends this long after its start...
     tag_check: int = 3  # ... and the load queue starts its next instruction this long after
-    vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
-    vadd_latency: int = 15  # ... for vadd (two source reads)
-    vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
-    vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
+    vector_latency: int = 15  # fill and drain of the vector pipeline (1 element: 16 cycles)
+    vadd_latency: int = 16  # ... for vadd (two source reads)
+    vbias_latency: int = 11  # ... for vbias (accumulators to accumulators, no scratchpad write)
+    vargmax_latency: int = 9  # ... for vargmax (a reduction into a register)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
-    wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this cycles
+    wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this + sp_read - 1
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
+    sp_read: int = 2  # a scratchpad read's grant to its data (hdl.ports.SP_READ_LATENCY)
     gemm_intake: int = 2  # an idle array starts a gemm this long after its queue could
     array_exit: int = 2  # a gemm's rows leave the array this long before its results are in
     cfg: int = 1
@@ -664,6 +665,7 @@ class _Timeline:
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
         self.wload_done = 0
+        self.wload_issued = 0  # when the latest wload's reads are out (a swap gemm may go)
         self.last_compute = ""  # the compute queue's last instruction
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
@@ -715,10 +717,10 @@ class _Timeline:
         if m == "gemm":
             start = max(start, self._ready + c.gemm_intake)
             if ins.ops["swap"]:
-                start = max(start, self.wload_done)
+                start = max(start, self.wload_issued)
                 self.front ^= 1
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
-                                      + c.array_stages - 2)
+                                      + c.array_stages + c.sp_read - 3)
         elif m == "wload":
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken
@@ -745,6 +747,9 @@ class _Timeline:
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
         elif m == "wload":
             self.wload_done = end
+            # Its rows are written as their reads' data arrives; a gemm row read from
+            # the same cycle on meets them in time.
+            self.wload_issued = end - (c.sp_read - 1)
         elif m == "vargmax":
             self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
@@ -766,7 +771,8 @@ class _Timeline:
             self.bank_free[self.front] = self.gemm_end - c.array_exit
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
         start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
-        return start, k + (0 if stealing else c.wload_latency)
+        # Its rows are in the shadow buffer when the last read's data has come.
+        return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
 
     def finish(self) -> int:
         return max(self.now, *self.done.values())
