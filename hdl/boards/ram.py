@@ -98,11 +98,20 @@ class DualPortRam(wiring.Component):
             m.submodules.mem = mem = Memory(shape=w * 8, depth=self.depth, init=[])
             rd = mem.read_port()
             wr = mem.write_port(granularity=8)
+            # The block RAMs read every cycle and a register holds the last word read:
+            # the read enable, decided by the arbitration and the bus handshakes, would
+            # otherwise reach the clock enable of every block RAM (64 on the ULX3S), a
+            # routed board build's critical path.
+            ren_q = Signal(name="mem_ren_q")
+            held = Signal(w * 8, name="mem_rdata_held")
+            rdata = Signal(w * 8, name="mem_rdata")
+            m.d.sync += [ren_q.eq(ren), held.eq(rdata)]
             m.d.comb += [
-                rd.en.eq(ren), rd.addr.eq(addr),
+                rd.addr.eq(addr),
+                rdata.eq(Mux(ren_q, rd.data, held)),
                 wr.en.eq(wen), wr.addr.eq(addr), wr.data.eq(wdata),
             ]
-            return rd.data
+            return rdata
         return self._spram(m, addr, ren, wen, wdata)
 
     def _spram(self, m, addr, ren, wen, wdata):
