@@ -373,8 +373,8 @@ class VectorUnit(wiring.Component):
             tag_layout, delayed(m, tag_now.as_value(), SP_READ_LATENCY, "a_inflight_tag")[-1])
         # Accumulator rows are read in a cycle: registered once more to arrive with the
         # scratchpad's windows (SP_READ_LATENCY 2).
-        acc_rdata = delayed(m, self.acc.rdata, SP_READ_LATENCY - 1, "acc_rdata")
-        acc_rdata = acc_rdata[-1] if acc_rdata else self.acc.rdata
+        acc_rdata = [self.acc.rdata,
+                     *delayed(m, self.acc.rdata, SP_READ_LATENCY - 1, "acc_rdata")][-1]
         with m.If(a_granted):
             with m.If((op == VectorOp.BIAS) & ~a_on_acc & wa.final):
                 wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
