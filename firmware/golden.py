@@ -67,7 +67,7 @@ class CostModel:
     vbias_latency: int = 11  # ... for vbias (accumulators to accumulators, no scratchpad write)
     vargmax_latency: int = 9  # ... for vargmax (a reduction into a register)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
-    wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this + sp_read - 1
+    wload_latency: int = 1  # a wload of k rows is done k + this cycles after its start
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
     sp_read: int = 2  # a scratchpad read's grant to its data (hdl.ports.SP_READ_LATENCY)
@@ -665,7 +665,6 @@ class _Timeline:
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
         self.wload_done = 0
-        self.wload_issued = 0  # when the latest wload's reads are out (a swap gemm may go)
         self.last_compute = ""  # the compute queue's last instruction
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
@@ -717,7 +716,7 @@ class _Timeline:
         if m == "gemm":
             start = max(start, self._ready + c.gemm_intake)
             if ins.ops["swap"]:
-                start = max(start, self.wload_issued)
+                start = max(start, self.wload_done)
                 self.front ^= 1
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
                                       + c.array_stages + c.sp_read - 3)
@@ -747,9 +746,6 @@ class _Timeline:
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
         elif m == "wload":
             self.wload_done = end
-            # Its rows are written as their reads' data arrives; a gemm row read from
-            # the same cycle on meets them in time.
-            self.wload_issued = end - (c.sp_read - 1)
         elif m == "vargmax":
             self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
@@ -771,8 +767,7 @@ class _Timeline:
             self.bank_free[self.front] = self.gemm_end - c.array_exit
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
         start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
-        # Its rows are in the shadow buffer when the last read's data has come.
-        return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
+        return start, k + (0 if stealing else c.wload_latency)
 
     def finish(self) -> int:
         return max(self.now, *self.done.values())

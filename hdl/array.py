@@ -201,7 +201,6 @@ class GemmEngine(wiring.Component):
         wl_n = Signal(range(C + 1))
         wl_addr = Signal(A)
         wl_left = Signal(range(R + 1))  # rows still to request
-        wl_row = Signal(range(R + 1))  # next row to be written by a response
 
         # ---- gemm streamer state: one gemm issuing rows (cur) and one queued (nxt) -----
         nxt_valid = Signal()
@@ -257,8 +256,11 @@ class GemmEngine(wiring.Component):
         wl_pending = Signal()  # reads still to be issued
         m.d.comb += [
             wl_start.eq(wl_busy & ~wl_started & bank_free(wl_bank)),
-            wl_done.eq(wl_busy & ((wl_start & (wl_k == 0))
-                                  | (wl_resp & (wl_row == wl_k - 1)))),
+            # Done the cycle after its last read is granted: the scratchpad has read
+            # the row by then (a later write cannot change it), and the rows still
+            # on their way carry their own bank and shape (``wl_ctx``), so the next
+            # wload may start while they are written.
+            wl_done.eq(wl_busy & ((wl_start & (wl_k == 0)) | wl_issued_q)),
             self.wload_done.eq(wl_done),
             wl_pending.eq(wl_busy & ~(wl_started & (wl_left == 0))),
         ]
@@ -272,7 +274,6 @@ class GemmEngine(wiring.Component):
                 wl_n.eq(p.n),
                 wl_addr.eq(p.sp),
                 wl_left.eq(p.k),
-                wl_row.eq(0),
             ]
         with m.If(take & ~is_wload):
             bank = Mux(p.swap, ~front, front)
@@ -334,21 +335,27 @@ class GemmEngine(wiring.Component):
             m.d.sync += wl_started.eq(1)
         with m.If(wl_fire):
             m.d.sync += [wl_addr.eq(wl_addr + wl_n), wl_left.eq(wl_left - 1)]
-        with m.If(wl_resp):
-            m.d.sync += wl_row.eq(wl_row + 1)
         with m.If(wl_done):
             m.d.sync += wl_busy.eq(0)
+        # What each weight row read needs when its data arrives: its row, bank and n.
+        ctx_layout = data.StructLayout({"row": range(R), "bank": 1, "n": range(C + 1)})
+        ctx_now = Signal(ctx_layout)
+        m.d.comb += [ctx_now.row.eq(wl_k - wl_left), ctx_now.bank.eq(wl_bank),
+                     ctx_now.n.eq(wl_n)]
+        wl_ctx = data.View(ctx_layout,
+                           delayed(m, ctx_now.as_value(), SP_READ_LATENCY, "wl_ctx")[-1])
         # Row r of the shadow bank: cleared at the start when r >= k, else written from
         # its response (columns >= n as zero), one cycle later. The two never fall in
-        # the same cycle.
+        # the same cycle (a start comes at least a cycle after the last response
+        # of the wload before).
         row_we = [Signal(name=f"w_row_we{r}") for r in range(R)]
         col_data = [Signal(signed(8), name=f"w_col{c}") for c in range(C)]
         w_bank = Signal()
-        m.d.sync += w_bank.eq(wl_bank)
+        m.d.sync += w_bank.eq(Mux(wl_resp, wl_ctx.bank, wl_bank))
         for r in range(R):
-            m.d.sync += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_row == r)))
+            m.d.sync += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_ctx.row == r)))
         for c in range(C):
-            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(c), 0))
+            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_ctx.n > c), lane(c), 0))
 
         # ---- gemm streamer --------------------------------------------------------------
         last_fire = gs_fire & (cur_rows == 1)
