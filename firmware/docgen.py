@@ -172,19 +172,16 @@ Parameters (`firmware.golden.CostModel`):
   and the memory's together, measured with the simulation's memory (cocotbext-axi
   `AxiRam`); a slower DRAM adds its own.
 * `wload k`: `k + wload_latency` cycles on the weight port, overlapping streaming
-  GEMMs (it is done once its reads are out; its rows are written as their data
-  arrives, which a `gemm` after it meets in time). A `wload` handed to the array
-  (`handoff` after its queue could start it) while a `gemm` still streams takes its
-  `k` reads from that `gemm`, which issues its last row `k` cycles late (its
-  results come `k + handoff` late); the wload is done `k` cycles after the `gemm`
-  would have issued its last row.
+  GEMMs. A `wload` handed to the array (`handoff` after its queue could start it)
+  while a `gemm` still streams takes its `k` reads from that `gemm`, which issues
+  its last row `k` cycles late (its results come `k + handoff` late); the rows are
+  in `k` cycles after the `gemm` would have issued its last row.
   A `wload` waits `handoff` after the `wload` before it, and until the rows of the
   GEMMs on the bank it fills (those before the last `swap`) have left the array,
   `array_exit` before their results are in.
 * `gemm m`: issues one row per cycle (`m` cycles), starting at the earliest
   `gemm_intake` after its queue could; results are ready after `m + rows + cols +
-  array_stages + sp_read - 3` (`sp_read`: a scratchpad read's data comes this long
-  after its grant). A `swap=1` GEMM waits for the last `wload`.
+  array_stages - 2`. A `swap=1` GEMM waits for the last `wload`.
 * Vector ops: `rows * ceil(n / cols) + vector_latency` cycles (`vadd_latency`,
   `vbias_latency`, `vargmax_latency` for those), starting `handoff` cycles after
   the GEMMs before them have finished. A dispatch that reads the register of an
@@ -198,7 +195,7 @@ Parameters (`firmware.golden.CostModel`):
   GEMMs in streams of tiles of 1 to 32 rows take exactly the model's cycles plus
   one (the start of a run). Where queues contend for the scratchpad or the DMA's bus
   waits on the memory, the model is an estimate; on the 256^3 GEMM kernel it is
-  within 2 cycles of the RTL's 282,366.
+  within 2 cycles of the RTL's 282,318.
 
 ## Default configuration
 

@@ -58,19 +58,18 @@ class CostModel:
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
     # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
     load_latency: int = 9  # start to the first beat in the scratchpad (after the R and write FIFOs)
-    store_latency: int = 12  # start to the write response, less the beats
+    store_latency: int = 11  # start to the write response, less the beats
     dma_gap: int = 1  # the next load (store) and a load's (store's) token come this much later
     tag_hit: int = 1  # a load whose tag hits ends this long after its start...
     tag_check: int = 3  # ... and the load queue starts its next instruction this long after
-    vector_latency: int = 15  # fill and drain of the vector pipeline (1 element: 16 cycles)
-    vadd_latency: int = 16  # ... for vadd (two source reads)
-    vbias_latency: int = 11  # ... for vbias (accumulators to accumulators, no scratchpad write)
-    vargmax_latency: int = 9  # ... for vargmax (a reduction into a register)
+    vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
+    vadd_latency: int = 15  # ... for vadd (two source reads)
+    vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
+    vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
-    wload_latency: int = 1  # a wload of k rows is done k + this cycles after its start
+    wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this cycles
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
-    sp_read: int = 2  # a scratchpad read's grant to its data (hdl.ports.SP_READ_LATENCY)
     gemm_intake: int = 2  # an idle array starts a gemm this long after its queue could
     array_exit: int = 2  # a gemm's rows leave the array this long before its results are in
     cfg: int = 1
@@ -719,7 +718,7 @@ class _Timeline:
                 start = max(start, self.wload_done)
                 self.front ^= 1
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
-                                      + c.array_stages + c.sp_read - 3)
+                                      + c.array_stages - 2)
         elif m == "wload":
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken

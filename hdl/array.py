@@ -15,14 +15,12 @@ from firmware.config import NPUConfig
 
 from .ports import (
     M_BITS,
-    SP_READ_LATENCY,
     STRIDE_BITS,
     ArrayOp,
     acc_addr_bits,
     acc_port_signature,
     array_command_layout,
     command_stream,
-    delayed,
     sp_addr_bits,
     sp_window_signature,
 )
@@ -161,7 +159,7 @@ class GemmEngine(wiring.Component):
         if not isinstance(config, NPUConfig):
             raise TypeError(f"config must be an NPUConfig, not {config!r}")
         self.config = config
-        self.latency = config.rows + config.cols + PE_STAGES - 2 + SP_READ_LATENCY
+        self.latency = config.rows + config.cols + PE_STAGES - 1
         super().__init__({
             "cmd": In(command_stream(array_command_layout(config))),
             "sp": Out(sp_window_signature(config)),
@@ -190,7 +188,7 @@ class GemmEngine(wiring.Component):
         # `front` is the bank the most recently accepted gemm uses; a wload fills the other.
         front = Signal()
         # Cycles until no issued row can still read bank b (set when a row is granted).
-        drain_len = R + C + SP_READ_LATENCY - 1
+        drain_len = R + C
         drain = [Signal(range(drain_len + 1), name=f"drain{b}") for b in range(2)]
 
         # ---- weight loader state ----------------------------------------------------------
@@ -201,6 +199,7 @@ class GemmEngine(wiring.Component):
         wl_n = Signal(range(C + 1))
         wl_addr = Signal(A)
         wl_left = Signal(range(R + 1))  # rows still to request
+        wl_row = Signal(range(R + 1))  # next row to be written by a response
 
         # ---- gemm streamer state: one gemm issuing rows (cur) and one queued (nxt) -----
         nxt_valid = Signal()
@@ -244,11 +243,10 @@ class GemmEngine(wiring.Component):
         wl_done = Signal()
         # The loader's last read is granted (``wl_issued``). A swap gemm may start
         # streaming in the cycle after ``wl_released``: its rows reach weight row r no
-        # earlier than that row is written. Rows are written a cycle after their data
-        # arrives (the write enables fan out to every cell: registered), a cycle after a
-        # gemm row read at the same time reaches the array, which the skew hides when
-        # k >= 2; a single row is read by the gemm's first activation at once, so a
-        # one-row wload releases one cycle after its read.
+        # earlier than that row is written. Rows are written two cycles after their
+        # read is granted (the write enables fan out to every cell: registered), which
+        # the skew hides when k >= 2; a single row is read by the gemm's first
+        # activation at once, so a one-row wload releases one cycle after its read.
         wl_issued = Signal()
         wl_issued_q = Signal()
         wl_released = Signal()
@@ -256,11 +254,8 @@ class GemmEngine(wiring.Component):
         wl_pending = Signal()  # reads still to be issued
         m.d.comb += [
             wl_start.eq(wl_busy & ~wl_started & bank_free(wl_bank)),
-            # Done the cycle after its last read is granted: the scratchpad has read
-            # the row by then (a later write cannot change it), and the rows still
-            # on their way carry their own bank and shape (``wl_ctx``), so the next
-            # wload may start while they are written.
-            wl_done.eq(wl_busy & ((wl_start & (wl_k == 0)) | wl_issued_q)),
+            wl_done.eq(wl_busy & ((wl_start & (wl_k == 0))
+                                  | (wl_resp & (wl_row == wl_k - 1)))),
             self.wload_done.eq(wl_done),
             wl_pending.eq(wl_busy & ~(wl_started & (wl_left == 0))),
         ]
@@ -274,6 +269,7 @@ class GemmEngine(wiring.Component):
                 wl_n.eq(p.n),
                 wl_addr.eq(p.sp),
                 wl_left.eq(p.k),
+                wl_row.eq(0),
             ]
         with m.If(take & ~is_wload):
             bank = Mux(p.swap, ~front, front)
@@ -325,8 +321,9 @@ class GemmEngine(wiring.Component):
         m.d.sync += [held.eq(sp.valid & ~sp.ready), held_wl.eq(sel_wl),
                      wl_issued_q.eq(wl_issued)]
 
-        resp_wl = delayed(m, wl_fire, SP_READ_LATENCY, "resp_wl")[-1]
-        resp_gs = delayed(m, gs_fire, SP_READ_LATENCY, "resp_gs")[-1]
+        resp_wl = Signal()
+        resp_gs = Signal()
+        m.d.sync += [resp_wl.eq(wl_fire), resp_gs.eq(gs_fire)]
         gs_resp = Signal()
         m.d.comb += [wl_resp.eq(sp.rvalid & resp_wl), gs_resp.eq(sp.rvalid & resp_gs)]
 
@@ -335,49 +332,44 @@ class GemmEngine(wiring.Component):
             m.d.sync += wl_started.eq(1)
         with m.If(wl_fire):
             m.d.sync += [wl_addr.eq(wl_addr + wl_n), wl_left.eq(wl_left - 1)]
+        with m.If(wl_resp):
+            m.d.sync += wl_row.eq(wl_row + 1)
         with m.If(wl_done):
             m.d.sync += wl_busy.eq(0)
-        # What each weight row read needs when its data arrives: its row, bank and n.
-        ctx_layout = data.StructLayout({"row": range(R), "bank": 1, "n": range(C + 1)})
-        ctx_now = Signal(ctx_layout)
-        m.d.comb += [ctx_now.row.eq(wl_k - wl_left), ctx_now.bank.eq(wl_bank),
-                     ctx_now.n.eq(wl_n)]
-        wl_ctx = data.View(ctx_layout,
-                           delayed(m, ctx_now.as_value(), SP_READ_LATENCY, "wl_ctx")[-1])
         # Row r of the shadow bank: cleared at the start when r >= k, else written from
         # its response (columns >= n as zero), one cycle later. The two never fall in
-        # the same cycle (a start comes at least a cycle after the last response
-        # of the wload before).
+        # the same cycle.
         row_we = [Signal(name=f"w_row_we{r}") for r in range(R)]
         col_data = [Signal(signed(8), name=f"w_col{c}") for c in range(C)]
         w_bank = Signal()
-        m.d.sync += w_bank.eq(Mux(wl_resp, wl_ctx.bank, wl_bank))
+        m.d.sync += w_bank.eq(wl_bank)
         for r in range(R):
-            m.d.sync += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_ctx.row == r)))
+            m.d.sync += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_row == r)))
         for c in range(C):
-            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_ctx.n > c), lane(c), 0))
+            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(c), 0))
 
         # ---- gemm streamer --------------------------------------------------------------
         last_fire = gs_fire & (cur_rows == 1)
         m.d.comb += promote.eq(nxt_valid & ~(nxt_wait & ~wl_released)
                                & (~cur_busy | last_fire))
-        # What a granted row needs when its response arrives, kept alongside its read.
-        row_layout = data.StructLayout({
-            "acc": AB, "accum": 1, "n": range(C + 1), "kn": range(R * C + 1),
-            "bank": 1, "last": 1})
-        row_now = Signal(row_layout)
-        m.d.comb += [row_now.acc.eq(cur_acc), row_now.accum.eq(cur_accum),
-                     row_now.n.eq(cur_n), row_now.kn.eq(cur_kn), row_now.bank.eq(cur_bank),
-                     row_now.last.eq(cur_rows == 1)]
-        row_resp = data.View(row_layout,
-                             delayed(m, row_now.as_value(), SP_READ_LATENCY, "row")[-1])
-        r_acc, r_accum, r_n, r_kn = row_resp.acc, row_resp.accum, row_resp.n, row_resp.kn
-        r_bank, r_last = row_resp.bank, row_resp.last
+        r_acc = Signal(AB)
+        r_accum = Signal()
+        r_n = Signal(range(C + 1))
+        r_kn = Signal(range(R * C + 1))
+        r_bank = Signal()
+        r_last = Signal()
         with m.If(gs_fire):
             m.d.sync += [
                 cur_rows.eq(cur_rows - 1),
                 cur_addr.eq(cur_addr + cur_stride),
                 cur_acc.eq(cur_acc + 1),
+                # The response arrives next cycle: keep what the row needs with it.
+                r_acc.eq(cur_acc),
+                r_accum.eq(cur_accum),
+                r_n.eq(cur_n),
+                r_kn.eq(cur_kn),
+                r_bank.eq(cur_bank),
+                r_last.eq(cur_rows == 1),
             ]
         with m.If(promote & ~(take & ~is_wload)):
             m.d.sync += nxt_valid.eq(0)

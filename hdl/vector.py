@@ -20,13 +20,11 @@ from firmware.isa import CFG_RESET, CfgField
 from .ports import (
     M_BITS,
     N_BITS,
-    SP_READ_LATENCY,
     STRIDE_BITS,
     VectorOp,
     acc_addr_bits,
     acc_port_signature,
     command_stream,
-    delayed,
     sp_addr_bits,
     sp_window_signature,
     sp_word_bytes,
@@ -56,13 +54,11 @@ CFG_SHAPES = {
 
 # Read responses are buffered in queues. A read is only issued when its response
 # is sure to find room (queued + in flight < depth), because responses cannot be
-# refused. Three entries and the reads in flight sustain one read per cycle; the
-# scratchpad queues are deeper so that one of the two ADD sources can run up to
-# three windows ahead of the other, off the banks the other one needs. Accumulator
-# rows are registered once more on their way in, so that both of reader A's
-# sources answer SP_READ_LATENCY cycles after the read and in order.
-_ACC_QUEUE_DEPTH = 3 + SP_READ_LATENCY
-_SP_QUEUE_DEPTH = 6 + SP_READ_LATENCY
+# refused. Three entries sustain one read per cycle; the scratchpad queues are
+# deeper so that one of the two ADD sources can run up to three windows ahead of
+# the other, off the banks the other one needs.
+_ACC_QUEUE_DEPTH = 4
+_SP_QUEUE_DEPTH = 7
 
 
 class _Walker:
@@ -310,6 +306,9 @@ class VectorUnit(wiring.Component):
         wb = _Walker("rb", spb, W)
         ww = _Walker("wr", spb, W)
         a_on_acc = Signal()  # reader A reads accumulator rows, not the scratchpad
+        a_inflight, a_inflight_acc = Signal(), Signal()
+        a_inflight_tag = Signal(tag_layout)
+        b_inflight = Signal()
 
         with m.If(start):
             m.d.sync += a_on_acc.eq(0)
@@ -341,21 +340,16 @@ class VectorUnit(wiring.Component):
         # A request goes out only when its response is sure to find room. The sum
         # below cannot grow while a request waits, so a presented request stays
         # presented until granted.
-        a_granted, b_granted = Signal(), Signal()
-        # The reads in flight, the last stage's data arriving now (tag: see below).
-        a_inflight = delayed(m, a_granted, SP_READ_LATENCY, "a_inflight")
-        a_inflight_acc = delayed(m, a_on_acc, SP_READ_LATENCY, "a_inflight_acc")[-1]
-        b_inflight = delayed(m, b_granted, SP_READ_LATENCY, "b_inflight")
-        a_req = wa.active & Mux(a_on_acc, qacc.level + sum(a_inflight) < _ACC_QUEUE_DEPTH,
-                                qa.level + sum(a_inflight) < _SP_QUEUE_DEPTH)
-        b_req = wb.active & (qb.level + sum(b_inflight) < _SP_QUEUE_DEPTH)
+        a_req = wa.active & Mux(a_on_acc, qacc.level + a_inflight < _ACC_QUEUE_DEPTH,
+                                qa.level + a_inflight < _SP_QUEUE_DEPTH)
+        b_req = wb.active & (qb.level + b_inflight < _SP_QUEUE_DEPTH)
+        a_granted = Signal()
         m.d.comb += [
             self.rd_a.valid.eq(a_req & ~a_on_acc),
             self.rd_a.addr.eq(wa.addr),
             self.acc.ren.eq(a_req & a_on_acc),
             self.acc.raddr.eq(wa.addr),
             a_granted.eq(a_req & (a_on_acc | self.rd_a.ready)),
-            b_granted.eq(b_req & self.rd_b.ready),
             self.rd_b.valid.eq(b_req),
             self.rd_b.addr.eq(wb.addr),
         ]
@@ -369,31 +363,31 @@ class VectorUnit(wiring.Component):
             tag_now.rem.eq(wa.rem),
             tag_now.addr.eq(wa.addr),
         ]
-        a_inflight_tag = data.View(
-            tag_layout, delayed(m, tag_now.as_value(), SP_READ_LATENCY, "a_inflight_tag")[-1])
-        # Accumulator rows are read in a cycle: registered once more to arrive with the
-        # scratchpad's windows (SP_READ_LATENCY 2).
-        acc_rdata = [self.acc.rdata,
-                     *delayed(m, self.acc.rdata, SP_READ_LATENCY - 1, "acc_rdata")][-1]
+        m.d.sync += [
+            a_inflight.eq(a_granted),
+            a_inflight_acc.eq(a_on_acc),
+            a_inflight_tag.eq(tag_now),
+            b_inflight.eq(b_req & self.rd_b.ready),
+        ]
         with m.If(a_granted):
             with m.If((op == VectorOp.BIAS) & ~a_on_acc & wa.final):
                 wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
                 m.d.sync += a_on_acc.eq(1)
             with m.Else():
                 wa.advance(m)
-        with m.If(b_granted):
+        with m.If(b_req & self.rd_b.ready):
             wb.advance(m)
 
         qa_in = data.View(qa_layout, qa.w_data)
         qacc_in = data.View(qacc_layout, qacc.w_data)
         m.d.comb += [
-            qa.w_en.eq(a_inflight[-1] & ~a_inflight_acc),
+            qa.w_en.eq(a_inflight & ~a_inflight_acc),
             qa_in.data.eq(self.rd_a.rdata),
             qa_in.tag.eq(a_inflight_tag),
-            qacc.w_en.eq(a_inflight[-1] & a_inflight_acc),
-            qacc_in.data.eq(acc_rdata),
+            qacc.w_en.eq(a_inflight & a_inflight_acc),
+            qacc_in.data.eq(self.acc.rdata),
             qacc_in.tag.eq(a_inflight_tag),
-            qb.w_en.eq(b_inflight[-1]),
+            qb.w_en.eq(b_inflight),
             qb.w_data.eq(self.rd_b.rdata),
         ]
 
