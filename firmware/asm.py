@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import threading
 from dataclasses import dataclass, field
 
 from . import isa
@@ -76,6 +77,14 @@ _BINOPS = {
 }
 
 
+# Some CPython 3.11 releases (3.11.2, which CI runs, among them) keep the AST
+# constructor's recursion depth in state that all threads share, so two threads
+# parsing at once can fail with "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905). The runtime compiles in background threads, so
+# parses take turns.
+_PARSE_LOCK = threading.Lock()
+
+
 def _eval(expr: str, names: dict[str, int]) -> int:
     """Evaluate an integer expression with names, without Python's eval."""
 
@@ -93,7 +102,8 @@ def _eval(expr: str, names: dict[str, int]) -> int:
         raise AsmError(f"cannot evaluate {expr!r}")
 
     try:
-        tree = ast.parse(expr.strip(), mode="eval")
+        with _PARSE_LOCK:
+            tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError:
         raise AsmError(f"bad expression {expr!r}") from None
     return ev(tree.body)
