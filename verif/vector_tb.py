@@ -396,9 +396,17 @@ class ScratchpadModel:
         self.read_order = rng.choice([("rd_a", "rd_b"), ("rd_b", "rd_a")])
         self.blocked = dict.fromkeys(PORTS, 0)
         self.reads = self.writes = self.refusals = 0
+        self.presented: set[str] = set()
 
     def grants(self, port: str) -> bool:
-        """Decide this cycle's grant of a presented request (bank conflicts aside)."""
+        """Decide this cycle's grant of a presented request (bank conflicts aside).
+
+        A port's first request is always refused once, so that every run checks the
+        refused-request protocol (a short run could otherwise see no refusal at all).
+        """
+        if port not in self.presented:
+            self.presented.add(port)
+            return False
         if self.blocked[port]:
             self.blocked[port] -= 1
             return False
