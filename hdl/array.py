@@ -190,6 +190,10 @@ class GemmEngine(wiring.Component):
         # Cycles until no issued row can still read bank b (set when a row is granted).
         drain_len = R + C
         drain = [Signal(range(drain_len + 1), name=f"drain{b}") for b in range(2)]
+        # drain[b] == 0, kept as flags (reset: drained), like the other counters' tests
+        # below: they decide the request the scratchpad arbitrates, which should come
+        # from registers.
+        drained = [Signal(name=f"drained{b}", init=1) for b in range(2)]
 
         # ---- weight loader state ----------------------------------------------------------
         wl_busy = Signal()
@@ -199,6 +203,7 @@ class GemmEngine(wiring.Component):
         wl_n = Signal(range(C + 1))
         wl_addr = Signal(A)
         wl_left = Signal(range(R + 1))  # rows still to request
+        wl_left_nz = Signal()  # wl_left != 0
         wl_row = Signal(range(R + 1))  # next row to be written by a response
 
         # ---- gemm streamer state: one gemm issuing rows (cur) and one queued (nxt) -----
@@ -214,8 +219,8 @@ class GemmEngine(wiring.Component):
         nxt_kn = Signal(range(R * C + 1))
 
         cur_rows = Signal(M_BITS)  # rows still to request
-        cur_busy = Signal()
-        m.d.comb += cur_busy.eq(cur_rows != 0)
+        cur_busy = Signal()  # cur_rows != 0
+        cur_last = Signal()  # cur_rows == 1
         cur_addr = Signal(A)
         cur_stride = Signal(STRIDE_BITS)
         cur_n = Signal(range(C + 1))
@@ -228,7 +233,7 @@ class GemmEngine(wiring.Component):
             # No gemm ahead of the pending wload still needs bank b. Only the streaming
             # gemm can be one: a queued gemm is either the latest one, which uses `front`
             # (not b), or a swap gemm after the wload, waiting for it.
-            return (Mux(b, drain[1], drain[0]) == 0) & ~(cur_busy & (cur_bank == b))
+            return Mux(b, drained[1], drained[0]) & ~(cur_busy & (cur_bank == b))
 
         # ---- command intake -----------------------------------------------------------------
         is_wload = p.op == ArrayOp.WLOAD
@@ -252,12 +257,14 @@ class GemmEngine(wiring.Component):
         wl_released = Signal()
         m.d.comb += wl_released.eq(Mux(wl_k == 1, wl_issued_q, wl_issued))
         wl_pending = Signal()  # reads still to be issued
+        wl_left_nz_next = Signal()  # wl_left != 0 after this cycle's read, if granted
+        m.d.comb += wl_left_nz_next.eq(wl_left != 1)
         m.d.comb += [
             wl_start.eq(wl_busy & ~wl_started & bank_free(wl_bank)),
             wl_done.eq(wl_busy & ((wl_start & (wl_k == 0))
                                   | (wl_resp & (wl_row == wl_k - 1)))),
             self.wload_done.eq(wl_done),
-            wl_pending.eq(wl_busy & ~(wl_started & (wl_left == 0))),
+            wl_pending.eq(wl_busy & ~(wl_started & ~wl_left_nz)),
         ]
 
         with m.If(take & is_wload):
@@ -269,6 +276,7 @@ class GemmEngine(wiring.Component):
                 wl_n.eq(p.n),
                 wl_addr.eq(p.sp),
                 wl_left.eq(p.k),
+                wl_left_nz.eq(p.k[:len(wl_left)] != 0),
                 wl_row.eq(0),
             ]
         with m.If(take & ~is_wload):
@@ -296,7 +304,7 @@ class GemmEngine(wiring.Component):
         wl_req = Signal()
         gs_req = Signal()
         m.d.comb += [
-            wl_req.eq(wl_busy & (wl_left != 0) & (wl_started | bank_free(wl_bank))),
+            wl_req.eq(wl_busy & wl_left_nz & (wl_started | bank_free(wl_bank))),
             gs_req.eq(cur_busy),
         ]
         held = Signal()
@@ -316,7 +324,7 @@ class GemmEngine(wiring.Component):
         m.d.comb += [
             wl_fire.eq(fire & sel_wl),
             gs_fire.eq(fire & ~sel_wl),
-            wl_issued.eq((wl_fire & (wl_left == 1)) | (wl_start & (wl_k == 0))),
+            wl_issued.eq((wl_fire & ~wl_left_nz_next) | (wl_start & (wl_k == 0))),
         ]
         m.d.sync += [held.eq(sp.valid & ~sp.ready), held_wl.eq(sel_wl),
                      wl_issued_q.eq(wl_issued)]
@@ -331,7 +339,8 @@ class GemmEngine(wiring.Component):
         with m.If(wl_start):
             m.d.sync += wl_started.eq(1)
         with m.If(wl_fire):
-            m.d.sync += [wl_addr.eq(wl_addr + wl_n), wl_left.eq(wl_left - 1)]
+            m.d.sync += [wl_addr.eq(wl_addr + wl_n), wl_left.eq(wl_left - 1),
+                         wl_left_nz.eq(wl_left_nz_next)]
         with m.If(wl_resp):
             m.d.sync += wl_row.eq(wl_row + 1)
         with m.If(wl_done):
@@ -349,7 +358,7 @@ class GemmEngine(wiring.Component):
             m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(c), 0))
 
         # ---- gemm streamer --------------------------------------------------------------
-        last_fire = gs_fire & (cur_rows == 1)
+        last_fire = gs_fire & cur_last
         m.d.comb += promote.eq(nxt_valid & ~(nxt_wait & ~wl_released)
                                & (~cur_busy | last_fire))
         r_acc = Signal(AB)
@@ -361,6 +370,8 @@ class GemmEngine(wiring.Component):
         with m.If(gs_fire):
             m.d.sync += [
                 cur_rows.eq(cur_rows - 1),
+                cur_busy.eq(~cur_last),
+                cur_last.eq(cur_rows == 2),
                 cur_addr.eq(cur_addr + cur_stride),
                 cur_acc.eq(cur_acc + 1),
                 # The response arrives next cycle: keep what the row needs with it.
@@ -369,13 +380,15 @@ class GemmEngine(wiring.Component):
                 r_n.eq(cur_n),
                 r_kn.eq(cur_kn),
                 r_bank.eq(cur_bank),
-                r_last.eq(cur_rows == 1),
+                r_last.eq(cur_last),
             ]
         with m.If(promote & ~(take & ~is_wload)):
             m.d.sync += nxt_valid.eq(0)
         with m.If(promote):
             m.d.sync += [
                 cur_rows.eq(nxt_m),
+                cur_busy.eq(nxt_m != 0),
+                cur_last.eq(nxt_m == 1),
                 cur_addr.eq(nxt_sp),
                 cur_stride.eq(nxt_stride),
                 cur_n.eq(nxt_n),
@@ -386,9 +399,9 @@ class GemmEngine(wiring.Component):
             ]
         for b in range(2):
             with m.If(gs_fire & (cur_bank == b)):
-                m.d.sync += drain[b].eq(drain_len)
-            with m.Elif(drain[b] != 0):
-                m.d.sync += drain[b].eq(drain[b] - 1)
+                m.d.sync += [drain[b].eq(drain_len), drained[b].eq(0)]
+            with m.Elif(~drained[b]):
+                m.d.sync += [drain[b].eq(drain[b] - 1), drained[b].eq(drain[b] == 1)]
 
         # ---- the array --------------------------------------------------------------------
         # Row r of the activation vector enters row r of the array r cycles late, so that

@@ -8,7 +8,7 @@ Semantics are those of the golden model (``firmware.golden.Machine._op_cfg`` ...
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -87,31 +87,44 @@ class _Walker:
         self.n = Signal(N_BITS, name=f"{name}_n")
         self.rstride = Signal(STRIDE_BITS, name=f"{name}_rstride")
         self.tstride = Signal(STRIDE_BITS, name=f"{name}_tstride")
+        # t == 0, t == t_last, k == k_last and i == i_last, kept as flags: the
+        # scratchpad's grant selects the next beat, and comparators between the grant
+        # and these registers were on the routed build's critical path.
+        self.t_first = Signal(name=f"{name}_t_first")
+        self.t_end = Signal(name=f"{name}_t_end")
+        self.k_end = Signal(name=f"{name}_k_end")
+        self.i_end = Signal(name=f"{name}_i_end")
 
     @property
     def first_tap(self):
-        return self.t == 0
+        return self.t_first
 
     @property
     def last_tap(self):
-        return self.t == self.t_last
+        return self.t_end
 
     @property
     def final(self):
-        return (self.i == self.i_last) & (self.k == self.k_last) & (self.t == self.t_last)
+        return self.i_end & self.k_end & self.t_end
 
     def load(self, m, *, base, rows, n, chunks=None, taps=1, rstride=0, tstride=0):
         """Start a walk (``rows``/``chunks``/``taps`` >= 1; ``chunks`` defaults to
         ``ceil(n / W)``)."""
         shift = exact_log2(self.step)
         k_last = ((n - 1) >> shift) if chunks is None else (chunks - 1)
+        # The last indices as the registers hold them, so that the flags agree.
+        i_last = Value.cast(rows - 1)[:len(self.i_last)]
+        k_last = Value.cast(k_last)[:len(self.k_last)]
+        t_last = Value.cast(taps - 1)[:len(self.t_last)]
         m.d.sync += [
             self.active.eq(1),
             self.addr.eq(base), self.chunk.eq(base), self.row.eq(base),
             self.i.eq(0), self.k.eq(0), self.t.eq(0), self.rem.eq(n), self.n.eq(n),
             self.lanes.eq(self._lanes(n)),
-            self.i_last.eq(rows - 1), self.k_last.eq(k_last), self.t_last.eq(taps - 1),
+            self.i_last.eq(i_last), self.k_last.eq(k_last), self.t_last.eq(t_last),
             self.rstride.eq(rstride), self.tstride.eq(tstride),
+            self.t_first.eq(1), self.t_end.eq(t_last == 0), self.k_end.eq(k_last == 0),
+            self.i_end.eq(i_last == 0),
         ]
 
     def _lanes(self, rem):
@@ -119,21 +132,27 @@ class _Walker:
 
     def advance(self, m):
         """Move to the next beat (the walk ends after the final one)."""
-        with m.If(self.t != self.t_last):
-            m.d.sync += [self.t.eq(self.t + 1), self.addr.eq(self.addr + self.tstride)]
-        with m.Elif(self.k != self.k_last):
+        with m.If(~self.t_end):
+            m.d.sync += [self.t.eq(self.t + 1), self.addr.eq(self.addr + self.tstride),
+                         self.t_first.eq(0), self.t_end.eq((self.t + 1)[:8] == self.t_last)]
+        with m.Elif(~self.k_end):
             nxt = self.chunk + self.step
             m.d.sync += [
                 self.t.eq(0), self.k.eq(self.k + 1), self.rem.eq(self.rem - self.step),
                 self.lanes.eq(self._lanes(self.rem - self.step)),
                 self.chunk.eq(nxt), self.addr.eq(nxt),
+                self.t_first.eq(1), self.t_end.eq(self.t_last == 0),
+                self.k_end.eq((self.k + 1)[:N_BITS] == self.k_last),
             ]
-        with m.Elif(self.i != self.i_last):
+        with m.Elif(~self.i_end):
             nxt = self.row + self.rstride
             m.d.sync += [
                 self.t.eq(0), self.k.eq(0), self.i.eq(self.i + 1), self.rem.eq(self.n),
                 self.lanes.eq(self._lanes(self.n)),
                 self.row.eq(nxt), self.chunk.eq(nxt), self.addr.eq(nxt),
+                self.t_first.eq(1), self.t_end.eq(self.t_last == 0),
+                self.k_end.eq(self.k_last == 0),
+                self.i_end.eq((self.i + 1)[:M_BITS] == self.i_last),
             ]
         with m.Else():
             m.d.sync += self.active.eq(0)
@@ -337,12 +356,17 @@ class VectorUnit(wiring.Component):
                 with m.Case(VectorOp.ARGMAX):
                     wa.load(m, base=cmd.a, rows=1, n=n)
 
-        # A request goes out only when its response is sure to find room. The sum
-        # below cannot grow while a request waits, so a presented request stays
-        # presented until granted.
-        a_req = wa.active & Mux(a_on_acc, qacc.level + a_inflight < _ACC_QUEUE_DEPTH,
-                                qa.level + a_inflight < _SP_QUEUE_DEPTH)
-        b_req = wb.active & (qb.level + b_inflight < _SP_QUEUE_DEPTH)
+        # A request goes out only when its response is sure to find room: a queue's
+        # entries plus the read in flight to it stay under its depth. That sum cannot
+        # grow while a request waits, so a presented request stays presented until
+        # granted. Each sum is kept in a counter (grants in, pops out) rather than
+        # added up from the queue's level, so that the requests come from registers.
+        a_occ_sp = Signal(range(_SP_QUEUE_DEPTH + 1))  # qa.level + a_inflight
+        a_occ_acc = Signal(range(_ACC_QUEUE_DEPTH + 1))  # qacc.level + a_inflight
+        b_occ = Signal(range(_SP_QUEUE_DEPTH + 1))  # qb.level + b_inflight
+        a_req = wa.active & Mux(a_on_acc, a_occ_acc < _ACC_QUEUE_DEPTH,
+                                a_occ_sp < _SP_QUEUE_DEPTH)
+        b_req = wb.active & (b_occ < _SP_QUEUE_DEPTH)
         a_granted = Signal()
         m.d.comb += [
             self.rd_a.valid.eq(a_req & ~a_on_acc),
@@ -389,6 +413,12 @@ class VectorUnit(wiring.Component):
             qacc_in.tag.eq(a_inflight_tag),
             qb.w_en.eq(b_inflight),
             qb.w_data.eq(self.rd_b.rdata),
+        ]
+        # A read in flight counts towards both of A's queues until it lands in one.
+        m.d.sync += [
+            a_occ_sp.eq(a_occ_sp + a_granted - (a_inflight & a_inflight_acc) - qa.r_en),
+            a_occ_acc.eq(a_occ_acc + a_granted - (a_inflight & ~a_inflight_acc) - qacc.r_en),
+            b_occ.eq(b_occ + (b_req & self.rd_b.ready) - qb.r_en),
         ]
 
         # ---- datapath ---------------------------------------------------------------------
