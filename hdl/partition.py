@@ -9,7 +9,7 @@ registers of ``firmware.regs``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, C, Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Array, C, Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -63,6 +63,26 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
         "addr": In(sp_addr_bits(config)),
         "error": In(4),
     })
+
+
+def exceeds(base: Value, size: Value, limit: int, bits: int) -> Value:
+    """``base + size > limit`` for unsigned ``base`` and ``size``, where ``limit <=
+    2**bits``: an adder as wide as ``bits`` rather than as the operands.
+
+    The sum is ``(hi << bits) + lo`` with ``hi`` the sum of the operands' high parts
+    and ``lo < 2**(bits + 1)`` the sum of their low parts. A ``hi`` of 2 or more is
+    past any such limit, a ``hi`` of 1 is past it unless ``limit == 2**bits`` and
+    ``lo == 0``, and a ``hi`` of 0 leaves ``lo > limit`` to decide.
+    """
+    assert 0 < limit <= 1 << bits
+    b_hi, s_hi = base[bits:], size[bits:]
+    lo = base[:bits] + size[:bits]
+    hi_any = b_hi.any() | s_hi.any()
+    if limit < 1 << bits:
+        return hi_any | (lo > limit)
+    # hi == 1 exactly: one high part is 1 and the other 0.
+    hi_one = ((b_hi == 1) & ~s_hi.any()) | (~b_hi.any() & (s_hi == 1))
+    return Mux(hi_any, ~hi_one | (lo != 0), lo > limit)
 
 
 class PartitionTable(wiring.Component):
@@ -179,7 +199,8 @@ class PartitionTable(wiring.Component):
         wq = {n: Signal.like(getattr(self, n), name=f"{n}_q")
               for n in ("w_en", "w_bank", "w_set", "w_part", "w_base", "w_size")}
         m.d.sync += [q.eq(getattr(self, n)) for n, q in wq.items()]
-        w_verdict = Cat(wq["w_size"] == 0, wq["w_base"] + wq["w_size"] > cfg.sp_bytes)
+        w_verdict = Cat(wq["w_size"] == 0,
+                        exceeds(wq["w_base"], wq["w_size"], cfg.sp_bytes, abits))
         for b in range(PT_BANKS):
             for s in range(cfg.pt_sets):
                 for p in range(cfg.partitions):

@@ -280,3 +280,32 @@ def test_rejects_bad_arguments():
         with pytest.raises(TypeError, match="NPUConfig"):
             PartitionTable(None)
         gc.collect()
+
+
+@pytest.mark.parametrize("limit,bits", [(1 << 14, 14), (6144, 13), (1, 1), (2, 1), (3, 2)])
+def test_exceeds_matches_the_full_width_sum(limit, bits, seed):
+    """``exceeds`` narrows ``base + size > limit`` to a ``bits``-wide adder; it must
+    agree with the 33-bit sum everywhere, so probe the edges of every part."""
+    from amaranth.hdl import Module
+
+    from hdl.partition import exceeds
+    rng = random.Random(seed)
+    edges = [0, 1, 2, limit - 1, limit, limit + 1, (1 << bits) - 1, 1 << bits,
+             (1 << bits) + 1, 2 << bits, (1 << 32) - 1, (1 << 32) - (1 << bits)]
+    values = [v % (1 << 32) for v in edges] + [rng.randrange(1 << 32) for _ in range(8)]
+    values += [rng.randrange(limit + 2) for _ in range(8)]
+    base, size = Signal(32), Signal(32)
+    m = Module()
+    out = Signal()
+    m.d.comb += out.eq(exceeds(base, size, limit, bits))
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for b in values:
+            for s in values:
+                ctx.set(base, b)
+                ctx.set(size, s)
+                assert ctx.get(out) == (b + s > limit), (b, s)
+
+    sim.add_testbench(bench)
+    sim.run()
