@@ -616,6 +616,8 @@ def test_report_summary_and_markdown_say_timing_plainly():
     md = render_markdown(rep)
     assert "- build `ulx3s`" in md
     assert "timing: FAILED (68.93 MHz < 100.00 MHz) [$glbnet$pll_clk]" in md
+    # a failed NPU clock says the bitstream will not work and names the lower target
+    assert "will not work reliably" in md and "`make synth BOARD=ulx3s FREQ=65`" in md
     assert "timing: met (312.50 MHz >= 25.00 MHz)" in md
     assert "| DSP (MULT18X18D) | 72 | 156 | 46.2 |" in md
     assert timing_lines({"c": (30.0, 24.0)}) == ["timing: met (30.00 MHz >= 24.00 MHz) [c]"]
@@ -627,6 +629,14 @@ def test_report_summary_and_markdown_say_timing_plainly():
     assert ice["utilization"]["FF"] == {"used": 800, "available": 5280}
     assert ice["utilization"]["SPRAM (SB_SPRAM256KA)"] == {"used": 2, "available": 4}
     assert "timing: FAILED (21.50 MHz < 24.00 MHz) [pll_clk]" in render_markdown(ice)
+    assert "`make synth BOARD=icebreaker FREQ=20`" in render_markdown(ice)
+    small = summarize("ulx3s", "ECP5", "ecp5", cfg, clk_hz=50e6, npu_clock=None,
+                      pnr={**pnr, "fmax": {"$glbnet$pll_clk": (54.76, 50.0)}},
+                      cells={"LUT4": 1}, ram_bytes=65536, baud=115200, wall_s=None,
+                      npu_build="small")
+    assert small["timing_met"] and "will not work" not in render_markdown(small)
+    small["clocks"]["$glbnet$pll_clk"].update(met=False, target_mhz=100.0)
+    assert "`make synth BOARD=ulx3s CONFIG=small FREQ=50`" in render_markdown(small)
 
 
 def test_nextpnr_options_name_placer_router_and_report():

@@ -273,6 +273,27 @@ def timing_lines(fmax: dict[str, tuple[float, float]]) -> list[str]:
     return lines
 
 
+def retry_freq_mhz(achieved_mhz: float) -> int:
+    """A clock target to rebuild at after a build missed its own: the achieved fmax less
+    5 %, rounded down to 5 MHz (a new target places and routes differently, so the
+    margin is for that run's own spread)."""
+    return max(5, int(achieved_mhz * 0.95 // 5) * 5)
+
+
+def retry_hint(report: dict) -> str | None:
+    """What to do when the NPU clock missed its target: the bitstream runs the NPU at
+    the target, so it will not work reliably; name the command that aims lower."""
+    clk = report["clocks"].get(report["npu_clock"])
+    if clk is None or clk["met"]:
+        return None
+    config = "" if report["npu_build"] == report["board"] else f" CONFIG={report['npu_build']}"
+    freq = retry_freq_mhz(clk["achieved_mhz"])
+    return (f"The bitstream clocks the NPU at {clk['target_mhz']:.2f} MHz, faster than this "
+            f"build can run: it will not work reliably on the board. `make synth "
+            f"BOARD={report['board']}{config} FREQ={freq}` aims at a clock this design "
+            "reaches (check that build's report: it places and routes anew).")
+
+
 def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz: float,
               npu_clock: str | None, pnr: dict, cells: dict[str, int], ram_bytes: int,
               baud: int, wall_s: float | None, npu_build: str | None = None) -> dict:
@@ -318,6 +339,9 @@ def render_markdown(report: dict) -> str:
     out = [f"# Synthesis report: {r['board']} ({r['device']})", ""]
     fmax = {c: (v["achieved_mhz"], v["target_mhz"]) for c, v in r["clocks"].items()}
     out += timing_lines(fmax) or ["timing: no constrained clock found in the nextpnr report"]
+    hint = retry_hint(r)
+    if hint:
+        out += ["", hint]
     out += ["", "## Clocks", "", "| clock | fmax (MHz) | target (MHz) | result |",
             "|---|---:|---:|---|"]
     for clk, v in r["clocks"].items():
@@ -552,6 +576,9 @@ def main(argv=None) -> int:
     fmax = {c: (v["achieved_mhz"], v["target_mhz"]) for c, v in report["clocks"].items()}
     for line in timing_lines(fmax):
         print(line)
+    hint = retry_hint(report)
+    if hint:
+        print(hint)
     for res, v in report["utilization"].items():
         print(f"  {res:24s} {v['used']:>7} / {v['available']}")
     print(f"  peak {report['peak_gops_at_target']} GOPS at {report['npu_clock_target_mhz']} MHz; "
