@@ -577,7 +577,11 @@ class DMA(wiring.Component):
         head = data.View(alay, af.r_data)
         pending = Signal()  # a read was accepted last cycle: its data arrives now
         meta = Signal(w + 1)  # strobe and wlast of that read
-        room = (wbuf.level + pending) < wbuf_depth
+        # The buffer's entries plus the read in flight to it, counted (reads in, beats
+        # out) rather than added up from its level, so that the request the
+        # scratchpad arbitrates comes from registers.
+        occupied = Signal(range(wbuf_depth + 1))
+        room = occupied < wbuf_depth
         ask = Signal()
         m.d.comb += [
             sp.valid.eq(af.r_rdy & room),
@@ -602,6 +606,7 @@ class DMA(wiring.Component):
             wbuf.r_en.eq(axi.wready),
             wmoved.eq(axi.wvalid & axi.wready),
         ]
+        m.d.sync += occupied.eq(occupied + ask - wmoved)
 
         # B side: one response per burst, in order
         e = data.View(blay, bq.r_data)
