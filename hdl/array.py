@@ -229,11 +229,32 @@ class GemmEngine(wiring.Component):
         cur_bank = Signal()
         cur_kn = Signal(range(R * C + 1))
 
-        def bank_free(b):
+        # The state the scratchpad request is decided from also exists as its next
+        # value (``nxt_state``, below), so that the request is a register: it fed the
+        # arbitration's claim chain through three LUTs and across the die, at the head
+        # of a routed build's critical path (404ee30).
+        now = dict(drained=drained, cur_busy=cur_busy, cur_bank=cur_bank)
+
+        def next_of(sig):
+            """``sig``'s value after this cycle: assign it instead of ``sig``."""
+            n = Signal.like(sig, name=f"{sig.name}_next")
+            m.d.comb += n.eq(sig)
+            m.d.sync += sig.eq(n)
+            return n
+
+        nxt_state = dict(drained=[next_of(d) for d in drained], cur_busy=next_of(cur_busy),
+                         cur_bank=next_of(cur_bank))
+        wl_busy_n, wl_started_n, wl_bank_n = next_of(wl_busy), next_of(wl_started), \
+            next_of(wl_bank)
+        wl_left_nz_n, wl_addr_n, cur_addr_n = next_of(wl_left_nz), next_of(wl_addr), \
+            next_of(cur_addr)
+
+        def bank_free(b, st=now):
             # No gemm ahead of the pending wload still needs bank b. Only the streaming
             # gemm can be one: a queued gemm is either the latest one, which uses `front`
             # (not b), or a swap gemm after the wload, waiting for it.
-            return Mux(b, drained[1], drained[0]) & ~(cur_busy & (cur_bank == b))
+            return (Mux(b, st["drained"][1], st["drained"][0])
+                    & ~(st["cur_busy"] & (st["cur_bank"] == b)))
 
         # ---- command intake -----------------------------------------------------------------
         is_wload = p.op == ArrayOp.WLOAD
@@ -268,15 +289,17 @@ class GemmEngine(wiring.Component):
         ]
 
         with m.If(take & is_wload):
+            m.d.comb += [
+                wl_busy_n.eq(1),
+                wl_started_n.eq(0),
+                wl_bank_n.eq(~front),
+                wl_addr_n.eq(p.sp),
+                wl_left_nz_n.eq(p.k[:len(wl_left)] != 0),
+            ]
             m.d.sync += [
-                wl_busy.eq(1),
-                wl_started.eq(0),
-                wl_bank.eq(~front),
                 wl_k.eq(p.k),
                 wl_n.eq(p.n),
-                wl_addr.eq(p.sp),
                 wl_left.eq(p.k),
-                wl_left_nz.eq(p.k[:len(wl_left)] != 0),
                 wl_row.eq(0),
             ]
         with m.If(take & ~is_wload):
@@ -301,19 +324,14 @@ class GemmEngine(wiring.Component):
         # A presented request must stay unchanged until granted, so the owner of a
         # refused request keeps the port. Otherwise the weight loader goes first: its few
         # reads let the next swap gemm start on time.
-        wl_req = Signal()
-        gs_req = Signal()
-        m.d.comb += [
-            wl_req.eq(wl_busy & wl_left_nz & (wl_started | bank_free(wl_bank))),
-            gs_req.eq(cur_busy),
-        ]
-        held = Signal()
-        held_wl = Signal()
+        # The request is registered: sel_wl, valid and addr are the values the rule
+        # gives for this cycle's state, computed from the previous cycle's next state.
         sel_wl = Signal()
+        req_valid = Signal()
+        req_addr = Signal(A)
         m.d.comb += [
-            sel_wl.eq(Mux(held, held_wl, wl_req)),
-            sp.valid.eq(Mux(sel_wl, wl_req, gs_req)),
-            sp.addr.eq(Mux(sel_wl, wl_addr, cur_addr)),
+            sp.valid.eq(req_valid),
+            sp.addr.eq(req_addr),
             sp.we.eq(0),
             sp.wdata.eq(0),
             sp.wstrb.eq(0),
@@ -326,8 +344,16 @@ class GemmEngine(wiring.Component):
             gs_fire.eq(fire & ~sel_wl),
             wl_issued.eq((wl_fire & ~wl_left_nz_next) | (wl_start & (wl_k == 0))),
         ]
-        m.d.sync += [held.eq(sp.valid & ~sp.ready), held_wl.eq(sel_wl),
-                     wl_issued_q.eq(wl_issued)]
+        m.d.sync += wl_issued_q.eq(wl_issued)
+        # A refused request is held: its owner keeps the port next cycle.
+        held_n = sp.valid & ~sp.ready
+        wl_req_n = wl_busy_n & wl_left_nz_n & (wl_started_n | bank_free(wl_bank_n, nxt_state))
+        sel_wl_n = Mux(held_n, sel_wl, wl_req_n)
+        m.d.sync += [
+            sel_wl.eq(sel_wl_n),
+            req_valid.eq(Mux(sel_wl_n, wl_req_n, nxt_state["cur_busy"])),
+            req_addr.eq(Mux(sel_wl_n, wl_addr_n, cur_addr_n)),
+        ]
 
         resp_wl = Signal()
         resp_gs = Signal()
@@ -337,14 +363,14 @@ class GemmEngine(wiring.Component):
 
         # ---- weight loader ----------------------------------------------------------------
         with m.If(wl_start):
-            m.d.sync += wl_started.eq(1)
+            m.d.comb += wl_started_n.eq(1)
         with m.If(wl_fire):
-            m.d.sync += [wl_addr.eq(wl_addr + wl_n), wl_left.eq(wl_left - 1),
-                         wl_left_nz.eq(wl_left_nz_next)]
+            m.d.sync += wl_left.eq(wl_left - 1)
+            m.d.comb += [wl_addr_n.eq(wl_addr + wl_n), wl_left_nz_n.eq(wl_left_nz_next)]
         with m.If(wl_resp):
             m.d.sync += wl_row.eq(wl_row + 1)
         with m.If(wl_done):
-            m.d.sync += wl_busy.eq(0)
+            m.d.comb += wl_busy_n.eq(0)
         # Row r of the shadow bank: cleared at the start when r >= k, else written from
         # its response (columns >= n as zero), one cycle later. The two never fall in
         # the same cycle.
@@ -368,11 +394,11 @@ class GemmEngine(wiring.Component):
         r_bank = Signal()
         r_last = Signal()
         with m.If(gs_fire):
+            m.d.comb += [nxt_state["cur_busy"].eq(~cur_last),
+                         cur_addr_n.eq(cur_addr + cur_stride)]
             m.d.sync += [
                 cur_rows.eq(cur_rows - 1),
-                cur_busy.eq(~cur_last),
                 cur_last.eq(cur_rows == 2),
-                cur_addr.eq(cur_addr + cur_stride),
                 cur_acc.eq(cur_acc + 1),
                 # The response arrives next cycle: keep what the row needs with it.
                 r_acc.eq(cur_acc),
@@ -385,23 +411,24 @@ class GemmEngine(wiring.Component):
         with m.If(promote & ~(take & ~is_wload)):
             m.d.sync += nxt_valid.eq(0)
         with m.If(promote):
+            m.d.comb += [nxt_state["cur_busy"].eq(nxt_m != 0), cur_addr_n.eq(nxt_sp),
+                         nxt_state["cur_bank"].eq(nxt_bank)]
             m.d.sync += [
                 cur_rows.eq(nxt_m),
-                cur_busy.eq(nxt_m != 0),
                 cur_last.eq(nxt_m == 1),
-                cur_addr.eq(nxt_sp),
                 cur_stride.eq(nxt_stride),
                 cur_n.eq(nxt_n),
                 cur_acc.eq(nxt_acc),
                 cur_accum.eq(nxt_accum),
-                cur_bank.eq(nxt_bank),
                 cur_kn.eq(nxt_kn),
             ]
         for b in range(2):
             with m.If(gs_fire & (cur_bank == b)):
-                m.d.sync += [drain[b].eq(drain_len), drained[b].eq(0)]
+                m.d.sync += drain[b].eq(drain_len)
+                m.d.comb += nxt_state["drained"][b].eq(0)
             with m.Elif(~drained[b]):
-                m.d.sync += [drain[b].eq(drain[b] - 1), drained[b].eq(drain[b] == 1)]
+                m.d.sync += drain[b].eq(drain[b] - 1)
+                m.d.comb += nxt_state["drained"][b].eq(drain[b] == 1)
 
         # ---- the array --------------------------------------------------------------------
         # Row r of the activation vector enters row r of the array r cycles late, so that
