@@ -503,6 +503,9 @@ def test_board_top_prepares_build_files(board, tmp_path):
         assert re.search(r'FREQUENCY NET "pll_clk" 100000000(\.0)? HZ', lpf), lpf
         assert 'SITE "M1"' in lpf and 'SITE "L4"' in lpf  # FTDI rx, tx
         assert "EHXPLLL" in files["top.il"]
+        script = files["build_top.sh"]
+        script = script if isinstance(script, str) else script.decode()
+        assert "--placer-heap-timingweight 40" in script  # the placer weighs timing more
         assert "DCCA" in files["top.il"]  # the reset on a global network
     else:
         pcf = files["top.pcf"]
