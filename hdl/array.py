@@ -244,10 +244,9 @@ class GemmEngine(wiring.Component):
 
         nxt_state = dict(drained=[next_of(d) for d in drained], cur_busy=next_of(cur_busy),
                          cur_bank=next_of(cur_bank))
-        wl_busy_n, wl_started_n, wl_bank_n = next_of(wl_busy), next_of(wl_started), \
-            next_of(wl_bank)
-        wl_left_nz_n, wl_addr_n, cur_addr_n = next_of(wl_left_nz), next_of(wl_addr), \
-            next_of(cur_addr)
+        wl_busy_n, wl_started_n, wl_bank_n = (next_of(s) for s in (wl_busy, wl_started, wl_bank))
+        wl_left_nz_n, wl_addr_n, cur_addr_n = (next_of(s) for s in (wl_left_nz, wl_addr,
+                                                                    cur_addr))
 
         def bank_free(b, st=now):
             # No gemm ahead of the pending wload still needs bank b. Only the streaming
@@ -278,8 +277,8 @@ class GemmEngine(wiring.Component):
         wl_released = Signal()
         m.d.comb += wl_released.eq(Mux(wl_k == 1, wl_issued_q, wl_issued))
         wl_pending = Signal()  # reads still to be issued
-        wl_left_nz_next = Signal()  # wl_left != 0 after this cycle's read, if granted
-        m.d.comb += wl_left_nz_next.eq(wl_left != 1)
+        wl_more_after = Signal()  # wl_left != 0 after this cycle's read, if granted
+        m.d.comb += wl_more_after.eq(wl_left != 1)
         m.d.comb += [
             wl_start.eq(wl_busy & ~wl_started & bank_free(wl_bank)),
             wl_done.eq(wl_busy & ((wl_start & (wl_k == 0))
@@ -342,7 +341,7 @@ class GemmEngine(wiring.Component):
         m.d.comb += [
             wl_fire.eq(fire & sel_wl),
             gs_fire.eq(fire & ~sel_wl),
-            wl_issued.eq((wl_fire & ~wl_left_nz_next) | (wl_start & (wl_k == 0))),
+            wl_issued.eq((wl_fire & ~wl_more_after) | (wl_start & (wl_k == 0))),
         ]
         m.d.sync += wl_issued_q.eq(wl_issued)
         # A refused request is held: its owner keeps the port next cycle.
@@ -366,7 +365,7 @@ class GemmEngine(wiring.Component):
             m.d.comb += wl_started_n.eq(1)
         with m.If(wl_fire):
             m.d.sync += wl_left.eq(wl_left - 1)
-            m.d.comb += [wl_addr_n.eq(wl_addr + wl_n), wl_left_nz_n.eq(wl_left_nz_next)]
+            m.d.comb += [wl_addr_n.eq(wl_addr + wl_n), wl_left_nz_n.eq(wl_more_after)]
         with m.If(wl_resp):
             m.d.sync += wl_row.eq(wl_row + 1)
         with m.If(wl_done):
