@@ -134,7 +134,8 @@ class _Walker:
         """Move to the next beat (the walk ends after the final one)."""
         with m.If(~self.t_end):
             m.d.sync += [self.t.eq(self.t + 1), self.addr.eq(self.addr + self.tstride),
-                         self.t_first.eq(0), self.t_end.eq((self.t + 1)[:8] == self.t_last)]
+                         self.t_first.eq(0),
+                         self.t_end.eq((self.t + 1)[:len(self.t)] == self.t_last)]
         with m.Elif(~self.k_end):
             nxt = self.chunk + self.step
             m.d.sync += [
@@ -142,7 +143,7 @@ class _Walker:
                 self.lanes.eq(self._lanes(self.rem - self.step)),
                 self.chunk.eq(nxt), self.addr.eq(nxt),
                 self.t_first.eq(1), self.t_end.eq(self.t_last == 0),
-                self.k_end.eq((self.k + 1)[:N_BITS] == self.k_last),
+                self.k_end.eq((self.k + 1)[:len(self.k)] == self.k_last),
             ]
         with m.Elif(~self.i_end):
             nxt = self.row + self.rstride
@@ -152,7 +153,7 @@ class _Walker:
                 self.row.eq(nxt), self.chunk.eq(nxt), self.addr.eq(nxt),
                 self.t_first.eq(1), self.t_end.eq(self.t_last == 0),
                 self.k_end.eq(self.k_last == 0),
-                self.i_end.eq((self.i + 1)[:M_BITS] == self.i_last),
+                self.i_end.eq((self.i + 1)[:len(self.i)] == self.i_last),
             ]
         with m.Else():
             m.d.sync += self.active.eq(0)
@@ -368,6 +369,7 @@ class VectorUnit(wiring.Component):
                                 a_occ_sp < _SP_QUEUE_DEPTH)
         b_req = wb.active & (b_occ < _SP_QUEUE_DEPTH)
         a_granted = Signal()
+        b_granted = Signal()
         m.d.comb += [
             self.rd_a.valid.eq(a_req & ~a_on_acc),
             self.rd_a.addr.eq(wa.addr),
@@ -375,6 +377,7 @@ class VectorUnit(wiring.Component):
             self.acc.raddr.eq(wa.addr),
             a_granted.eq(a_req & (a_on_acc | self.rd_a.ready)),
             self.rd_b.valid.eq(b_req),
+            b_granted.eq(b_req & self.rd_b.ready),
             self.rd_b.addr.eq(wb.addr),
         ]
         tag_now = Signal(tag_layout)
@@ -391,7 +394,7 @@ class VectorUnit(wiring.Component):
             a_inflight.eq(a_granted),
             a_inflight_acc.eq(a_on_acc),
             a_inflight_tag.eq(tag_now),
-            b_inflight.eq(b_req & self.rd_b.ready),
+            b_inflight.eq(b_granted),
         ]
         with m.If(a_granted):
             with m.If((op == VectorOp.BIAS) & ~a_on_acc & wa.final):
@@ -399,7 +402,7 @@ class VectorUnit(wiring.Component):
                 m.d.sync += a_on_acc.eq(1)
             with m.Else():
                 wa.advance(m)
-        with m.If(b_req & self.rd_b.ready):
+        with m.If(b_granted):
             wb.advance(m)
 
         qa_in = data.View(qa_layout, qa.w_data)
@@ -418,7 +421,7 @@ class VectorUnit(wiring.Component):
         m.d.sync += [
             a_occ_sp.eq(a_occ_sp + a_granted - (a_inflight & a_inflight_acc) - qa.r_en),
             a_occ_acc.eq(a_occ_acc + a_granted - (a_inflight & ~a_inflight_acc) - qacc.r_en),
-            b_occ.eq(b_occ + (b_req & self.rd_b.ready) - qb.r_en),
+            b_occ.eq(b_occ + b_granted - qb.r_en),
         ]
 
         # ---- datapath ---------------------------------------------------------------------
