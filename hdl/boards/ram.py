@@ -213,7 +213,7 @@ class DualPortRam(wiring.Component):
             lite_word = m_rdata
         m.d.comb += lite.rdata.eq(Mux(l_resp == RESP_OKAY, lite_word, 0))
 
-        with m.FSM(name="ram_fsm"):
+        with m.FSM(name="ram_fsm") as fsm:
             with m.State("IDLE"):
                 with m.If(chosen):
                     m.d.sync += last.eq(Mux(grant[0], 0, Mux(grant[1], 1, Mux(grant[2], 2, 3))))
@@ -240,8 +240,7 @@ class DualPortRam(wiring.Component):
                 with m.If(grant[2]):  # AXI4-Lite read: the word arrives next cycle
                     ok = in_range(lite.araddr)
                     m.d.comb += [
-                        lite.arready.eq(1),
-                        m_addr.eq(word(lite.araddr)), m_ren.eq(ok),
+                        lite.arready.eq(1), m_ren.eq(ok),
                     ]
                     m.d.sync += [
                         l_resp.eq(Mux(ok, RESP_OKAY, RESP_DECERR)),
@@ -253,7 +252,6 @@ class DualPortRam(wiring.Component):
                     shift = lite.awaddr[2:lw] if lw > 2 else C(0, 1)
                     m.d.comb += [
                         lite.awready.eq(1), lite.wready.eq(1),
-                        m_addr.eq(word(lite.awaddr)),
                         m_wdata.eq(lite.wdata.replicate(w // 4)),
                         m_wen.eq(Mux(ok, lite.wstrb << (shift * 4), 0)),
                     ]
@@ -267,7 +265,7 @@ class DualPortRam(wiring.Component):
                 with m.If(advance):
                     with m.If(b_left != 0):
                         ok = in_range(b_addr) & ~b_bad
-                        m.d.comb += [m_addr.eq(word(b_addr)), m_ren.eq(ok)]
+                        m.d.comb += m_ren.eq(ok)
                         m.d.sync += [
                             axi.rvalid.eq(1),
                             axi.rlast.eq(b_left == 1),
@@ -283,10 +281,7 @@ class DualPortRam(wiring.Component):
                 m.d.comb += axi.wready.eq(1)
                 with m.If(axi.wvalid):
                     ok = in_range(b_addr) & ~b_bad
-                    m.d.comb += [
-                        m_addr.eq(word(b_addr)), m_wdata.eq(axi.wdata),
-                        m_wen.eq(Mux(ok, axi.wstrb, 0)),
-                    ]
+                    m.d.comb += [m_wdata.eq(axi.wdata), m_wen.eq(Mux(ok, axi.wstrb, 0))]
                     m.d.sync += [b_addr.eq(b_next), b_err.eq(b_err | ~in_range(b_addr))]
                     with m.If(axi.wlast):
                         m.next = "WRITE_B"
@@ -309,4 +304,18 @@ class DualPortRam(wiring.Component):
                 m.d.comb += lite.bvalid.eq(1)
                 with m.If(lite.bready):
                     m.next = "IDLE"
+
+        # The storage's address depends on the state and the AXI4-Lite requests only,
+        # not on the grant among all four kinds or on the bursts' handshakes: it fans
+        # out to every block RAM (64 on the ULX3S), and was a routed board build's slow
+        # path. Reading where no one asked is harmless (read data is taken only after
+        # ``m_ren``), and only ``m_wen`` writes. In IDLE the address is the AXI4-Lite
+        # request's, the write's when the grant would prefer it to the read (kind 3
+        # before kind 2 only when kind 2 was granted last); a burst's own grant leaves
+        # IDLE, and from then on the address is the burst's.
+        lite_write = reqs[3] & (~reqs[2] | (last == 2))
+        with m.If(fsm.ongoing("IDLE")):
+            m.d.comb += m_addr.eq(word(Mux(lite_write, lite.awaddr, lite.araddr)))
+        with m.Else():
+            m.d.comb += m_addr.eq(word(b_addr))
         return m
