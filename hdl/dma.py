@@ -496,7 +496,10 @@ class DMA(wiring.Component):
             self.load_done.valid.eq(finished),
             self.read_bytes.eq(Mux(wb.r_rdy & wb.r_en, head.nbytes, 0)),
         ]
-        with m.If(finished):
+        # The completion's payload follows a completion at the head whether or not it
+        # leaves this cycle: it is read only with ``valid``, and so its enable does not
+        # wait on the scratchpad's grant (a routed board build's slow path).
+        with m.If(wb.r_rdy & head.done):
             m.d.sync += [
                 self.load_done.payload.error.eq(head.error),
                 self.load_done.payload.addr.eq(head.row),
