@@ -181,6 +181,11 @@ class UartBridge(wiring.Component):
         strb = Signal(4)
         aw_done = Signal()
         w_done = Signal()
+        # A bus response is taken into registers and acted on a cycle later (the
+        # *_DONE states), so that the handshake from the CSR block or the RAM reaches
+        # only these registers and the next state, not the enables of the frame
+        # registers that finish() loads (a routed board build's slow path).
+        resp_q = Signal(2)
 
         m.d.comb += [rd.addr.eq(idx), wr.addr.eq(idx)]
         crc_rx_next = crc16_step(crc, rx_byte)
@@ -372,15 +377,17 @@ class UartBridge(wiring.Component):
             with m.State("W_RESP"):
                 m.d.comb += b_ready.eq(1)
                 with m.If(b_valid):
-                    m.d.sync += [word.eq(0), strb.eq(0)]
-                    with m.If(b_resp != RESP_OKAY):
-                        finish(Status.BUS_ERROR)
-                    with m.Elif(remaining == 0):
-                        finish(Status.OK)
-                    with m.Else():
-                        m.next = "W_FETCH"
+                    m.d.sync += [word.eq(0), strb.eq(0), resp_q.eq(b_resp)]
+                    m.next = "W_DONE"
                 with m.Else():
                     watchdog()
+            with m.State("W_DONE"):
+                with m.If(resp_q != RESP_OKAY):
+                    finish(Status.BUS_ERROR)
+                with m.Elif(remaining == 0):
+                    finish(Status.OK)
+                with m.Else():
+                    m.next = "W_FETCH"
 
             # ---- reads: AR, R, then scatter the word's wanted bytes into the buffer -----
             with m.State("R_ADDR"):
@@ -393,13 +400,15 @@ class UartBridge(wiring.Component):
             with m.State("R_DATA"):
                 m.d.comb += r_ready.eq(1)
                 with m.If(r_valid):
-                    m.d.sync += word.eq(r_data)
-                    with m.If(r_resp != RESP_OKAY):
-                        finish(Status.BUS_ERROR)
-                    with m.Else():
-                        m.next = "R_SCATTER"
+                    m.d.sync += [word.eq(r_data), resp_q.eq(r_resp)]
+                    m.next = "R_DONE"
                 with m.Else():
                     watchdog()
+            with m.State("R_DONE"):
+                with m.If(resp_q != RESP_OKAY):
+                    finish(Status.BUS_ERROR)
+                with m.Else():
+                    m.next = "R_SCATTER"
             with m.State("R_SCATTER"):
                 lane = cur[:2]
                 m.d.comb += [wr.data.eq(word.word_select(lane, 8)), wr.en.eq(1)]
