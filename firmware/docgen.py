@@ -171,17 +171,19 @@ Parameters (`firmware.golden.CostModel`):
   and frees the load queue after `tag_check`. The latencies are the DMA's pipeline
   and the memory's together, measured with the simulation's memory (cocotbext-axi
   `AxiRam`); a slower DRAM adds its own.
-* `wload k`: `k + wload_latency` cycles on the weight port, overlapping streaming
-  GEMMs. A `wload` handed to the array (`handoff` after its queue could start it)
-  while a `gemm` still streams takes its `k` reads from that `gemm`, which issues
-  its last row `k` cycles late (its results come `k + handoff` late); the rows are
-  in `k` cycles after the `gemm` would have issued its last row.
-  A `wload` waits `handoff` after the `wload` before it, and until the rows of the
-  GEMMs on the bank it fills (those before the last `swap`) have left the array,
-  `array_exit` before their results are in.
+* `wload k`: a `swap=1` GEMM may stream on its rows `k + wload_latency` cycles
+  after it starts, overlapping streaming GEMMs, and it is done (its rows are in)
+  `sp_read - 1` later (`sp_read`: a scratchpad read's data comes this long after
+  its grant). A `wload` handed to the array (`handoff` after its queue could start
+  it) while a `gemm` still streams takes its `k` reads from that `gemm`, which
+  issues its last row `k` cycles late (its results come `k + handoff` late); a
+  `gemm` may stream on its rows `k` cycles after the `gemm` would have issued its
+  last row. A `wload` waits `handoff` after the `wload` before it is done, and until
+  the rows of the GEMMs on the bank it fills (those before the last `swap`) have
+  left the array, `array_exit` before their results are in.
 * `gemm m`: issues one row per cycle (`m` cycles), starting at the earliest
   `gemm_intake` after its queue could; results are ready after `m + rows + cols +
-  array_stages - 2`. A `swap=1` GEMM waits for the last `wload`.
+  array_stages + sp_read - 3`. A `swap=1` GEMM waits for the last `wload`.
 * Vector ops: `rows * ceil(n / cols) + vector_latency` cycles (`vadd_latency`,
   `vbias_latency`, `vargmax_latency` for those), starting `handoff` cycles after
   the GEMMs before them have finished. A dispatch that reads the register of an

@@ -58,7 +58,7 @@ class CostModel:
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
     # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
     load_latency: int = 9  # start to the first beat in the scratchpad (after the R and write FIFOs)
-    store_latency: int = 11  # start to the write response, less the beats
+    store_latency: int = 12  # start to the write response, less the beats
     dma_gap: int = 1  # the next load (store) and a load's (store's) token come this much later
     tag_hit: int = 1  # a load whose tag hits ends this long after its start...
     tag_check: int = 3  # ... and the load queue starts its next instruction this long after
@@ -67,11 +67,15 @@ class CostModel:
     vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
     vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
-    wload_latency: int = 1  # a wload of k rows fills the shadow buffer in k + this cycles
+    wload_latency: int = 1  # a swap gemm may follow a k-row wload k + this cycles after its start
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
+    sp_read: int = 2  # a scratchpad read's grant to its data (hdl.ports.SP_READ_LATENCY)
     gemm_intake: int = 2  # an idle array starts a gemm this long after its queue could
-    array_exit: int = 2  # a gemm's rows leave the array this long before its results are in
+    # A wload may start into a gemm's weight bank this long before the gemm's results
+    # are in (its rows leave the array, and the wload's rows come as late after their
+    # reads' grants as the gemm's rows came: sp_read - 1 of it).
+    array_exit: int = 3
     cfg: int = 1
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
@@ -663,7 +667,8 @@ class _Timeline:
         self.busy = {q: 0 for q in self.free}
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
-        self.wload_done = 0
+        self.wload_done = 0  # the last wload's rows are in
+        self.wload_released = 0  # a swap gemm may start streaming on them
         self.last_compute = ""  # the compute queue's last instruction
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
@@ -715,10 +720,10 @@ class _Timeline:
         if m == "gemm":
             start = max(start, self._ready + c.gemm_intake)
             if ins.ops["swap"]:
-                start = max(start, self.wload_done)
+                start = max(start, self.wload_released)
                 self.front ^= 1
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
-                                      + c.array_stages - 2)
+                                      + c.array_stages + c.sp_read - 3)
         elif m == "wload":
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken
@@ -745,6 +750,7 @@ class _Timeline:
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
         elif m == "wload":
             self.wload_done = end
+            self.wload_released = end - (c.sp_read - 1)
         elif m == "vargmax":
             self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
@@ -766,7 +772,8 @@ class _Timeline:
             self.bank_free[self.front] = self.gemm_end - c.array_exit
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
         start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
-        return start, k + (0 if stealing else c.wload_latency)
+        # Done when its last row's data is in, sp_read - 1 after a swap gemm may start.
+        return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
 
     def finish(self) -> int:
         return max(self.now, *self.done.values())

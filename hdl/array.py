@@ -15,12 +15,14 @@ from firmware.config import NPUConfig
 
 from .ports import (
     M_BITS,
+    SP_READ_LATENCY,
     STRIDE_BITS,
     ArrayOp,
     acc_addr_bits,
     acc_port_signature,
     array_command_layout,
     command_stream,
+    delayed,
     sp_addr_bits,
     sp_window_signature,
 )
@@ -159,7 +161,7 @@ class GemmEngine(wiring.Component):
         if not isinstance(config, NPUConfig):
             raise TypeError(f"config must be an NPUConfig, not {config!r}")
         self.config = config
-        self.latency = config.rows + config.cols + PE_STAGES - 1
+        self.latency = config.rows + config.cols + PE_STAGES + SP_READ_LATENCY - 2
         super().__init__({
             "cmd": In(command_stream(array_command_layout(config))),
             "sp": Out(sp_window_signature(config)),
@@ -268,9 +270,10 @@ class GemmEngine(wiring.Component):
         wl_done = Signal()
         # The loader's last read is granted (``wl_issued``). A swap gemm may start
         # streaming in the cycle after ``wl_released``: its rows reach weight row r no
-        # earlier than that row is written. Rows are written two cycles after their
-        # read is granted (the write enables fan out to every cell: registered), which
-        # the skew hides when k >= 2; a single row is read by the gemm's first
+        # earlier than that row is written. Rows are written a cycle after their
+        # response (the write enables fan out to every cell: registered), which the
+        # skew hides when k >= 2 (the gemm's activations come as late after their
+        # grant as the weights do); a single row is read by the gemm's first
         # activation at once, so a one-row wload releases one cycle after its read.
         wl_issued = Signal()
         wl_issued_q = Signal()
@@ -354,9 +357,8 @@ class GemmEngine(wiring.Component):
             req_addr.eq(Mux(sel_wl_n, wl_addr_n, cur_addr_n)),
         ]
 
-        resp_wl = Signal()
-        resp_gs = Signal()
-        m.d.sync += [resp_wl.eq(wl_fire), resp_gs.eq(gs_fire)]
+        *_, resp_wl = delayed(m, wl_fire, SP_READ_LATENCY, "resp_wl")
+        *_, resp_gs = delayed(m, gs_fire, SP_READ_LATENCY, "resp_gs")
         gs_resp = Signal()
         m.d.comb += [wl_resp.eq(sp.rvalid & resp_wl), gs_resp.eq(sp.rvalid & resp_gs)]
 
@@ -386,12 +388,18 @@ class GemmEngine(wiring.Component):
         last_fire = gs_fire & cur_last
         m.d.comb += promote.eq(nxt_valid & ~(nxt_wait & ~wl_released)
                                & (~cur_busy | last_fire))
-        r_acc = Signal(AB)
-        r_accum = Signal()
-        r_n = Signal(range(C + 1))
-        r_kn = Signal(range(R * C + 1))
-        r_bank = Signal()
-        r_last = Signal()
+        # What a granted row needs when its response arrives, kept alongside its read.
+        row_layout = data.StructLayout({
+            "acc": AB, "accum": 1, "n": range(C + 1), "kn": range(R * C + 1),
+            "bank": 1, "last": 1})
+        row_now = Signal(row_layout)
+        m.d.comb += [row_now.acc.eq(cur_acc), row_now.accum.eq(cur_accum),
+                     row_now.n.eq(cur_n), row_now.kn.eq(cur_kn), row_now.bank.eq(cur_bank),
+                     row_now.last.eq(cur_last)]
+        row_resp = data.View(row_layout,
+                             delayed(m, row_now.as_value(), SP_READ_LATENCY, "row")[-1])
+        r_acc, r_accum, r_n, r_kn = row_resp.acc, row_resp.accum, row_resp.n, row_resp.kn
+        r_bank, r_last = row_resp.bank, row_resp.last
         with m.If(gs_fire):
             m.d.comb += [nxt_state["cur_busy"].eq(~cur_last),
                          cur_addr_n.eq(cur_addr + cur_stride)]
@@ -399,13 +407,6 @@ class GemmEngine(wiring.Component):
                 cur_rows.eq(cur_rows - 1),
                 cur_last.eq(cur_rows == 2),
                 cur_acc.eq(cur_acc + 1),
-                # The response arrives next cycle: keep what the row needs with it.
-                r_acc.eq(cur_acc),
-                r_accum.eq(cur_accum),
-                r_n.eq(cur_n),
-                r_kn.eq(cur_kn),
-                r_bank.eq(cur_bank),
-                r_last.eq(cur_last),
             ]
         with m.If(promote & ~(take & ~is_wload)):
             m.d.sync += nxt_valid.eq(0)

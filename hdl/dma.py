@@ -26,7 +26,9 @@ from .ports import (
     DMA_DONE_LAYOUT,
     DRAM_ADDR_BITS,
     N_BITS,
+    SP_READ_LATENCY,
     command_stream,
+    delayed,
     dma_command_layout,
     sp_addr_bits,
     sp_window_signature,
@@ -554,7 +556,7 @@ class DMA(wiring.Component):
         # the bus drains. The scratchpad's grant, combinational from the other ports'
         # requests, then reaches only that FIFO's read side, not the descriptor queue
         # and the beat counters. One cycle of latency, full throughput.
-        wbuf_depth = 4
+        wbuf_depth = 3 + SP_READ_LATENCY  # the reads in flight and three beats for the bus
         m.submodules.store_wbuf = wbuf = SyncFIFO(width=w * 8 + w + 1, depth=wbuf_depth)
         alay = data.StructLayout({"addr": sp.addr.shape(), "strb": w, "last": 1})
         m.submodules.store_a = af = SyncFIFO(width=alay.size, depth=2)
@@ -578,14 +580,14 @@ class DMA(wiring.Component):
                 ptr.eq(Mux(k == 0, d.sp_next, ptr + w)),
             ]
         head = data.View(alay, af.r_data)
-        pending = Signal()  # a read was accepted last cycle: its data arrives now
-        meta = Signal(w + 1)  # strobe and wlast of that read
-        # The buffer's entries plus the read in flight to it, counted (reads in, beats
+        # The buffer's entries plus the reads in flight to it, counted (reads in, beats
         # out) rather than added up from its level, so that the request the
         # scratchpad arbitrates comes from registers.
         occupied = Signal(range(wbuf_depth + 1))
         room = occupied < wbuf_depth
         ask = Signal()
+        # The strobe and wlast of each read in flight; the last stage's data arrives now.
+        *_, meta = delayed(m, Cat(head.strb, head.last), SP_READ_LATENCY, "store_meta")
         m.d.comb += [
             sp.valid.eq(af.r_rdy & room),
             sp.we.eq(0),
@@ -597,9 +599,6 @@ class DMA(wiring.Component):
             wbuf.w_en.eq(sp.rvalid),
             wbuf.w_data.eq(Cat(sp.rdata, meta)),
         ]
-        m.d.sync += pending.eq(ask)
-        with m.If(ask):
-            m.d.sync += meta.eq(Cat(head.strb, head.last))
         wmoved = Signal()
         m.d.comb += [
             axi.wvalid.eq(wbuf.r_rdy),

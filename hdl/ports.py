@@ -16,6 +16,9 @@ interleaved by word: word ``w`` lives in bank ``w % sp_banks`` at row
 ``a + i``). A window touches at most two neighbouring words, so at most two banks;
 the scratchpad grants a request when all the banks it needs are free this cycle
 (each bank has one read and one write port; reads and writes do not compete).
+Read data arrives :data:`SP_READ_LATENCY` cycles after the grant: the banks' block
+RAM outputs are registered before the window is realigned, so that on an FPGA the
+RAM's slow clock-to-output and the wire to the requester are not one cycle.
 
 Accumulator
 -----------
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import enum
 
+from amaranth.hdl import Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -56,6 +60,7 @@ DRAM_ADDR_BITS = 32
 M_BITS = 13  # row counts 1..4096
 N_BITS = 13  # byte/element counts 1..4096
 STRIDE_BITS = 24  # resolved strides (cfg strides are < 2**20, DMA strides are registers)
+SP_READ_LATENCY = 2  # cycles from a scratchpad read's grant to its ``rvalid``
 
 
 # ---- scratchpad window port ---------------------------------------------------------
@@ -79,8 +84,8 @@ def sp_window_signature(config: NPUConfig) -> wiring.Signature:
     wstrb : Out(W)
         Lanes to write. Lanes outside the strobe are left untouched.
     rvalid : In(1)
-        Read data is valid: exactly one cycle after the read was accepted.
-        Requesters must take it (no backpressure on responses).
+        Read data is valid: exactly :data:`SP_READ_LATENCY` cycles after the read
+        was accepted. Requesters must take it (no backpressure on responses).
     rdata : In(W * 8)
         Lane ``i`` holds byte ``addr + i`` of the accepted read.
     """
@@ -223,16 +228,29 @@ def vector_command_layout(config: NPUConfig) -> data.StructLayout:
     })
 
 
+def delayed(m, value, cycles: int, name: str) -> list:
+    """``value`` registered ``cycles`` times in ``m.d.sync``: the list of the stages,
+    ``[value one cycle late, ..., value cycles late]`` (for what a requester keeps
+    with its scratchpad reads until their data arrives)."""
+    stages = []
+    for i in range(cycles):
+        q = Signal.like(value, name=f"{name}_d{i + 1}")
+        m.d.sync += q.eq(value)
+        stages.append(q)
+        value = q
+    return stages
+
+
 def command_stream(layout) -> wiring.Signature:
     """A command stream (``amaranth.lib.stream``: valid, ready, payload)."""
     return stream.Signature(layout)
 
 
 __all__ = [
-    "DRAM_ADDR_BITS", "M_BITS", "N_BITS", "STRIDE_BITS", "DMA_DONE_LAYOUT",
+    "DRAM_ADDR_BITS", "M_BITS", "N_BITS", "STRIDE_BITS", "SP_READ_LATENCY", "DMA_DONE_LAYOUT",
     "ArrayOp", "VectorOp",
     "sp_word_bytes", "sp_addr_bits", "acc_addr_bits",
     "sp_window_signature", "acc_port_signature",
     "dma_command_layout", "array_command_layout", "vector_command_layout",
-    "command_stream",
+    "command_stream", "delayed",
 ]

@@ -7,14 +7,14 @@ docstring and :func:`hdl.ports.sp_window_signature`); this module serves them.
 from __future__ import annotations
 
 from amaranth.hdl import Array, C, Cat, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 from amaranth.utils import exact_log2
 
 from firmware.config import NPUConfig
 
-from .ports import sp_addr_bits, sp_window_signature, sp_word_bytes
+from .ports import SP_READ_LATENCY, delayed, sp_addr_bits, sp_window_signature, sp_word_bytes
 
 __all__ = ["Scratchpad"]
 
@@ -39,11 +39,12 @@ class Scratchpad(wiring.Component):
       under sustained contention a high-numbered port can starve, so requesters
       that must make progress get low indices or leave gaps in their traffic.
     * ``ready`` is combinational from the requests of this cycle.
-    * Read data arrives one cycle after the grant with ``rvalid``, realigned so
-      that lane ``i`` is byte ``a + i``. A read granted in the same cycle as a
-      write to the same byte returns the old byte; the write is visible to reads
-      granted from the next cycle on. ``rdata`` is valid in the ``rvalid`` cycle
-      only: it does not hold.
+    * Read data arrives ``SP_READ_LATENCY`` (2) cycles after the grant with
+      ``rvalid``, realigned so that lane ``i`` is byte ``a + i``: the banks read in
+      the cycle after the grant and their outputs are registered. A read granted in
+      the same cycle as a write to the same byte returns the old byte; the write is
+      visible to reads granted from the next cycle on. ``rdata`` is valid in the
+      ``rvalid`` cycle only: it does not hold.
     * Strobed write lanes are written at the end of the granted cycle; the other
       lanes are left untouched.
 
@@ -182,20 +183,20 @@ class Scratchpad(wiring.Component):
             d["odd"] = odd
 
         # ---- bank inputs: at most one granted port per bank and kind, so OR them ---
-        # The banks read every cycle (a bank no port reads reads row 0): read data is
-        # taken only in the cycle after a grant (``rvalid``), so nothing needs it held
-        # and the arbitration need not drive a read enable.
+        # The banks read every cycle (a bank no port reads reads row 0): a bank's output
+        # is used only in the cycle after a grant (registered for ``rvalid``), so
+        # nothing needs it held and the arbitration need not drive a read enable.
         for k in range(nbanks):
             r_addr = []
             w_addr, w_data, w_en = [], [], []
             for d, gr, gw in zip(dec, grant_r, grant_w, strict=True):
-                idx, row, need_r, need_w, data, strb = d["sides"][k & 1]
+                idx, row, need_r, need_w, wdat, strb = d["sides"][k & 1]
                 here = idx == (k >> 1) if half > 1 else C(1, 1)
                 r = gr & need_r & here
                 wr = gw & need_w & here
                 r_addr.append(Mux(r, row, 0))
                 w_addr.append(Mux(wr, row, 0))
-                w_data.append(Mux(wr, data, 0))
+                w_data.append(Mux(wr, wdat, 0))
                 w_en.append(Mux(wr, strb, 0))
             m.d.comb += [
                 reads[k].addr.eq(_or(r_addr)),
@@ -205,22 +206,30 @@ class Scratchpad(wiring.Component):
             ]
 
         # ---- read responses: the granted port's even and odd words, realigned ------
+        # The banks' outputs are registered first (a block RAM's clock-to-output is most
+        # of an FPGA cycle), so the data arrives SP_READ_LATENCY cycles after the grant.
         # Cat(even, odd, even) holds the window whichever bank word 0 is in: it starts
         # at byte ``off`` of the even word, or of the odd word (byte W + off).
-        even_data = [reads[k].data for k in range(0, nbanks, 2)]
-        odd_data = [reads[k].data for k in range(1, nbanks, 2)]
+        bank_q = []
+        for k in range(nbanks):
+            q = Signal(w * 8, name=f"bank{k}_q")
+            m.d.sync += q.eq(reads[k].data)
+            bank_q.append(q)
+        even_data, odd_data = bank_q[0::2], bank_q[1::2]
         for i, (port, d, gr) in enumerate(zip(self.ports, dec, grant_r, strict=True)):
-            off_q = Signal(lw, name=f"p{i}_off_q")
-            odd_q = Signal(name=f"p{i}_odd_q")
-            ev_q = Signal(range(half), name=f"p{i}_ev_q")
-            od_q = Signal(range(half), name=f"p{i}_od_q")
-            m.d.sync += port.rvalid.eq(gr)
-            with m.If(gr):
-                m.d.sync += [off_q.eq(d["off"]), odd_q.eq(d["odd"]),
-                             ev_q.eq(d["sides"][0][0]), od_q.eq(d["sides"][1][0])]
-            even, odd = _pick(even_data, ev_q), _pick(odd_data, od_q)
-            m.d.comb += port.rdata.eq(
-                Cat(even, odd, even).bit_select(Cat(C(0, 3), off_q, odd_q), w * 8))
+            sel = Signal(data.StructLayout({"off": lw, "odd": 1, "ev": range(half),
+                                            "od": range(half)}), name=f"p{i}_sel")
+            m.d.comb += [sel.off.eq(d["off"]), sel.odd.eq(d["odd"]),
+                         sel.ev.eq(d["sides"][0][0]), sel.od.eq(d["sides"][1][0])]
+            *_, sel_q = delayed(m, sel.as_value(), SP_READ_LATENCY, f"p{i}_sel")
+            *_, rvalid_q = delayed(m, gr, SP_READ_LATENCY, f"p{i}_rvalid")
+            sel_q = data.View(sel.shape(), sel_q)
+            even, odd = _pick(even_data, sel_q.ev), _pick(odd_data, sel_q.od)
+            m.d.comb += [
+                port.rvalid.eq(rvalid_q),
+                port.rdata.eq(Cat(even, odd, even).bit_select(
+                    Cat(C(0, 3), sel_q.off, sel_q.odd), w * 8)),
+            ]
         return m
 
 

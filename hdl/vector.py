@@ -10,21 +10,23 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from firmware.config import NPUConfig
 from firmware.isa import CFG_RESET, CfgField
 
+from .fifo import HeadRegisterFIFO
 from .ports import (
     M_BITS,
     N_BITS,
+    SP_READ_LATENCY,
     STRIDE_BITS,
     VectorOp,
     acc_addr_bits,
     acc_port_signature,
     command_stream,
+    delayed,
     sp_addr_bits,
     sp_window_signature,
     sp_word_bytes,
@@ -318,17 +320,18 @@ class VectorUnit(wiring.Component):
         })
         qa_layout = data.StructLayout({"data": W * 8, "tag": tag_layout})
         qacc_layout = data.StructLayout({"data": C * 32, "tag": tag_layout})
-        m.submodules.qa = qa = SyncFIFOBuffered(width=qa_layout.size, depth=_SP_QUEUE_DEPTH)
-        m.submodules.qacc = qacc = SyncFIFOBuffered(width=qacc_layout.size, depth=_ACC_QUEUE_DEPTH)
-        m.submodules.qb = qb = SyncFIFOBuffered(width=W * 8, depth=_SP_QUEUE_DEPTH)
+        # One cycle from a write to the head (HeadRegisterFIFO): the responses come
+        # SP_READ_LATENCY (2) cycles after the grant, and the queues give the second
+        # cycle back, so the head is where SyncFIFOBuffered put it with 1.
+        m.submodules.qa = qa = HeadRegisterFIFO(width=qa_layout.size, depth=_SP_QUEUE_DEPTH)
+        m.submodules.qacc = qacc = HeadRegisterFIFO(width=qacc_layout.size,
+                                                    depth=_ACC_QUEUE_DEPTH)
+        m.submodules.qb = qb = HeadRegisterFIFO(width=W * 8, depth=_SP_QUEUE_DEPTH)
 
         wa = _Walker("ra", aw, W)
         wb = _Walker("rb", spb, W)
         ww = _Walker("wr", spb, W)
         a_on_acc = Signal()  # reader A reads accumulator rows, not the scratchpad
-        a_inflight, a_inflight_acc = Signal(), Signal()
-        a_inflight_tag = Signal(tag_layout)
-        b_inflight = Signal()
 
         with m.If(start):
             m.d.sync += a_on_acc.eq(0)
@@ -358,13 +361,13 @@ class VectorUnit(wiring.Component):
                     wa.load(m, base=cmd.a, rows=1, n=n)
 
         # A request goes out only when its response is sure to find room: a queue's
-        # entries plus the read in flight to it stay under its depth. That sum cannot
+        # entries plus the reads in flight to it stay under its depth. That sum cannot
         # grow while a request waits, so a presented request stays presented until
         # granted. Each sum is kept in a counter (grants in, pops out) rather than
         # added up from the queue's level, so that the requests come from registers.
-        a_occ_sp = Signal(range(_SP_QUEUE_DEPTH + 1))  # qa.level + a_inflight
-        a_occ_acc = Signal(range(_ACC_QUEUE_DEPTH + 1))  # qacc.level + a_inflight
-        b_occ = Signal(range(_SP_QUEUE_DEPTH + 1))  # qb.level + b_inflight
+        a_occ_sp = Signal(range(_SP_QUEUE_DEPTH + 1))  # qa.level + A's reads in flight
+        a_occ_acc = Signal(range(_ACC_QUEUE_DEPTH + 1))  # qacc.level + A's reads in flight
+        b_occ = Signal(range(_SP_QUEUE_DEPTH + 1))  # qb.level + B's reads in flight
         a_req = wa.active & Mux(a_on_acc, a_occ_acc < _ACC_QUEUE_DEPTH,
                                 a_occ_sp < _SP_QUEUE_DEPTH)
         b_req = wb.active & (b_occ < _SP_QUEUE_DEPTH)
@@ -390,12 +393,15 @@ class VectorUnit(wiring.Component):
             tag_now.rem.eq(wa.rem),
             tag_now.addr.eq(wa.addr),
         ]
-        m.d.sync += [
-            a_inflight.eq(a_granted),
-            a_inflight_acc.eq(a_on_acc),
-            a_inflight_tag.eq(tag_now),
-            b_inflight.eq(b_granted),
-        ]
+        # What each read in flight carries; the last stage's data arrives now. The
+        # accumulator answers in a cycle: its rows are registered once more to arrive
+        # with the scratchpad's windows.
+        *_, a_inflight = delayed(m, a_granted, SP_READ_LATENCY, "a_inflight")
+        *_, a_inflight_acc = delayed(m, a_on_acc, SP_READ_LATENCY, "a_inflight_acc")
+        *_, a_inflight_tag = delayed(m, tag_now.as_value(), SP_READ_LATENCY, "a_inflight_tag")
+        *_, b_inflight = delayed(m, b_granted, SP_READ_LATENCY, "b_inflight")
+        acc_rdata = ([self.acc.rdata]
+                     + delayed(m, self.acc.rdata, SP_READ_LATENCY - 1, "acc_rdata"))[-1]
         with m.If(a_granted):
             with m.If((op == VectorOp.BIAS) & ~a_on_acc & wa.final):
                 wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
@@ -412,7 +418,7 @@ class VectorUnit(wiring.Component):
             qa_in.data.eq(self.rd_a.rdata),
             qa_in.tag.eq(a_inflight_tag),
             qacc.w_en.eq(a_inflight & a_inflight_acc),
-            qacc_in.data.eq(self.acc.rdata),
+            qacc_in.data.eq(acc_rdata),
             qacc_in.tag.eq(a_inflight_tag),
             qb.w_en.eq(b_inflight),
             qb.w_data.eq(self.rd_b.rdata),

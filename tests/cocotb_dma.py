@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 import cocotb
@@ -33,7 +34,7 @@ from cocotbext.axi.memory import Memory
 
 from firmware.config import NPUConfig
 from hdl.dma import burst_plan
-from hdl.ports import DMA_DONE_LAYOUT, dma_command_layout
+from hdl.ports import DMA_DONE_LAYOUT, SP_READ_LATENCY, dma_command_layout
 
 DRAM_BYTES = 1 << 20
 PAGE = 4096
@@ -190,7 +191,7 @@ class Scratchpad:
     """Byte-array model of the scratchpad behind two window ports (load: write, store: read).
 
     A request is granted with probability ``1 - refuse`` each cycle; read data is
-    valid exactly one cycle after the grant. Requests must stay unchanged until
+    valid exactly ``SP_READ_LATENCY`` cycles after the grant. Requests must stay unchanged until
     granted, and the load port may only write and the store port only read.
     """
 
@@ -212,9 +213,10 @@ class Scratchpad:
         sig["rvalid"].value = 0
         sig["rdata"].value = 0
         ready, held = 0, None
+        due = deque([None] * (SP_READ_LATENCY - 1))  # read data on its way
         while True:
             yield  # one clock edge
-            rvalid = 0
+            rdata = None
             if int(sig["valid"].value):
                 req = (int(sig["addr"].value), int(sig["we"].value),
                        int(sig["wdata"].value) if write else 0,
@@ -235,14 +237,16 @@ class Scratchpad:
                             if strb >> i & 1:
                                 self.mem[a] = data[i]
                     else:
-                        rvalid = 1
-                        sig["rdata"].value = int.from_bytes(
-                            bytes(self.mem[a] for a in lanes), "little")
+                        rdata = int.from_bytes(bytes(self.mem[a] for a in lanes), "little")
                 else:
                     held = req
             else:
                 assert held is None, f"{prefix}: request withdrawn while refused"
-            sig["rvalid"].value = rvalid
+            due.append(rdata)
+            rdata = due.popleft()
+            sig["rvalid"].value = int(rdata is not None)
+            if rdata is not None:
+                sig["rdata"].value = rdata
             ready = int(self.rng.random() >= self.refuse)
             sig["ready"].value = ready
 

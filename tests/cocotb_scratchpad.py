@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import deque
 from dataclasses import dataclass
 
 import cocotb
@@ -17,6 +18,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly
 
 from firmware.config import CONFIGS, NPUConfig
+from hdl.ports import SP_READ_LATENCY
 
 
 @dataclass(frozen=True)
@@ -189,10 +191,11 @@ async def scratchpad_random_traffic(dut):
     await FallingEdge(dut.clk)
     dut.rst.value = 0
 
-    expect: dict[int, int] = {}
+    due = deque([{}] * SP_READ_LATENCY)  # the responses of the last cycles' grants
     for cycle in range(CYCLES):
         await FallingEdge(dut.clk)
-        # responses to the reads granted in the previous cycle
+        # responses to the reads granted SP_READ_LATENCY cycles ago
+        expect = due.popleft()
         for i in range(PORTS):
             rvalid = int(_port(dut, i, "rvalid").value)
             assert rvalid == (i in expect), f"seed {seed} cycle {cycle}: port {i} rvalid={rvalid}"
@@ -216,7 +219,7 @@ async def scratchpad_random_traffic(dut):
             raise AssertionError(f"seed {seed} cycle {cycle}: {e}") from None
         grants = [bool(r) for r in ready]
         cover.record(reqs, grants)
-        expect = model.step(reqs, grants)
+        due.append(model.step(reqs, grants))
         traffic.granted(grants)
     missing = [k for k, v in cover.counts.items() if v == 0]
     assert not missing, f"seed {seed}: traffic never produced {missing}: {cover.counts}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import random
 import warnings
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from amaranth.sim import Simulator
 
 from firmware.config import CONFIGS, NPUConfig
 from hdl.array import PE_STAGES, GemmEngine, ProcessingElement
-from hdl.ports import ArrayOp
+from hdl.ports import SP_READ_LATENCY, ArrayOp
 from verif.array_tb import (
     TOPLEVEL,
     ArrayHarness,
@@ -56,17 +57,18 @@ def simulate(config: NPUConfig, prog: list[Command], sp: np.ndarray, rng: random
     async def scratchpad(ctx):
         unaccepted = None
         grant_seq = grants(rng, grant)
+        due = deque([None] * (SP_READ_LATENCY - 1))  # read data on its way
         ctx.set(dut.sp.ready, next(grant_seq))
         async for _, _, valid, ready, addr, we in ctx.tick().sample(
                 dut.sp.valid, dut.sp.ready, dut.sp.addr, dut.sp.we):
             if unaccepted is not None:
                 assert valid and addr == unaccepted, f"{what}: refused request changed"
             assert not (valid and we), f"{what}: the GEMM engine must only read"
-            if valid and ready:
-                ctx.set(dut.sp.rdata, window(sp, addr, width))
-                ctx.set(dut.sp.rvalid, 1)
-            else:
-                ctx.set(dut.sp.rvalid, 0)
+            due.append(window(sp, addr, width) if valid and ready else None)
+            rdata = due.popleft()
+            ctx.set(dut.sp.rvalid, rdata is not None)
+            if rdata is not None:
+                ctx.set(dut.sp.rdata, rdata)
             unaccepted = addr if valid and not ready else None
             ctx.set(dut.sp.ready, next(grant_seq))
 
@@ -210,14 +212,17 @@ def test_back_to_back_accumulate(seed):
 
 
 def test_golden_cost_model_knows_the_pe_pipeline():
-    """The golden model's GEMM latency counts the same processing-element stages."""
+    """The golden model's GEMM latency counts the same processing-element stages and
+    scratchpad read latency."""
     from firmware.golden import CostModel
 
-    assert CostModel().array_stages == PE_STAGES
+    cost = CostModel()
+    assert cost.array_stages == PE_STAGES
+    assert cost.sp_read == SP_READ_LATENCY
     config = CONFIGS["default"]
     engine = GemmEngine(config)
     engine._MustUse__silence = True  # only its latency is read
-    assert engine.latency == config.rows + config.cols + CostModel().array_stages - 1
+    assert engine.latency == config.rows + config.cols + cost.array_stages + cost.sp_read - 2
 
 
 def test_engine_rejects_non_config():

@@ -9,6 +9,7 @@ fixed-priority starvation.
 
 import gc
 import warnings
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from amaranth.sim import Simulator
 from cocotb_scratchpad import Coverage, Request, Traffic, WindowModel, check_grants
 
 from firmware.config import CONFIGS, NPUConfig
+from hdl.ports import SP_READ_LATENCY
 from hdl.scratchpad import Scratchpad
 from verif.sim import run_cocotb, sim_build_dir, to_verilog
 
@@ -40,13 +42,17 @@ def _present(ctx, port, req: Request | None):
 
 
 async def _cycle(ctx, dut, reqs):
-    """Present ``reqs``, tick; return (ready before the edge, {port: rdata} after it)."""
+    """Present ``reqs`` for a cycle, then nothing until their read data is due; return
+    (ready before the edge, {port: rdata} ``SP_READ_LATENCY`` cycles later)."""
     for port, req in zip(dut.ports, reqs, strict=True):
         _present(ctx, port, req)
     ready = [ctx.get(p.ready) for p in dut.ports]
     await ctx.tick()
     for p in dut.ports:
         ctx.set(p.valid, 0)
+    for _ in range(SP_READ_LATENCY - 1):
+        assert not any(ctx.get(p.rvalid) for p in dut.ports), "read data came early"
+        await ctx.tick()
     return ready, {i: ctx.get(p.rdata) for i, p in enumerate(dut.ports) if ctx.get(p.rvalid)}
 
 
@@ -70,8 +76,9 @@ def test_random_traffic(name, ports, cycles, seed):
     cover = Coverage(model)
 
     async def bench(ctx):
-        expect = {}
+        due = deque([{}] * SP_READ_LATENCY)  # the responses of the last cycles' grants
         for cycle in range(cycles):
+            expect = due.popleft()
             where = f"seed {seed} cycle {cycle}"
             for i, p in enumerate(dut.ports):
                 rvalid = ctx.get(p.rvalid)
@@ -90,7 +97,7 @@ def test_random_traffic(name, ports, cycles, seed):
                 raise AssertionError(f"{where}: {e}") from None
             grants = [bool(r) for r in ready]
             cover.record(reqs, grants)
-            expect = model.step(reqs, grants)
+            due.append(model.step(reqs, grants))
             traffic.granted(grants)
             await ctx.tick()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from firmware.config import CONFIGS, NPUConfig
 from hdl.accumulator import Accumulator
 from hdl.array import GemmEngine
 from hdl.ports import (
+    SP_READ_LATENCY,
     ArrayOp,
     acc_port_signature,
     array_command_layout,
@@ -402,6 +404,7 @@ class TB:
         # half), answer granted reads right after it.
         d = self.dut
         unaccepted = None
+        due = deque([None] * (SP_READ_LATENCY - 1))  # read data on its way
         d.sp__ready.value = int(next(self.ready))
         while True:
             await FallingEdge(d.clk)
@@ -419,11 +422,11 @@ class TB:
                 int(d.stall.value), valid, ready))
             unaccepted = addr if valid and not ready else None
             await RisingEdge(d.clk)
-            if valid and ready:
-                d.sp__rdata.value = window(self.sp, addr, self.width)
-                d.sp__rvalid.value = 1
-            else:
-                d.sp__rvalid.value = 0
+            due.append(window(self.sp, addr, self.width) if valid and ready else None)
+            rdata = due.popleft()
+            d.sp__rvalid.value = int(rdata is not None)
+            if rdata is not None:
+                d.sp__rdata.value = rdata
             d.sp__ready.value = int(next(self.ready))
 
     async def run(self, prog: list[Command], gaps: bool, timeout: int = 200_000):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,7 @@ from firmware.golden import Machine
 from firmware.isa import CFG_RANGE, CFG_RESET, CfgField, make
 from hdl.accumulator import Accumulator
 from hdl.ports import (
+    SP_READ_LATENCY,
     VectorOp,
     acc_port_signature,
     command_stream,
@@ -383,7 +385,7 @@ class ScratchpadModel:
 
     Checks the window protocol: a refused request must stay presented unchanged,
     read ports never write, the write port never reads. Read data is taken before
-    the same cycle's writes land and is returned on the next cycle.
+    the same cycle's writes land and is returned ``SP_READ_LATENCY`` cycles later.
     """
 
     def __init__(self, config: NPUConfig, init: np.ndarray, rng: random.Random,
@@ -453,6 +455,7 @@ async def run_commands(io, config: NPUConfig, stim: Stimulus, seed: int, *,
     accepted = dones = 0
     results = []
     responses: dict[str, int] = {}
+    due = deque([{}] * (SP_READ_LATENCY - 1))  # read data on its way
     stats = {"cycles": 0, "busy": 0, "stall": 0}
     budget = max_cycles or 400 + 60 * n_cmds + 40 * sum(
         c["m"] * -(-c["n"] // config.bus_bytes) * 4 for c in cmds if c["op"] != VectorOp.CFG)
@@ -514,8 +517,9 @@ async def run_commands(io, config: NPUConfig, stim: Stimulus, seed: int, *,
             assert len(results) == sum(c["op"] == VectorOp.ARGMAX for c in cmds[:dones]), \
                 "ARGMAX done without result_valid"
         await io.tick()
-        responses = {p: sp.window(req[0]) for p, req in requests.items() if p != "wr"}
-        sp.reads += len(responses)
+        due.append({p: sp.window(req[0]) for p, req in requests.items() if p != "wr"})
+        sp.reads += len(due[-1])
+        responses = due.popleft()
         if "wr" in requests:
             sp.write(requests["wr"][0], requests["wr"][2], requests["wr"][3])
             sp.writes += 1
