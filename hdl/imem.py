@@ -12,14 +12,23 @@ from firmware.config import NPUConfig
 
 from .sequencer import PREDECODE, predecode
 
+YOSYS_SCRIPT = "setparam -set COLLISION_X_MASK 1'1 *.npu.imem/t:$memrd_v2"
+"""Yosys commands for a board build (after reading the design): the fetch never reads
+the address being written (:class:`InstructionMemory` writes only the other bank), so
+what it would read then is left undefined. Without this Yosys keeps the memory's
+read-old-data rule, which the block RAMs do not guarantee across their two ports, by
+delaying every write a cycle and bypassing it to the read: about a hundred flip-flops
+and a multiplexer behind the fetch. (Amaranth always emits the mask as 0.)"""
+
 
 class InstructionMemory(wiring.Component):
     """Two banks of ``imem_depth`` 64-bit instructions, each stored with its
     :func:`hdl.sequencer.predecode` (computed here, on the write port).
 
     The host writes through ``w_*`` (the CSR block refuses writes aimed at the
-    active bank before they get here); the sequencer fetches from the active bank
-    through ``r_*`` with one cycle of latency. Bank selection is just the top
+    active bank before they get here, and the write enable excludes the bank read
+    through ``r_bank``); the sequencer fetches from the active bank through ``r_*``
+    with one cycle of latency. Bank selection is just the top
     address bit, so a swap is a one-bit change that costs no cycle.
 
     Members
@@ -52,7 +61,10 @@ class InstructionMemory(wiring.Component):
         wr = mem.write_port()
         rd = mem.read_port()
         m.d.comb += [
-            wr.en.eq(self.w_en & (self.w_index < depth)),
+            # Never the bank being fetched from (the CSR block already refuses such
+            # writes): so no cycle reads and writes one address, which the board builds
+            # tell Yosys (YOSYS_SCRIPT) instead of having it emulate a rule for it.
+            wr.en.eq(self.w_en & (self.w_index < depth) & (self.w_bank != self.r_bank)),
             wr.addr.eq(Cat(self.w_index[:ibits], self.w_bank)),
             wr.data.word.eq(self.w_data),
             wr.data.pre.eq(predecode(m, self.w_data, self.config)),

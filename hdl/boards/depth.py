@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .synth import BOARDS, board_top, npu_builds
+from .synth import BOARDS, board_top, npu_builds, tool_options
 
 # Delay of each combinational cell, in LUT levels (a LUT4 and the net after it).
 LUT = 1.0
@@ -216,7 +216,7 @@ def netlist(board_name: str, out: Path, config: str | None = None) -> Path:
         raise ValueError(f"{board_name}: the depth count knows ECP5 cells only "
                          f"({family} is not supported)")
     _, mod, top, work = board_top(board_name, out / "depth" / board_name, config=config)
-    plan = mod.platform().prepare(top, name="top", **mod.TOOL_OPTIONS)
+    plan = mod.platform().prepare(top, name="top", **tool_options(mod))
     plan.extract(work)
     _run([os.environ["YOSYS"], "-q", "-l", "top.rpt", "top.ys"], work, "yosys")
     return work / "top.json"

@@ -423,6 +423,18 @@ PLACERS = ("heap", "static", "sa")
 ROUTERS = ("router1", "router2")
 
 
+def tool_options(mod) -> dict:
+    """``platform.build``'s options for a board module: its ``TOOL_OPTIONS``, with the
+    Yosys commands the NPU's own memories ask for after the design is read
+    (:data:`hdl.imem.YOSYS_SCRIPT`) ahead of any the board adds."""
+    from hdl.imem import YOSYS_SCRIPT
+
+    options = dict(mod.TOOL_OPTIONS)
+    options["script_after_read"] = "\n".join(
+        s for s in (YOSYS_SCRIPT, options.get("script_after_read", "")) if s)
+    return options
+
+
 def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
                     router: str | None = None, heatmap: bool = False) -> str:
     """nextpnr's command-line options for a build: the board's own, the placer and
@@ -463,7 +475,7 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                                            config=config)
     plat = mod.platform()
     name = "top"
-    options = dict(mod.TOOL_OPTIONS)
+    options = tool_options(mod)
     options["nextpnr_opts"] = nextpnr_options(options.get("nextpnr_opts", ""),
                                               placer=placer, router=router, heatmap=heatmap)
     for stale in build_dir.glob("heat_*.csv"):  # a previous run's iterations
