@@ -181,11 +181,15 @@ class UartBridge(wiring.Component):
         strb = Signal(4)
         aw_done = Signal()
         w_done = Signal()
-        # A bus response is taken into registers and acted on a cycle later (the
-        # *_DONE states), so that the handshake from the CSR block or the RAM reaches
-        # only these registers and the next state, not the enables of the frame
-        # registers that finish() loads (a routed board build's slow path).
+        # Every bus handshake is taken into registers and acted on a cycle later
+        # (``got``, ``aw_done``/``w_done``, the response in ``resp_q``), so that a
+        # ready or valid from the CSR block or the RAM, across the chip, reaches only
+        # these registers and not the next state or the enables of the frame
+        # registers that the watchdog's finish() loads (routed board builds' slow
+        # paths: bridge -> CSR block -> bridge). A cycle per handshake, on a frame
+        # that takes thousands of cycles on the wire.
         resp_q = Signal(2)
+        got = Signal()  # the handshake the state waits for happened last cycle
 
         m.d.comb += [rd.addr.eq(idx), wr.addr.eq(idx)]
         crc_rx_next = crc16_step(crc, rx_byte)
@@ -366,22 +370,24 @@ class UartBridge(wiring.Component):
                     m.next = "W_FETCH"
             with m.State("W_BUS"):
                 m.d.comb += [aw_valid.eq(~aw_done), w_valid.eq(~w_done)]
-                aw_fire = aw_valid & aw_ready
-                w_fire = w_valid & w_ready
-                m.d.sync += [aw_done.eq(aw_done | aw_fire), w_done.eq(w_done | w_fire)]
-                with m.If((aw_done | aw_fire) & (w_done | w_fire)):
+                m.d.sync += [aw_done.eq(aw_done | (aw_valid & aw_ready)),
+                             w_done.eq(w_done | (w_valid & w_ready))]
+                with m.If(aw_done & w_done):
                     m.d.sync += [aw_done.eq(0), w_done.eq(0), timer.eq(0)]
                     m.next = "W_RESP"
                 with m.Else():
                     watchdog()
             with m.State("W_RESP"):
-                m.d.comb += b_ready.eq(1)
-                with m.If(b_valid):
-                    m.d.sync += [word.eq(0), strb.eq(0), resp_q.eq(b_resp)]
+                m.d.comb += b_ready.eq(~got)
+                m.d.sync += got.eq(b_valid & b_ready)
+                with m.If(b_valid & b_ready):
+                    m.d.sync += resp_q.eq(b_resp)
+                with m.If(got):
                     m.next = "W_DONE"
                 with m.Else():
                     watchdog()
             with m.State("W_DONE"):
+                m.d.sync += [word.eq(0), strb.eq(0)]
                 with m.If(resp_q != RESP_OKAY):
                     finish(Status.BUS_ERROR)
                 with m.Elif(remaining == 0):
@@ -391,16 +397,19 @@ class UartBridge(wiring.Component):
 
             # ---- reads: AR, R, then scatter the word's wanted bytes into the buffer -----
             with m.State("R_ADDR"):
-                m.d.comb += ar_valid.eq(1)
-                with m.If(ar_ready):
+                m.d.comb += ar_valid.eq(~got)
+                m.d.sync += got.eq(ar_valid & ar_ready)
+                with m.If(got):
                     m.d.sync += timer.eq(0)
                     m.next = "R_DATA"
                 with m.Else():
                     watchdog()
             with m.State("R_DATA"):
-                m.d.comb += r_ready.eq(1)
-                with m.If(r_valid):
+                m.d.comb += r_ready.eq(~got)
+                m.d.sync += got.eq(r_valid & r_ready)
+                with m.If(r_valid & r_ready):
                     m.d.sync += [word.eq(r_data), resp_q.eq(r_resp)]
+                with m.If(got):
                     m.next = "R_DONE"
                 with m.Else():
                     watchdog()
