@@ -197,7 +197,7 @@ Parameters (`firmware.golden.CostModel`):
   GEMMs in streams of tiles of 1 to 32 rows take exactly the model's cycles plus
   one (the start of a run). Where queues contend for the scratchpad or the DMA's bus
   waits on the memory, the model is an estimate; on the 256^3 GEMM kernel it is
-  within 2 cycles of the RTL's 282,318.
+  within 2 cycles of the RTL's 282,334.
 
 ## Default configuration
 
