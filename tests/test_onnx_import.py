@@ -146,7 +146,7 @@ def ref_int8(graph, ref, name):
     return (v.astype(np.int16) - (128 if v.dtype == np.uint8 else 0)).astype(np.int8)
 
 
-def compare_float(model, graph, feeds, out_scale, seed):
+def compare_float(model, graph, feeds, out_scale, seed, max_lsb=4, mean_lsb=1.5):
     """Per layer: each NPU node fed the reference's own inputs is within 1 LSB of the
     reference's output, and mostly exact (fixed-point requantization differs from
     float rounding only near ties). End to end: flipped LSBs propagate through
@@ -169,9 +169,7 @@ def compare_float(model, graph, feeds, out_scale, seed):
     assert exact >= 0.9 * total, f"seed {seed}: {exact} of {total} exact"
     got = run_reference(graph, feeds)["y"]
     lsb = np.abs(got - ref["y"]) / out_scale
-    # The cnn has 6 outputs, so their mean is a noisy figure: over 1200 random
-    # models the worst mean was 1.17 LSB (the max never above 4).
-    assert lsb.max() <= 4 + 1e-3 and lsb.mean() <= 1.5, f"seed {seed}: {lsb}"
+    assert lsb.max() <= max_lsb + 1e-3 and lsb.mean() <= mean_lsb, f"seed {seed}: {lsb}"
 
 
 @pytest.mark.parametrize("act_type", [TensorProto.UINT8, TensorProto.INT8])
@@ -203,7 +201,11 @@ def test_qdq_cnn_matches_reference_evaluator(seed, act_type):
     assert conv2.pads == (1, 1, 1, 1)  # SAME_UPPER resolved
     for _ in range(2):
         x = rng.uniform(-2, 2, (2, 1, 8, 8)).astype(np.float32)
-        compare_float(model, g, {"x": x}, sy, seed)
+        # The cnn has 6 outputs, so their mean is a noisy figure. Over 22,400
+        # inferences of 11,200 random cnns (seeds 0 to 5,599, both activation types)
+        # the worst max was 5 LSB (14 times) and the worst mean 1.67 (twice), the
+        # per-node checks holding in all; bounds of 4 and 1.5 failed one run in 400.
+        compare_float(model, g, {"x": x}, sy, seed, max_lsb=5, mean_lsb=1.75)
 
 
 def gated_model(rng, same_scales):
