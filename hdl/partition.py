@@ -38,7 +38,11 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
     offset : Out(32)
         Byte offset of the first byte inside the partition.
     nbytes : Out(40)
-        Length of the span in bytes (at least 1).
+        Length of the span in bytes, less ``addend`` (the span is at least 1 byte).
+    addend : Out(40)
+        The rest of the span's length: the span is ``addend + nbytes`` bytes. A
+        requester whose length is a product and a sum gives the sum here, a cycle
+        before the product, so that it is added while the table looks ``p`` up.
     addr : In(sp_addr_bits)
         Absolute scratchpad byte address ``base + offset`` (meaningful only when
         ``error`` is NONE).
@@ -46,13 +50,13 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
         ``firmware.isa.ErrorCode``: NONE, BAD_OPERAND when ``p >= partitions``,
         PARTITION_BOUNDS when the entry is disabled (size 0), leaves the
         scratchpad (``base + size > sp_bytes``) or the span leaves the partition
-        (``offset + nbytes > size``), checked in that order.
+        (``offset + addend + nbytes > size``), checked in that order.
 
-    Timing: the lookup is registered, and so is the active table it reads. ``p``
-    and ``offset`` are sampled at every clock edge, the table's ``bank``, ``set``
+    Timing: the lookup is registered, and so is the active table it reads. ``p``,
+    ``offset`` and ``addend`` are sampled at every clock edge, the table's ``bank``, ``set``
     and entries one edge earlier; ``addr`` and ``error`` describe the values
     sampled then, ``error`` combined with the current ``nbytes`` (one compare). A
-    requester holds ``p`` and ``offset`` for a cycle before it reads the result,
+    requester holds ``p``, ``offset`` and ``addend`` for a cycle before it reads the result,
     and may present ``nbytes`` a cycle later; ``bank``, ``set`` and the entries
     must have held for the cycle before that too.
     """
@@ -60,6 +64,7 @@ def pt_check_signature(config: NPUConfig) -> wiring.Signature:
         "p": Out(_PART_BITS),
         "offset": Out(32),
         "nbytes": Out(40),
+        "addend": Out(40),
         "addr": In(sp_addr_bits(config)),
         "error": In(4),
     })
@@ -237,17 +242,18 @@ class PartitionTable(wiring.Component):
 
         for i, chk in enumerate(self.checks):
             # The lookup, registered: the address, the entry's verdict, and the room
-            # the partition leaves after the offset (offset + nbytes > size is
-            # nbytes > size - offset), so that the check itself is one compare.
+            # the partition leaves after the offset and the addend (offset + addend +
+            # nbytes > size is nbytes > size - offset - addend), so that the check
+            # itself is one compare.
             addr = Signal.like(chk.addr, name=f"chk{i}_addr")
             missing = Signal(name=f"chk{i}_missing")
             bad = Signal(name=f"chk{i}_bad")
-            room = Signal(signed(34), name=f"chk{i}_room")
+            room = Signal(signed(43), name=f"chk{i}_room")
             m.d.sync += [
                 addr.eq(act_base[chk.p] + chk.offset),
                 missing.eq(chk.p >= cfg.partitions),
                 bad.eq(act_bad[chk.p].any()),
-                room.eq(act_size[chk.p] - chk.offset),
+                room.eq(act_size[chk.p] - chk.offset - chk.addend),
             ]
             m.d.comb += chk.addr.eq(addr)
             # Same order as golden _sp_range: existence, enabled, inside the SP, span.

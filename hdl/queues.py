@@ -121,13 +121,16 @@ class _TokenCounter:
 
     def __init__(self, m, name, pulse_in, take, run_start):
         self.count = Signal(TOKEN_COUNT_BITS, name=f"{name}_tokens")
-        self.available = self.count != 0
+        # `count != 0`, kept as a register: it gates the queue's pop, and compared from
+        # the count it was the start of a routed board build's slow path into the FIFO.
+        self.available = Signal(name=f"{name}_available")
         with m.If(run_start):
-            m.d.sync += self.count.eq(0)
+            m.d.sync += [self.count.eq(0), self.available.eq(0)]
         with m.Elif(pulse_in & ~take):
-            m.d.sync += self.count.eq(self.count + 1)
+            m.d.sync += [self.count.eq(self.count + 1),
+                         self.available.eq(self.count != (1 << TOKEN_COUNT_BITS) - 1)]
         with m.Elif(take & ~pulse_in):
-            m.d.sync += self.count.eq(self.count - 1)
+            m.d.sync += [self.count.eq(self.count - 1), self.available.eq(self.count != 1)]
 
 
 def _dma_done_signature():

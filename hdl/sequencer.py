@@ -268,6 +268,10 @@ class Sequencer(wiring.Component):
         OPERANDS, SPANS, PRODUCTS, CHECK, FIRE = range(5)
         stage = Signal(5, init=1)  # one-hot: the step of the instruction in flight (RUN)
         fire = Signal()  # the current instruction completes its dispatch this cycle
+        # Registered: RUN, in FIRE, not timed out. `fire` is this, `bad` and the queues'
+        # readies, so that it is two LUTs deep rather than five.
+        armed = Signal()
+        bad = Signal()  # the instruction in FIRE faults (registered in CHECK)
         # What the instruction waits for in FIRE (decoded in CHECK, registered).
         needs = {n: Signal(name=f"needs_{n}")
                  for n in ("idle", "load_idle", "load", "compute", "store")}
@@ -319,7 +323,9 @@ class Sequencer(wiring.Component):
 
         fsm_running = Signal()
         m.d.comb += self.imem_addr.eq(Mux(fsm_running, next_pc, 0))
-        m.d.sync += timeout.eq((self.cycle_budget != 0) & (run_cycles >= self.cycle_budget))
+        timeout_d = Signal()  # `timeout` next cycle, in RUN
+        m.d.comb += timeout_d.eq((self.cycle_budget != 0) & (run_cycles >= self.cycle_budget))
+        m.d.sync += timeout.eq(timeout_d)
 
         # The fetched word and its predecode (see `predecode`): the registers it names
         # (it waits in OPERANDS while any of them has a vargmax result in flight: reads
@@ -368,7 +374,7 @@ class Sequencer(wiring.Component):
                 m.d.sync += run_cycles.eq(run_cycles + 1)
                 # Stalled: waiting for a queue, the machine to drain or an operand (the
                 # OPERANDS and CHECK cycles themselves are the dispatch, not a stall).
-                m.d.comb += self.ev_stall.eq((stage[FIRE] & ~fire & ~fault)
+                m.d.comb += self.ev_stall.eq((armed & ~bad & ~fire)
                                              | (stage[OPERANDS] & reg_wait))
                 with m.If(self.queue_error):
                     m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
@@ -384,36 +390,39 @@ class Sequencer(wiring.Component):
                     m.next = "FINISH"
                 with m.Elif(fire):
                     m.d.sync += pc.eq(next_pc_q)
-                    # The next instruction was fetched in CHECK: its OPERANDS step is
-                    # this cycle, reading the registers as this fire leaves them, unless
-                    # it waits for a vargmax result (or this is a vargmax, whose result
-                    # becomes pending now). The word and operands are latched even when
-                    # it waits (OPERANDS latches them again until it does not): so the
-                    # wait, decoded from the memory's output, sets the next step only,
-                    # not the enable of every register the word loads (a routed board
-                    # build's critical path).
-                    with m.If(opcode != OPC["vargmax"]):
-                        m.d.comb += latch_word.eq(1)
-                        m.d.sync += [word.eq(live), legal.eq(legal_live),
-                                     wbad.eq(pre.operands_bad), queue_op.eq(live_queue_op),
-                                     stage.eq(Mux(reg_wait, 1 << OPERANDS, after_operands))]
-                        m.d.sync += [sig.eq(Mux(wb_en & (wb_rd == idx), wb_value, value))
-                                     for sig, idx, value in zip(opnd, slot_idx, slot_val,
-                                                                strict=True)]
-                    with m.Else():
-                        m.d.sync += stage.eq(1 << OPERANDS)
-                with m.Elif(stage[OPERANDS]):
-                    m.d.comb += latch_word.eq(1)
+                # The step, the word and the operands are selected by `fire` last, outside
+                # the chain above: `fire` comes from the queues' readies, and behind the
+                # chain's conditions it was three LUTs from these registers (a routed
+                # board build's slowest paths). In a cycle that leaves RUN they change
+                # too, harmlessly: a start sets the step and OPERANDS latches again.
+                #
+                # At a fire the next instruction, fetched in CHECK, has its OPERANDS step
+                # this cycle, reading the registers as this fire leaves them, unless it
+                # waits for a vargmax result (or this is a vargmax, whose result becomes
+                # pending now). The word and operands are latched even when it waits
+                # (OPERANDS latches them again until it does not): so the wait, decoded
+                # from the memory's output, sets the next step only, not the enable of
+                # every register the word loads.
+                m.d.comb += latch_word.eq(Mux(fire, opcode != OPC["vargmax"], stage[OPERANDS]))
+                with m.If(latch_word):
                     m.d.sync += [word.eq(live), legal.eq(legal_live), wbad.eq(pre.operands_bad),
-                                 queue_op.eq(live_queue_op),
-                                 stage.eq(Mux(reg_wait, 1 << OPERANDS, after_operands))]
-                    m.d.sync += [sig.eq(value) for sig, value in zip(opnd, slot_val, strict=True)]
+                                 queue_op.eq(live_queue_op)]
+                    m.d.sync += [sig.eq(Mux(fire, Mux(wb_en & (wb_rd == idx), wb_value, value),
+                                            value))
+                                 for sig, idx, value in zip(opnd, slot_idx, slot_val,
+                                                            strict=True)]
+                stage_word = Mux(reg_wait, 1 << OPERANDS, after_operands)  # of a latched word
+                stage_stepped = Signal(5)
+                with m.If(stage[OPERANDS]):
+                    m.d.comb += stage_stepped.eq(stage_word)
                 with m.Elif(stage[SPANS]):
-                    m.d.sync += stage.eq(Mux(queue_op, 1 << PRODUCTS, 1 << CHECK))
+                    m.d.comb += stage_stepped.eq(Mux(queue_op, 1 << PRODUCTS, 1 << CHECK))
                 with m.Elif(stage[PRODUCTS]):
-                    m.d.sync += stage.eq(1 << CHECK)
-                with m.Elif(stage[CHECK]):
-                    m.d.sync += stage.eq(1 << FIRE)
+                    m.d.comb += stage_stepped.eq(1 << CHECK)
+                with m.Else():  # CHECK, or FIRE waiting
+                    m.d.comb += stage_stepped.eq(1 << FIRE)
+                m.d.sync += stage.eq(Mux(fire, Mux(opcode != OPC["vargmax"], stage_word,
+                                                   1 << OPERANDS), stage_stepped))
                 # Fetch the next instruction in CHECK (its pc is resolved this cycle).
                 # Outside the chain above on purpose: the chain's earlier conditions
                 # depend on the fetched word (reg_wait), which made a path from the
@@ -460,23 +469,29 @@ class Sequencer(wiring.Component):
                          pc_loop.eq((live_opcode == OPC["loop"]) | (live_opcode == OPC["loopr"])),
                          pc_loopi.eq(live_opcode == OPC["loop"])]
 
-        loop_back_q, loop_more_q = Signal(), Signal()  # registered for the fire
+        # The loop stack's update at a fire is decided in CHECK, from the instruction's
+        # case (which sets these), and registered: the fire only applies it. Each case
+        # wrote the stack under its own `fire` before, and that decode behind `fire`
+        # was a routed board build's slowest path (the enables of `loop_rem`).
+        advances = Signal()  # goes on to `advance` (not a taken branch, loop or end)
+        loop_push = Signal()  # a loop with a nonzero count: push it
+        br_leaves = Signal()  # a taken branch out of the innermost loop: pop it
+        loop_dec_q, loop_pop_q, loop_push_q = Signal(), Signal(), Signal()
         with m.If(running & stage[CHECK]):
-            m.d.sync += [loop_back_q.eq(loop_back), loop_more_q.eq(loop_rem[top] > 1)]
+            more = loop_rem[top] > 1
+            m.d.sync += [loop_dec_q.eq(advances & loop_back & more),
+                         loop_pop_q.eq((advances & loop_back & ~more) | br_leaves),
+                         loop_push_q.eq(loop_push)]
 
         def do_advance():
-            with m.If(loop_back_q):
-                with m.If(loop_more_q):
-                    m.d.sync += loop_rem[top].eq(loop_rem[top] - 1)
-                with m.Else():
-                    m.d.sync += loop_sp.eq(loop_sp - 1)
+            m.d.comb += advances.eq(1)
 
         # ---- partition checks ------------------------------------------------------------
         # Each check's byte span is a * b + add (+ the pooling window's extent): SPANS
         # registers the partition, offset, factors and addend; in PRODUCTS the
-        # partition table looks the partition up (registered) while the span is
-        # multiplied out; in CHECK the table compares the span with the room left
-        # after the offset.
+        # partition table looks the partition up and takes the offset and addend off
+        # its size (registered) while a * b is multiplied out; in CHECK the table
+        # compares the product with that room.
         chk = self.chk
         # The pooling window's extent, (count - 1) * stride, kept in a register that
         # changes with its cfg registers (SPANS, right after a cfg's fire, reads it):
@@ -487,10 +502,17 @@ class Sequencer(wiring.Component):
         cfg_fld, cfg_value = field(word, "cfg", "field"), field(word, "cfg", "value")
         ext_new_count = Signal(SPAN_BITS)
         ext_new_stride = Signal(SPAN_BITS)
+        # The factors less one are registered in PRODUCTS (a cfg is a queue op, so it
+        # takes that step), so that CHECK is a product alone: with the subtract before
+        # the multiplier it was a routed board build's slowest path.
+        value_less = Signal((cfg_value[:len(count_r)] - 1).shape())
+        count_less = Signal((count_r - 1).shape())
+        with m.If(running & stage[PRODUCTS]):
+            m.d.sync += [value_less.eq(cfg_value[:len(count_r)] - 1), count_less.eq(count_r - 1)]
         with m.If(running & stage[CHECK]):
             m.d.sync += [
-                ext_new_count.eq((cfg_value[:len(count_r)] - 1) * stride_r),
-                ext_new_stride.eq((count_r - 1) * cfg_value[:len(stride_r)]),
+                ext_new_count.eq(value_less * stride_r),
+                ext_new_stride.eq(count_less * cfg_value[:len(stride_r)]),
             ]
         with m.If(self.run_start):
             m.d.sync += pool_extent.eq(0)  # the reset count is 1
@@ -517,11 +539,14 @@ class Sequencer(wiring.Component):
             for span, q in zip(spans, spans_q, strict=True):
                 m.d.sync += [q[k].eq(span[k]) for k in ("p", "offset", "a", "b")]
                 m.d.sync += q["addend"].eq(span["add"] + Mux(span["extra"], pool_extent, 0))
+        # The addend goes to the table with the partition and offset, which takes it
+        # off the room while it looks the partition up, so PRODUCTS is a product alone:
+        # with the add behind the multiplier it was a routed board build's slowest path.
         with m.If(running & stage[PRODUCTS]):
             for c, q in zip(chk, spans_q, strict=True):
-                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + q["addend"])
+                m.d.sync += c.nbytes.eq(q["a"] * q["b"])
         for c, q in zip(chk, spans_q, strict=True):
-            m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"])]
+            m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"]), c.addend.eq(q["addend"])]
 
         def check(i, p, offset, a, b, add=0, extra=False):
             """Partition check ``i`` of ``a * b + add`` bytes (+ the pooling extent)."""
@@ -571,23 +596,30 @@ class Sequencer(wiring.Component):
                     conds.append(has & (ch == 0))
             for cond in conds:
                 fail(cond, ErrorCode.TOKEN_DEADLOCK)
-            with m.If(fire):
+            with m.If(resolving):
                 for flag in Token:
                     if DEC["legal_tokens"][mn] & flag:
-                        ch = chan[isa.token_channel(queue, flag)]
+                        name = isa.token_channel(queue, flag)
                         has = (toks & flag) != 0
                         delta = -1 if flag in (Token.POP_PREV, Token.POP_NEXT) else 1
                         with m.If(has):
-                            m.d.sync += ch.eq(ch + delta)
+                            m.d.sync += chan_after[name].eq(chan[name] + delta)
 
-        # Pending token updates from several flags of one instruction touch different
-        # channels (prev/next), so the sync assignments above never collide.
+        # The counts as the instruction in flight leaves them, worked out in CHECK (no
+        # other fire comes between) and taken at its fire: through the opcode's case
+        # and an adder, `fire` was four LUTs from the counts (a routed board build's
+        # slowest paths). Several flags of one instruction touch different channels
+        # (prev/next), so the sync assignments above never collide.
+        chan_after = {name: Signal.like(c, name=f"{c.name}_after") for name, c in chan.items()}
+        with m.If(resolving):
+            m.d.sync += [chan_after[name].eq(c) for name, c in chan.items()]
+        with m.If(fire):
+            m.d.sync += [c.eq(chan_after[name]) for name, c in chan.items()]
 
         with m.Switch(opcode):
             # -- sequencer instructions --------------------------------------------------
             with case("nop", "misspec"):
-                with m.If(fire):
-                    do_advance()
+                do_advance()
                 m.d.comb += self.ev_misspec.eq(fire & (opcode == OPC["misspec"]))
             with case("end"):
                 m.d.comb += [needs["idle"].eq(1), is_end.eq(1)]
@@ -622,8 +654,7 @@ class Sequencer(wiring.Component):
                                  pp[1].eq(a[16:] * b[:16]), pp[2].eq(a[:16] * b[16:]),
                                  wb_en.eq(rd != 0), wb_rd.eq(rd),
                                  wb_mul.eq(opcode == OPC["mul"])]
-                with m.If(fire):
-                    do_advance()
+                do_advance()
             with case("br"):
                 # The condition and the loop-range compares are registered in SPANS (the
                 # loop stack changes only at a fire) and hold through FIRE.
@@ -637,12 +668,10 @@ class Sequencer(wiring.Component):
                                  outside2_q.eq((loop_sp > 1) & ~inside2)]
                 fail(taken_q & wbad, ErrorCode.PC_BOUNDS)  # the target is past the end
                 fail(taken_q & leaves_q & outside2_q, ErrorCode.LOOP)
-                with m.If(fire):
-                    with m.If(taken_q):
-                        with m.If(leaves_q):
-                            m.d.sync += loop_sp.eq(loop_sp - 1)
-                    with m.Else():
-                        do_advance()
+                with m.If(taken_q):
+                    m.d.comb += br_leaves.eq(leaves_q)
+                with m.Else():
+                    do_advance()
             with case("loop", "loopr"):
                 end = field(word, "loop", "end")
                 count = Mux(pc_loopi, field(word, "loop", "count"), R("loopr", "rs"))
@@ -651,20 +680,16 @@ class Sequencer(wiring.Component):
                 fail(in_loop & (end >= loop_end[top]), ErrorCode.LOOP)
                 fail(loop_sp >= ld, ErrorCode.LOOP)
                 push_at = loop_sp[:max(1, ceil_log2(ld))]  # the free stack entry
-                count_nz = Signal()
-                with m.If(resolving):
-                    m.d.sync += count_nz.eq(count != 0)
-                with m.If(fire & count_nz):
+                m.d.comb += loop_push.eq(count != 0)
+                with m.If(fire & loop_push_q):
                     m.d.sync += [
                         loop_start[push_at].eq(pc + 1),
                         loop_end[push_at].eq(end),
                         loop_rem[push_at].eq(count),
-                        loop_sp.eq(loop_sp + 1),
                     ]
             with case("sync"):
                 m.d.comb += needs["idle"].eq(1)
-                with m.If(fire):
-                    do_advance()
+                do_advance()
             with case("region"):
                 m.d.comb += needs["idle"].eq(1)
                 rid = field(word, "region", "id")
@@ -672,8 +697,8 @@ class Sequencer(wiring.Component):
                 fail(is_begin & (reg_sp >= rd_), ErrorCode.REGION)
                 fail(~is_begin & ((reg_sp == 0) | (reg_id[rtop] != rid)), ErrorCode.REGION)
                 slot = reg_sp[:max(1, ceil_log2(rd_))]
+                do_advance()
                 with m.If(fire):
-                    do_advance()
                     with m.If(is_begin):
                         m.d.comb += self.ev_region.eq(1)
                         m.d.sync += [reg_id[slot].eq(rid), reg_sp.eq(reg_sp + 1),
@@ -691,15 +716,15 @@ class Sequencer(wiring.Component):
                 s = field(word, "ptsel", "set")
                 fail(wbad, ErrorCode.BAD_OPERAND)  # no such set
                 m.d.comb += needs["idle"].eq(1)
+                do_advance()
                 with m.If(fire):
-                    do_advance()
                     m.d.sync += pt_set.eq(s)
             with case("tinv"):
                 slot = field(word, "tinv", "slot")
                 fail(wbad, ErrorCode.BAD_OPERAND)  # no such slot
                 m.d.comb += [needs["load_idle"].eq(1), self.tinv_slot.eq(slot)]
+                do_advance()
                 with m.If(fire):
-                    do_advance()
                     m.d.comb += self.tinv_en.eq(1)
 
             # -- load / store --------------------------------------------------------------
@@ -724,8 +749,8 @@ class Sequencer(wiring.Component):
                         entry.tokens.eq(toks), entry.pc.eq(pc[:INSN_PC_BITS]),
                         needs[mn].eq(1),
                     ]
+                    do_advance()
                     with m.If(fire):
-                        do_advance()
                         m.d.comb += port.valid.eq(1)
 
             # -- compute -------------------------------------------------------------------
@@ -739,9 +764,19 @@ class Sequencer(wiring.Component):
                         entry_c.tokens.eq(toks),
                         needs["compute"].eq(1),
                     ]
+                    do_advance()
                     with m.If(fire):
-                        do_advance()
                         m.d.comb += self.compute.valid.eq(1)
+
+        # The loop stack at a fire, as CHECK decided (a push and a pop or decrement
+        # never come together: a loop does not advance).
+        with m.If(fire):
+            with m.If(loop_push_q):
+                m.d.sync += loop_sp.eq(loop_sp + 1)
+            with m.Elif(loop_pop_q):
+                m.d.sync += loop_sp.eq(loop_sp - 1)
+            with m.If(loop_dec_q):
+                m.d.sync += loop_rem[top].eq(loop_rem[top] - 1)
 
         # (An end or a faulting instruction fetches ``advance``, which nothing reads.)
         m.d.comb += next_pc.eq(Mux(pc_br & taken_q, target,
@@ -801,7 +836,6 @@ class Sequencer(wiring.Component):
         # CHECK registers whether it faults; FIRE acts on it, and selects which fault
         # from registers (``pc`` and ``legal`` hold until the fire).
         pc_out = pc >= depth
-        bad = Signal()
         bad_code = Signal(8)
         bad_at = Signal.like(chain_at)  # the check whose offset the fault reports, + 1
         with m.If(resolving):
@@ -815,13 +849,18 @@ class Sequencer(wiring.Component):
         with m.If(running):
             with m.If(timeout):
                 m.d.comb += [fault.eq(1), fault_code.eq(ErrorCode.TIMEOUT)]
-            with m.Elif(stage[FIRE]):
-                with m.If(bad):
-                    # The checks' offsets hold until the next instruction's SPANS step.
-                    bad_addr = Array([Const(0, 32)] + [c.offset for c in chk])[bad_at]
-                    m.d.comb += [fault.eq(1), fault_code.eq(bad_code), fault_addr.eq(bad_addr)]
-                with m.Elif(~wait & ~self.queue_error):
-                    m.d.comb += [fire.eq(1), self.ev_instr.eq(1)]
+            with m.Elif(stage[FIRE] & bad):
+                # The checks' offsets hold until the next instruction's SPANS step.
+                bad_addr = Array([Const(0, 32)] + [c.offset for c in chk])[bad_at]
+                m.d.comb += [fault.eq(1), fault_code.eq(bad_code), fault_addr.eq(bad_addr)]
+        m.d.comb += [fire.eq(armed & ~bad & ~wait & ~self.queue_error),
+                     self.ev_instr.eq(fire)]
+        # `armed` next cycle: a CHECK that does not time out goes to FIRE, and FIRE stays
+        # until the fire or a fault (a bad instruction is never armed and fire, but is
+        # left out here: its checks are CHECK's deepest logic); a bus error or the
+        # budget running out ends the run.
+        m.d.sync += armed.eq(~self.queue_error & ~timeout_d
+                             & ((resolving & ~timeout) | (armed & ~fire & ~bad)))
         return m
 
     # ------------------------------------------------------------------------------------

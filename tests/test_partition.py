@@ -96,7 +96,8 @@ def _random_query(rng, table):
 def test_check_signature_widths():
     sig = pt_check_signature(CONFIGS["default"])
     widths = {name: member.shape for name, member in sig.members.items()}
-    assert widths == {"p": 3, "offset": 32, "nbytes": 40, "addr": 16, "error": 4}
+    assert widths == {"p": 3, "offset": 32, "nbytes": 40, "addend": 40, "addr": 16,
+                      "error": 4}
 
 
 @pytest.mark.parametrize("name", ["default", "small"])
@@ -142,9 +143,12 @@ def test_random_tables_against_golden(name, seed, regress):
                 expected = []
                 for chk in dut.checks:
                     p, offset, nbytes = _random_query(rng, golden.ptables[bank][pt_set])
+                    # the sequencer's split: the span is a product plus an addend
+                    addend = rng.choice([0, rng.randrange(nbytes + 1)])
                     ctx.set(chk.p, p)
                     ctx.set(chk.offset, offset)
-                    ctx.set(chk.nbytes, nbytes)
+                    ctx.set(chk.addend, addend)
+                    ctx.set(chk.nbytes, nbytes - addend)
                     expected.append(((p, offset, nbytes),
                                      _golden(golden, bank, pt_set, p, offset, nbytes)))
                 await ctx.tick().repeat(2)  # the active table, then the lookup

@@ -64,7 +64,7 @@ def test_scalar(n):
 
 def test_control():
     m, res = run("control.s")
-    assert (m.regs[2], m.regs[3], m.regs[4], m.regs[5]) == (12, 30, 0, 1)
+    assert (m.regs[2], m.regs[3], m.regs[4], m.regs[5], m.regs[6]) == (12, 30, 0, 1, 23)
     assert [r.region for r in m.trace] == [9] * 5
     assert m.counters["misspeculations"] == 1 and m.counters["regions"] == 5
     assert m.pt_set == 1
