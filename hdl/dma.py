@@ -494,10 +494,17 @@ class DMA(wiring.Component):
             wrote.eq(wb.r_rdy & head.write & sp.ready),
             finished.eq(wb.r_rdy & wb.r_en & head.done),
         ]
+        # The bytes of a row that left the head, a cycle later; the pop and the head's
+        # count are registered apart, so that the grant reaches one flip-flop, not the
+        # reset of the whole count (a routed board build's critical path).
+        popped = Signal()
+        popped_nbytes = Signal.like(head.nbytes)
         m.d.sync += [
             self.load_done.valid.eq(finished),
-            self.read_bytes.eq(Mux(wb.r_rdy & wb.r_en, head.nbytes, 0)),
+            popped.eq(wb.r_rdy & wb.r_en),
+            popped_nbytes.eq(head.nbytes),
         ]
+        m.d.comb += self.read_bytes.eq(Mux(popped, popped_nbytes, 0))
         # The completion's payload follows a completion at the head whether or not it
         # leaves this cycle: it is read only with ``valid``, and so its enable does not
         # wait on the scratchpad's grant (a routed board build's slow path).
