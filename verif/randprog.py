@@ -4,8 +4,8 @@ A program is a sequence of *groups* (load -> compute -> store pipelines linked b
 dependency tokens, of several kinds: GEMM with K accumulation and epilogue,
 element-wise add, clip, max-pool, argmax feeding a branch), scalar blocks, hardware
 loops (with a ``sync`` closing the body and one after the loop, which runs even when
-the count is 0), forward branches that skip code, region marks and tagged loads whose
-tags hit on later iterations.
+the count is 0 or a branch leaves the loop early), forward branches that skip code,
+region marks and tagged loads whose tags hit on later iterations.
 
 Race freedom is what makes a random program comparable with the golden model, which
 executes in program order: every group writes fresh scratchpad regions (a bump
@@ -230,14 +230,30 @@ class _Gen:
         elif kind == "loop" and depth < min(2, self.c.loop_depth - 1):
             end = self.new_label()
             count = self.r(0, 3)
+            # Some loops are left early by a taken branch on an iteration counter
+            # (the hardware pops the loop instead of counting it down), landing on
+            # the loop's end or past code after it.
+            leave = self.rng.random() < 0.35
+            counter = f"r{5 - depth}"  # one per nesting level: r1..r5 are free here
+            if leave:
+                self.emit(f"li {counter}, 0")
             self.emit(f"loop {count}, {end}")
             self.emit("sync")
             self.bump = [0] * len(self.bump)  # the body starts from empty buffers
             self.group(depth + 1)
+            out = end
+            if leave:
+                out = end if self.rng.random() < 0.5 else self.new_label()
+                self.emit(f"addi {counter}, {counter}, 1")
+                self.emit(f"li r7, {self.r(1, 3)}")
+                self.emit(f"br.{self.rng.choice(['eq', 'geu'])} {counter}, r7, {out}")
             self.emit("sync")
             self.lines.append(f"{end}:")
-            # A count of 0 skips the body with both its syncs: the buffers are
-            # recycled only after a sync that runs whatever the count.
+            if out != end:
+                self.scalar_block()  # runs only when the loop was not left early
+                self.lines.append(f"{out}:")
+            # A count of 0 skips the body with both its syncs, and leaving early skips
+            # the last: the buffers are recycled only after a sync that always runs.
             self.emit("sync")
             self.bump = [0] * len(self.bump)
         else:

@@ -575,6 +575,11 @@ COST_PROGRAMS = {
     "loop": "loop 12, e1\naddi r2, r2, 1\nnop\ne1:\n",
     "nested loops": "loop 3, e1\nloopr r5, e2\naddi r2, r2, 1\ne2:\nnop\ne1:\n",
     "loop 0": "loop 0, e1\naddi r2, r2, 1\ne1:\nnop\n",
+    # a taken branch leaves the loop on its fifth pass, to the loop's end or past it
+    "loop left at end": "li r4, 5\nloop 12, e1\naddi r4, r4, -1\nbr.eq r4, r0, e1\nnop\n"
+                        "e1:\nnop\n",
+    "loop left past": "li r4, 5\nloop 12, e1\naddi r4, r4, -1\nbr.eq r4, r0, out\nnop\n"
+                      "e1:\nnop\nout:\nnop\n",
     "regions": "region.begin 3\nnop\nregion.end 3\n" * (REPEATS // 3),
     "control": "ptsel 1\nptsel 0\ntinv 0\nmisspec\nsync\n" * (REPEATS // 4),
     "cfg": "cfg.qshift 9\n" * REPEATS,  # compute queue: dispatch-bound
