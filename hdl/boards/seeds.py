@@ -1,0 +1,111 @@
+"""Place and route one netlist with several nextpnr seeds and keep the fastest.
+
+nextpnr's placement starts from a random state: the same netlist routed with another
+``--seed`` lands a few MHz faster or slower (on the small ULX3S build, 61.85 against
+67.38 MHz). ``make synth SEEDS=2,3`` builds as usual (Yosys once, nextpnr with its
+default seed), then runs the build script's nextpnr line again with each seed, its
+outputs in ``seed<N>/``, and keeps the best run: every clock met first, then the
+fastest NPU clock. The kept run's outputs are copied over the build's own and the
+bitstream packed from them, so the report, ``hdl.boards.endpoints`` and the bitstream
+all describe the same placement.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "route_seeds"]
+
+NEXTPNR_OUTPUTS = ("--log", "--report", "--textcfg", "--asc")
+"""nextpnr's options that name a file it writes (redirected into a seed's folder)."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"2,3"`` -> ``[2, 3]``: the extra seeds, positive and distinct."""
+    seeds = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"seed {part!r}: seeds are positive integers, e.g. SEEDS=2,3")
+        if int(part) in seeds:
+            raise ValueError(f"seed {part} is listed twice")
+        seeds.append(int(part))
+    if not seeds:
+        raise ValueError("no seed given: e.g. SEEDS=2,3")
+    return seeds
+
+
+def script_commands(script: str) -> dict[str, list[str]]:
+    """The tool lines of amaranth's build script, by the variable naming the tool:
+    ``{"NEXTPNR_ECP5": [args...], "ECPPACK": [...]}`` (the tool itself left out)."""
+    commands = {}
+    for line in script.splitlines():
+        if line.startswith('"$'):
+            words = shlex.split(line)
+            commands[words[0].lstrip("$")] = words[1:]
+    return commands
+
+
+def seed_command(args: list[str], seed: int, folder: str) -> list[str]:
+    """nextpnr's arguments with ``--seed seed`` and the files it writes in ``folder``
+    (inputs stay where they are; any seed and heatmap options are dropped)."""
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--seed", "--router2-heatmap"):
+            skip = True
+            continue
+        if i and args[i - 1] in NEXTPNR_OUTPUTS:
+            arg = f"{folder}/{arg}"
+        out.append(arg)
+    return out + ["--seed", str(seed)]
+
+
+def route_seeds(build_dir: Path, script: str, seeds: list[int],
+                score: Callable[[Path], tuple], log=print) -> list[dict]:
+    """Route the built netlist again with each seed and keep the best run.
+
+    ``script`` is the build script's text; ``score(folder)`` ranks a finished run from
+    the files in ``folder`` (higher is better; the build's own run is in ``build_dir``).
+    Returns one entry per run, the build's own first (``seed`` None): ``{"seed",
+    "score", "kept"}``. The kept run's outputs end up in ``build_dir`` with the
+    bitstream packed from them. Raises ``RuntimeError`` when a tool fails.
+    """
+    commands = script_commands(script)
+    pnr = next((k for k in commands if k.startswith("NEXTPNR")), None)
+    pack = next((k for k in commands if k.endswith("PACK")), None)
+    if pnr is None or pack is None:
+        raise RuntimeError("the build script has no nextpnr or pack line to repeat")
+    runs = [{"seed": None, "score": score(build_dir)}]
+    outputs = [a for i, a in enumerate(commands[pnr]) if i and
+               commands[pnr][i - 1] in NEXTPNR_OUTPUTS]
+    for seed in seeds:
+        folder = f"seed{seed}"
+        (build_dir / folder).mkdir(exist_ok=True)
+        for name in outputs:
+            (build_dir / folder / name).unlink(missing_ok=True)
+        log(f"synth: placing and routing again with seed {seed} (into {folder}/)...")
+        argv = [os.environ.get(pnr, pnr.lower())] + seed_command(commands[pnr], seed, folder)
+        done = subprocess.run(argv, cwd=build_dir)
+        if done.returncode:
+            raise RuntimeError(f"nextpnr with seed {seed} failed (exit {done.returncode}; "
+                               f"see {build_dir / folder})")
+        runs.append({"seed": seed, "score": score(build_dir / folder)})
+    best = max(runs, key=lambda r: r["score"])  # the first of equals: the build's own
+    for r in runs:
+        r["kept"] = r is best
+    if best["seed"] is not None:
+        for name in outputs:
+            shutil.copyfile(build_dir / f"seed{best['seed']}" / name, build_dir / name)
+        argv = [os.environ.get(pack, pack.lower())] + commands[pack]
+        if subprocess.run(argv, cwd=build_dir).returncode:
+            raise RuntimeError(f"packing the bitstream of seed {best['seed']} failed")
+    return runs
