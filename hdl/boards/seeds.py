@@ -69,6 +69,11 @@ def seed_command(args: list[str], seed: int, folder: str) -> list[str]:
     return out + ["--seed", str(seed)]
 
 
+def _tool(var: str) -> str:
+    """The command a build script's ``$VAR`` runs (its own default: nextpnr-ecp5)."""
+    return os.environ.get(var, var.lower().replace("_", "-"))
+
+
 def route_seeds(build_dir: Path, script: str, seeds: list[int],
                 score: Callable[[Path], tuple], log=print) -> list[dict]:
     """Route the built netlist again with each seed and keep the best run.
@@ -93,7 +98,7 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
         for name in outputs:
             (build_dir / folder / name).unlink(missing_ok=True)
         log(f"synth: placing and routing again with seed {seed} (into {folder}/)...")
-        argv = [os.environ.get(pnr, pnr.lower())] + seed_command(commands[pnr], seed, folder)
+        argv = [_tool(pnr)] + seed_command(commands[pnr], seed, folder)
         done = subprocess.run(argv, cwd=build_dir)
         if done.returncode:
             raise RuntimeError(f"nextpnr with seed {seed} failed (exit {done.returncode}; "
@@ -105,7 +110,7 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
     if best["seed"] is not None:
         for name in outputs:
             shutil.copyfile(build_dir / f"seed{best['seed']}" / name, build_dir / name)
-        argv = [os.environ.get(pack, pack.lower())] + commands[pack]
+        argv = [_tool(pack)] + commands[pack]
         if subprocess.run(argv, cwd=build_dir).returncode:
             raise RuntimeError(f"packing the bitstream of seed {best['seed']} failed")
     return runs

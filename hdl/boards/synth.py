@@ -497,8 +497,9 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                                               placer=placer, router=router, heatmap=heatmap)
     for stale in build_dir.glob("heat_*.csv"):  # a previous run's iterations
         stale.unlink()
-    for stale in build_dir.glob("seed*"):  # a previous run's other seeds
-        shutil.rmtree(stale)
+    for stale in build_dir.glob("seed[0-9]*"):  # a previous run's other seeds
+        if stale.is_dir():
+            shutil.rmtree(stale)
     for stale in ("report.json", "report.md", _PNR_REPORT, f"{name}.{board.bitstream}",
                   f"{name}.tim", f"{name}.rpt"):
         (build_dir / stale).unlink(missing_ok=True)
