@@ -36,7 +36,8 @@ from .seeds import parse_seeds, route_seeds
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
-           "npu_clock_of", "summarize", "render_markdown", "timing_lines", "nextpnr_options",
+           "npu_clock_of", "timing_met", "seed_score", "summarize", "render_markdown",
+           "timing_lines", "nextpnr_options",
            "PLACERS", "ROUTERS", "board_config", "board_top", "npu_builds", "slowest_registers",
            "synthesize", "main"]
 
@@ -301,6 +302,19 @@ def npu_clock_of(fmax: dict[str, tuple[float, float]], clk_hz: float) -> str | N
     return min(fmax, key=lambda c: abs(fmax[c][1] * 1e6 - clk_hz)) if fmax else None
 
 
+def timing_met(fmax: dict[str, tuple[float, float]]) -> bool:
+    """Every clock reaches its target (False when nextpnr reported none)."""
+    return bool(fmax) and all(a >= t for a, t in fmax.values())
+
+
+def seed_score(folder: Path, clk_hz: float) -> tuple[bool, float]:
+    """How a finished nextpnr run in ``folder`` ranks among seeds (higher is better):
+    every clock met, then the NPU clock's fmax (:func:`npu_clock_of`)."""
+    fmax = parse_nextpnr_report((folder / _PNR_REPORT).read_text())["fmax"]
+    npu = npu_clock_of(fmax, clk_hz)
+    return timing_met(fmax), fmax[npu][0] if npu else 0.0
+
+
 def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz: float,
               npu_clock: str | None, pnr: dict, cells: dict[str, int], ram_bytes: int,
               baud: int, wall_s: float | None, npu_build: str | None = None) -> dict:
@@ -316,7 +330,7 @@ def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz
         npu_clock = npu_clock_of(fmax, clk_hz)
     achieved = fmax[npu_clock][0] if npu_clock in fmax else None
     macs = config.peak_macs_per_cycle
-    met = all(a >= t for a, t in fmax.values()) if fmax else False
+    met = timing_met(fmax)
     return {
         "board": board,
         "device": device,
@@ -522,14 +536,10 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         raise SynthError(f"{board_name}: {failed}")
     runs = None
     if seeds:
-        def score(folder: Path) -> tuple[bool, float]:
-            fmax = parse_nextpnr_report((folder / _PNR_REPORT).read_text())["fmax"]
-            npu = npu_clock_of(fmax, top.clk_freq)
-            return (bool(fmax) and all(a >= t for a, t in fmax.values()),
-                    fmax[npu][0] if npu else 0.0)
         script = (build_dir / f"build_{name}.sh").read_text()
         try:
-            runs = route_seeds(build_dir, script, seeds, score)
+            runs = route_seeds(build_dir, script, seeds,
+                               lambda folder: seed_score(folder, top.clk_freq))
         except (RuntimeError, OSError) as e:
             raise SynthError(f"{board_name}: {e}") from None
         wall = time.monotonic() - t0
