@@ -116,11 +116,18 @@ class PerfCounters(wiring.Component):
 class TraceFIFO(wiring.Component):
     """The region-trace FIFO: ``config.trace_depth`` records of ``TRACE_RECORD_LAYOUT``.
 
-    Per cycle, in this order: ``clear`` empties the FIFO, ``pop`` drops the head
-    record (ignored when empty), then a pushed record is appended if there is room.
-    A push into a full FIFO (full after the pop and clear of the same cycle) drops
-    the record and raises ``overflow`` in that cycle, like the golden model's
-    region trace; the caller counts ``trace_overflows`` from it.
+    A pushed record is registered first and enters the FIFO in the next cycle, so
+    the memory's write enable and data start from flip-flops rather than from the
+    sequencer's dispatch (its ``fire`` and the record's subtractions), which was
+    among the slowest paths of the ECP5 build. Per cycle, in this order: ``clear``
+    empties the FIFO and drops the record pushed in the cycle before, ``pop`` drops
+    the head record (ignored when empty), then the record pushed in the cycle
+    before is appended if there is room. One that finds the FIFO full (after the
+    pop of the same cycle) is dropped and raises ``overflow`` in that cycle, like
+    the golden model's region trace; the caller counts ``trace_overflows`` from it.
+    Seen from outside, the FIFO is the unregistered one a cycle late: a record
+    shows up in ``count`` and ``head`` two cycles after its push, and a record
+    pushed in the cycle of a ``clear`` survives it.
 
     Parameters
     ----------
@@ -132,6 +139,7 @@ class TraceFIFO(wiring.Component):
     push : In(stream.Signature(TRACE_RECORD_LAYOUT))
         A finished region record from the sequencer (``valid`` + ``payload``).
         ``ready`` is always 1: a record that does not fit is dropped, not stalled.
+        It counts in the FIFO from the second cycle after it is presented.
     pop : In(1)
         Drop the head record (the CSR block's ``trace_pop``).
     clear : In(1)
@@ -140,9 +148,10 @@ class TraceFIFO(wiring.Component):
         Records held.
     head : Out(TRACE_RECORD_LAYOUT)
         The oldest record, valid when ``count > 0``; it follows the FIFO state with
-        no extra latency (the cycle after a push into an empty FIFO, it is there).
+        no extra latency (two cycles after a push into an empty FIFO, it is there).
     overflow : Out(1)
-        Pulses in the cycle of a push that found the FIFO full.
+        Pulses in the cycle a pushed record found the FIFO full (the cycle after
+        its push).
     """
 
     def __init__(self, config: NPUConfig):
@@ -167,6 +176,11 @@ class TraceFIFO(wiring.Component):
         # on `head` next cycle (push into an empty FIFO, or pop+push at count 1).
         rd = mem.read_port(transparent_for=(wr,))
 
+        # The push, registered: `valid` is dropped by a clear in the cycle after it.
+        pend_valid = Signal()
+        pend = Signal(TRACE_RECORD_LAYOUT)
+        m.d.sync += [pend_valid.eq(self.push.valid), pend.eq(self.push.payload)]
+
         def succ(p):
             return Mux(p == depth - 1, 0, p + 1)
 
@@ -179,16 +193,16 @@ class TraceFIFO(wiring.Component):
         do_pop = Signal()
         rptr_next = Signal(range(depth))
         accept = Signal()
-        no_room = Signal()  # full after this cycle's clear and pop
+        no_room = Signal()  # full after this cycle's pop
 
         m.d.comb += [
             do_pop.eq(self.pop & ~empty & ~self.clear),
-            no_room.eq(full & ~do_pop & ~self.clear),
+            no_room.eq(full & ~do_pop),
             self.push.ready.eq(1),
-            accept.eq(self.push.valid & ~no_room),
-            self.overflow.eq(self.push.valid & no_room),
+            accept.eq(pend_valid & ~self.clear & ~no_room),
+            self.overflow.eq(pend_valid & ~self.clear & no_room),
             wr.addr.eq(wptr),
-            wr.data.eq(self.push.payload),
+            wr.data.eq(pend),
             wr.en.eq(accept),
             rd.addr.eq(rptr_next),
             self.head.eq(rd.data),
@@ -204,8 +218,7 @@ class TraceFIFO(wiring.Component):
         one = self.count == 1
         almost = self.count == depth - 1
         with m.If(self.clear):
-            m.d.sync += [self.count.eq(accept), empty.eq(~accept),
-                         full.eq(accept if depth == 1 else 0)]
+            m.d.sync += [self.count.eq(0), empty.eq(1), full.eq(0)]
         with m.Elif(accept & ~do_pop):
             m.d.sync += [self.count.eq(self.count + 1), empty.eq(0), full.eq(almost)]
         with m.Elif(do_pop & ~accept):

@@ -133,9 +133,11 @@ def test_trace_fifo_random(cfg, seed, regress):
     depth = cfg.trace_depth
     cycles = 4000 if regress else 800
     model: deque = deque()
+    pending = None  # the record pushed in the cycle before: it enters the FIFO now
     stats = {"overflows": 0, "max": 0, "pops": 0, "clears": 0}
 
     async def bench(ctx):
+        nonlocal pending
         # phases alternate between filling (overflow) and draining (empty pops)
         for cycle in range(cycles):
             filling = (cycle // 150) % 2 == 0
@@ -156,17 +158,20 @@ def test_trace_fifo_random(cfg, seed, regress):
             if model:
                 head = ctx.get(dut.head)
                 assert {f: getattr(head, f) for f in TRACE_FIELDS} == model[0], where
-            # model: clear, then pop, then push if there is room
+            # model: clear (dropping the pending record too), then pop, then the
+            # pending record is appended if there is room
             if clear:
                 model.clear()
+                pending = None
                 stats["clears"] += 1
             elif pop and model:
                 model.popleft()
                 stats["pops"] += 1
-            overflow = push and len(model) >= depth
+            overflow = pending is not None and len(model) >= depth
             assert ctx.get(dut.overflow) == overflow, where
-            if push and not overflow:
-                model.append(rec)
+            if pending is not None and not overflow:
+                model.append(pending)
+            pending = rec if push else None
             stats["overflows"] += overflow
             stats["max"] = max(stats["max"], len(model))
             await ctx.tick()
@@ -178,49 +183,51 @@ def test_trace_fifo_random(cfg, seed, regress):
     assert stats["clears"] > 0
 
 
-def test_trace_fifo_push_into_empty_shows_head_next_cycle():
+def test_trace_fifo_push_lands_two_cycles_later():
     cfg = NPUConfig(trace_depth=4)
     dut = TraceFIFO(cfg)
     rng = random.Random(1)
-    recs = [_record(rng) for _ in range(6)]
+    recs = [_record(rng) for _ in range(7)]
+
+    async def push(ctx, rec, **inputs):
+        """Present ``rec`` (or nothing) with ``inputs`` for one cycle."""
+        ctx.set(dut.push.valid, rec is not None)
+        if rec is not None:
+            ctx.set(dut.push.payload, rec)
+        for name in ("pop", "clear"):
+            ctx.set(getattr(dut, name), inputs.get(name, 0))
+        await ctx.tick()
 
     async def bench(ctx):
-        ctx.set(dut.push.valid, 1)
-        ctx.set(dut.push.payload, recs[0])
-        await ctx.tick()
-        ctx.set(dut.push.valid, 0)
+        await push(ctx, recs[0])
+        assert ctx.get(dut.count) == 0  # registered, not in yet
+        await push(ctx, None)
         assert ctx.get(dut.count) == 1
         assert ctx.get(dut.head.region) == recs[0]["region"]
-        # pop and push in the same cycle at count 1: the new record becomes head
-        ctx.set(dut.pop, 1)
-        ctx.set(dut.push.valid, 1)
-        ctx.set(dut.push.payload, recs[1])
-        await ctx.tick()
-        ctx.set(dut.pop, 0)
+        # pop and push together at count 1: empty for a cycle, then the new record
+        await push(ctx, recs[1], pop=1)
+        assert ctx.get(dut.count) == 0
+        await push(ctx, None)
         assert ctx.get(dut.count) == 1
         assert ctx.get(dut.head.stall_cycles) == recs[1]["stall_cycles"]
-        # fill to the brim, then a push with a pop in the same cycle is not an overflow
-        for r in recs[2:5]:
-            ctx.set(dut.push.payload, r)
-            await ctx.tick()
-        assert ctx.get(dut.count) == 4
-        ctx.set(dut.push.payload, recs[5])
-        assert ctx.get(dut.overflow) == 1
+        # fill to the brim; the next record overflows in the cycle after its push...
+        for r in recs[2:6]:
+            await push(ctx, r)
+        assert ctx.get(dut.count) == 4 and ctx.get(dut.overflow) == 1
+        # ...unless a pop in that cycle makes room for it
         ctx.set(dut.pop, 1)
         assert ctx.get(dut.overflow) == 0
-        await ctx.tick()
-        ctx.set(dut.pop, 0)
-        ctx.set(dut.push.valid, 0)
+        await push(ctx, None, pop=1)
         assert ctx.get(dut.count) == 4
         assert ctx.get(dut.head.region) == recs[2]["region"]
-        # clear and push together: the FIFO holds just the pushed record
-        ctx.set(dut.clear, 1)
-        ctx.set(dut.push.valid, 1)
-        ctx.set(dut.push.payload, recs[0])
-        await ctx.tick()
-        ctx.set(dut.clear, 0)
-        ctx.set(dut.push.valid, 0)
+        await push(ctx, None, clear=1)
+        assert ctx.get(dut.count) == 0
+        # a clear drops the record pushed the cycle before and keeps the one pushed with it
+        await push(ctx, recs[0])
+        await push(ctx, recs[6], clear=1)
+        assert ctx.get(dut.count) == 0
+        await push(ctx, None)
         assert ctx.get(dut.count) == 1
-        assert ctx.get(dut.head.end) == recs[0]["end"]
+        assert ctx.get(dut.head.end) == recs[6]["end"]
 
     _run(dut, bench)
