@@ -817,6 +817,26 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
         route_seeds(build, _ECP5_SCRIPT, [13], score, log=lambda *_: None)
 
 
+def test_seed_score_puts_every_clock_met_before_a_faster_npu_clock(tmp_path):
+    from hdl.boards.synth import seed_score
+
+    def run(name, npu_mhz, other_mhz):
+        """A finished run: the NPU clock (60 MHz target) and a 25 MHz one."""
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "nextpnr-report.json").write_text(json.dumps({"fmax": {
+            "npu_clk": {"achieved": npu_mhz, "constraint": 60.0},
+            "uart_clk": {"achieved": other_mhz, "constraint": 25.0}}}))
+        return seed_score(folder, 60e6)
+
+    faster_but_failing = run("a", 67.4, 24.0)
+    slower_and_met = run("b", 61.0, 30.0)
+    assert faster_but_failing == (False, 67.4)  # the NPU clock's figure, not the other's
+    assert slower_and_met == (True, 61.0)
+    assert max(faster_but_failing, slower_and_met) == slower_and_met
+    assert max(run("c", 62.0, 25.0), slower_and_met) == (True, 62.0)
+
+
 def test_synth_cli_rejects_bad_seeds(capsys):
     from hdl.boards.synth import main
 
