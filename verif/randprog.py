@@ -3,8 +3,9 @@
 A program is a sequence of *groups* (load -> compute -> store pipelines linked by
 dependency tokens, of several kinds: GEMM with K accumulation and epilogue,
 element-wise add, clip, max-pool, argmax feeding a branch), scalar blocks, hardware
-loops (with a ``sync`` closing the body and one after the loop, which runs even when
-the count is 0 or a branch leaves the loop early), forward branches that skip code,
+loops with an immediate or a register count (with a ``sync`` closing the body and one
+after the loop, which runs even when the count is 0 or a branch leaves the loop early;
+a loop left early may count up to 2**32 - 1), forward branches that skip code,
 region marks and tagged loads whose tags hit on later iterations.
 
 Race freedom is what makes a random program comparable with the golden model, which
@@ -234,10 +235,19 @@ class _Gen:
             # (the hardware pops the loop instead of counting it down), landing on
             # the loop's end or past code after it.
             leave = self.rng.random() < 0.35
-            counter = f"r{5 - depth}"  # one per nesting level: r1..r5 are free here
+            counter = f"r{1 + depth}"  # one per nesting level (no group writes r1..r4)
             if leave:
                 self.emit(f"li {counter}, 0")
-            self.emit(f"loop {count}, {end}")
+            if self.rng.random() < 0.4:
+                # The count from a register (read once, at the loop's start, so nested
+                # loops may share r3). A loop that is left early may have a count past
+                # the immediate's 16 bits, up to 2**32 - 1 (unsigned).
+                if leave and self.rng.random() < 0.5:
+                    count = int(self.rng.choice([0x10000 + self.r(0, 3), -1]))
+                self.emit(f"li r3, {count}")
+                self.emit(f"loopr r3, {end}")
+            else:
+                self.emit(f"loop {count}, {end}")
             self.emit("sync")
             self.bump = [0] * len(self.bump)  # the body starts from empty buffers
             self.group(depth + 1)
