@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import os
 import random
 import re
 import warnings
@@ -758,12 +759,29 @@ def test_seed_commands_redirect_nextpnr_outputs_only():
 
 # A stand-in for nextpnr: writes its outputs, with an fmax that depends on the seed
 # (FAKE_FMAX: "seed:MHz,..."; no --seed is the default run), and fails on seed 13.
-_FAKE_NEXTPNR = """import json, os, sys
+# Seeded runs mark themselves in FAKE_RUNDIR: one fails (exit 5) if more than FAKE_JOBS
+# run at once, and waits up to 20 s for FAKE_MEET of them to have started (exit 4),
+# which only runs that overlap can do.
+_FAKE_NEXTPNR = """import json, os, sys, time
 a = sys.argv[1:]
 arg = lambda o, d=None: a[a.index(o) + 1] if o in a else d
 seed = arg("--seed", "default")
 if seed == "13":
     sys.exit(3)
+rundir = os.environ.get("FAKE_RUNDIR")
+if rundir and seed != "default":
+    marks = lambda kind: sum(f.startswith(kind) for f in os.listdir(rundir))
+    open(os.path.join(rundir, "run-" + seed), "w").close()
+    open(os.path.join(rundir, "seen-" + seed), "w").close()
+    if marks("run-") > int(os.environ["FAKE_JOBS"]):
+        sys.exit(5)
+    t = time.monotonic()
+    while marks("seen-") < int(os.environ["FAKE_MEET"]):
+        if time.monotonic() - t > 20:
+            sys.exit(4)
+        time.sleep(0.05)
+    time.sleep(0.2)  # long enough for a run started past the limit to see this one
+    os.remove(os.path.join(rundir, "run-" + seed))
 fmax = dict(p.split(":") for p in os.environ["FAKE_FMAX"].split(","))[seed]
 json.dump({"fmax": {"clk": {"achieved": float(fmax), "constraint": 60.0}},
            "utilization": {}}, open(arg("--report"), "w"))
@@ -776,25 +794,20 @@ shutil.copyfile(a[a.index("--input") + 1], a[a.index("--bit") + 1])
 """
 
 
-@pytest.mark.parametrize("fmax, kept", [
-    ("default:61.0,2:67.4,3:55.0", 2),  # a faster seed: its outputs and bitstream kept
-    ("default:61.0,2:58.0,3:59.9", None),  # none faster: the build's own stays
-    ("default:58.0,2:59.0,3:58.5", 2),  # all fail: the fastest
-])
-def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
+def _fake_seed_build(tmp_path, monkeypatch, fmax, jobs, meet):
+    """A finished build in ``tmp_path/build`` with the stand-in tools on the path."""
     import sys
-
-    from hdl.boards.seeds import route_seeds
-    from hdl.boards.synth import seed_score
 
     for name, text in (("nextpnr.py", _FAKE_NEXTPNR), ("pack.py", _FAKE_PACK)):
         (tmp_path / name).write_text(text)
         (tmp_path / name.replace(".py", ".sh")).write_text(
             f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / name}" "$@"\n')
         (tmp_path / name.replace(".py", ".sh")).chmod(0o755)
-    monkeypatch.setenv("NEXTPNR_ECP5", str(tmp_path / "nextpnr.sh"))
-    monkeypatch.setenv("ECPPACK", str(tmp_path / "pack.sh"))
-    monkeypatch.setenv("FAKE_FMAX", fmax)
+    (tmp_path / "runs").mkdir()
+    for var, value in (("NEXTPNR_ECP5", tmp_path / "nextpnr.sh"), ("ECPPACK", tmp_path / "pack.sh"),
+                       ("FAKE_FMAX", fmax), ("FAKE_RUNDIR", tmp_path / "runs"),
+                       ("FAKE_JOBS", jobs), ("FAKE_MEET", meet)):
+        monkeypatch.setenv(var, str(value))
     build = tmp_path / "build"
     build.mkdir()
     own = dict(p.split(":") for p in fmax.split(","))["default"]  # the build's own run
@@ -803,9 +816,23 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     (build / "top.tim").write_text("")
     (build / "top.config").write_text("placed with seed default")
     (build / "top.bit").write_text("placed with seed default")
+    return build
+
+
+@pytest.mark.parametrize("fmax, kept", [
+    ("default:61.0,2:67.4,3:55.0", 2),  # a faster seed: its outputs and bitstream kept
+    ("default:61.0,2:58.0,3:59.9", None),  # none faster: the build's own stays
+    ("default:58.0,2:59.0,3:58.5", 2),  # all fail: the fastest
+])
+def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
+    from hdl.boards.seeds import route_seeds
+    from hdl.boards.synth import seed_score
+
+    # both seeds at once: each waits for the other to start
+    build = _fake_seed_build(tmp_path, monkeypatch, fmax, jobs=2, meet=2)
     score = functools.partial(seed_score, clk_hz=60e6)  # what synthesize ranks runs by
 
-    runs = route_seeds(build, _ECP5_SCRIPT, [2, 3], score, log=lambda *_: None)
+    runs = route_seeds(build, _ECP5_SCRIPT, [2, 3], score, log=lambda *_: None, jobs=2)
     assert [r["seed"] for r in runs] == [None, 2, 3]
     assert [r["seed"] for r in runs if r["kept"]] == [kept]
     want = f"placed with seed {kept or 'default'}"
@@ -815,6 +842,19 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     assert (build / "seed3" / "top.config").read_text() == "placed with seed 3"
     with pytest.raises(RuntimeError, match="seed 13 failed"):
         route_seeds(build, _ECP5_SCRIPT, [13], score, log=lambda *_: None)
+
+
+def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
+    from hdl.boards.seeds import default_jobs, route_seeds
+    from hdl.boards.synth import seed_score
+
+    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.0,2:62.0,3:63.0,5:64.0",
+                             jobs=2, meet=2)
+    runs = route_seeds(build, _ECP5_SCRIPT, [2, 3, 5], functools.partial(seed_score, clk_hz=60e6),
+                       log=lambda *_: None, jobs=2)
+    assert [r["seed"] for r in runs if r["kept"]] == [5]
+    assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-3", "seen-5"]
+    assert default_jobs() >= 1
 
 
 def test_seed_score_puts_every_clock_met_before_a_faster_npu_clock(tmp_path):

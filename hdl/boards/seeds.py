@@ -4,7 +4,8 @@ nextpnr's placement starts from a random state: the same netlist routed with ano
 ``--seed`` lands a few MHz faster or slower (on the small ULX3S build, 61.85 against
 67.38 MHz). ``make synth SEEDS=2,3`` builds as usual (Yosys once, nextpnr with its
 default seed), then runs the build script's nextpnr line again with each seed, its
-outputs in ``seed<N>/``, and keeps the best run: every clock met first, then the
+outputs in ``seed<N>/`` (as many seeds at once as there are cores: nextpnr's
+WebAssembly build uses one), and keeps the best run: every clock met first, then the
 fastest NPU clock. The kept run's outputs are copied over the build's own and the
 bitstream packed from them, so the report, ``hdl.boards.endpoints`` and the bitstream
 all describe the same placement.
@@ -17,9 +18,11 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "route_seeds"]
+__all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "default_jobs",
+           "route_seeds"]
 
 NEXTPNR_OUTPUTS = ("--log", "--report", "--textcfg", "--asc")
 """nextpnr's options that name a file it writes (redirected into a seed's folder)."""
@@ -74,12 +77,32 @@ def _tool(var: str) -> str:
     return os.environ.get(var, var.lower().replace("_", "-"))
 
 
+def default_jobs() -> int:
+    """How many seeds route at once by default: the cores this process may use
+    (nextpnr's WebAssembly build runs on one core, so seeds parallelize well)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _run_all(argvs: dict[int, list[str]], cwd: Path, jobs: int, log) -> dict[int, int]:
+    """Run each seed's command, at most ``jobs`` at once; their exit codes by seed."""
+    def run(seed):
+        log(f"synth: placing and routing again with seed {seed} (into seed{seed}/)...")
+        return subprocess.run(argvs[seed], cwd=cwd).returncode
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return dict(zip(argvs, pool.map(run, argvs), strict=True))
+
+
 def route_seeds(build_dir: Path, script: str, seeds: list[int],
-                score: Callable[[Path], tuple], log=print) -> list[dict]:
+                score: Callable[[Path], tuple], log=print, jobs: int | None = None) -> list[dict]:
     """Route the built netlist again with each seed and keep the best run.
 
     ``script`` is the build script's text; ``score(folder)`` ranks a finished run from
     the files in ``folder`` (higher is better; the build's own run is in ``build_dir``).
+    ``jobs`` seeds route at once (None: :func:`default_jobs`).
     Returns one entry per run, the build's own first (``seed`` None): ``{"seed",
     "score", "kept"}``. The kept run's outputs end up in ``build_dir`` with the
     bitstream packed from them. Raises ``RuntimeError`` when a tool fails.
@@ -92,18 +115,19 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
     runs = [{"seed": None, "score": score(build_dir)}]
     outputs = [a for i, a in enumerate(commands[pnr]) if i and
                commands[pnr][i - 1] in NEXTPNR_OUTPUTS]
+    argvs = {}
     for seed in seeds:
         folder = f"seed{seed}"
         (build_dir / folder).mkdir(exist_ok=True)
         for name in outputs:
             (build_dir / folder / name).unlink(missing_ok=True)
-        log(f"synth: placing and routing again with seed {seed} (into {folder}/)...")
-        argv = [_tool(pnr)] + seed_command(commands[pnr], seed, folder)
-        done = subprocess.run(argv, cwd=build_dir)
-        if done.returncode:
-            raise RuntimeError(f"nextpnr with seed {seed} failed (exit {done.returncode}; "
-                               f"see {build_dir / folder})")
-        runs.append({"seed": seed, "score": score(build_dir / folder)})
+        argvs[seed] = [_tool(pnr)] + seed_command(commands[pnr], seed, folder)
+    codes = _run_all(argvs, build_dir, jobs or default_jobs(), log)
+    for seed in seeds:
+        if codes[seed]:
+            raise RuntimeError(f"nextpnr with seed {seed} failed (exit {codes[seed]}; "
+                               f"see {build_dir / f'seed{seed}'})")
+        runs.append({"seed": seed, "score": score(build_dir / f"seed{seed}")})
     best = max(runs, key=lambda r: r["score"])  # the first of equals: the build's own
     for r in runs:
         r["kept"] = r is best

@@ -491,14 +491,15 @@ def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
 def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                placer: str | None = None, router: str | None = None,
                heatmap: bool = False, config: str | None = None,
-               seeds: list[int] | None = None) -> dict:
+               seeds: list[int] | None = None, seed_jobs: int | None = None) -> dict:
     """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
 
     ``config`` names another NPU build than the board's own (:func:`board_config`).
     ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
     ``heatmap`` has router2 write its congestion heatmaps into the build folder.
     ``seeds`` routes the netlist again with each of these nextpnr seeds and keeps
-    the best run (:mod:`hdl.boards.seeds`); the report lists every run.
+    the best run (:mod:`hdl.boards.seeds`), ``seed_jobs`` of them at once (None: one
+    per core); the report lists every run.
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
@@ -539,7 +540,7 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         script = (build_dir / f"build_{name}.sh").read_text()
         try:
             runs = route_seeds(build_dir, script, seeds,
-                               lambda folder: seed_score(folder, top.clk_freq))
+                               lambda folder: seed_score(folder, top.clk_freq), jobs=seed_jobs)
         except (RuntimeError, OSError) as e:
             raise SynthError(f"{board_name}: {e}") from None
         wall = time.monotonic() - t0
@@ -621,7 +622,10 @@ def main(argv=None) -> int:
                     "--router router2; summed up by python -m hdl.boards.congestion)")
     ap.add_argument("--seeds", default=None,
                     help="also place and route with these nextpnr seeds (e.g. 2,3) and "
-                    "keep the fastest run; each adds a nextpnr run's time")
+                    "keep the fastest run; they route side by side, one per core")
+    ap.add_argument("--seed-jobs", type=int, default=None, metavar="N",
+                    help="route at most N seeds at once (default: one per core; each "
+                    "nextpnr takes a core and about 1 GB on the small ULX3S build)")
     args = ap.parse_args(argv)
     if args.heatmap and args.router != "router2":
         ap.error("--heatmap needs --router router2 (the heatmaps are router2's)")
@@ -631,13 +635,15 @@ def main(argv=None) -> int:
         ap.error(f"--seeds: {e}")
     if seeds and args.heatmap:
         ap.error("--heatmap describes one run: leave out --seeds")
+    if args.seed_jobs is not None and args.seed_jobs < 1:
+        ap.error(f"--seed-jobs {args.seed_jobs}: at least 1")
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
     try:
         report = synthesize(args.board, args.out,
                             clk_hz=None if args.freq is None else int(args.freq * 1e6),
                             placer=args.placer, router=args.router, heatmap=args.heatmap,
-                            config=args.config, seeds=seeds)
+                            config=args.config, seeds=seeds, seed_jobs=args.seed_jobs)
     except SynthError as e:
         print(f"synth: FAILED: {e}", file=sys.stderr)
         return 1
