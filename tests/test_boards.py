@@ -759,9 +759,9 @@ def test_seed_commands_redirect_nextpnr_outputs_only():
 
 # A stand-in for nextpnr: writes its outputs, with an fmax that depends on the seed
 # (FAKE_FMAX: "seed:MHz,..."; no --seed is the default run), and fails on seed 13.
-# Seeded runs mark themselves in FAKE_RUNDIR: one fails (exit 5) if more than FAKE_JOBS
-# run at once, and waits up to 20 s for FAKE_MEET of them to have started (exit 4),
-# which only runs that overlap can do.
+# Runs mark themselves in FAKE_RUNDIR: one fails (exit 5) if more than FAKE_JOBS run at
+# once, and waits up to 20 s for FAKE_MEET runs to have started (exit 4), which only
+# runs that overlap can do.
 _FAKE_NEXTPNR = """import json, os, sys, time
 a = sys.argv[1:]
 arg = lambda o, d=None: a[a.index(o) + 1] if o in a else d
@@ -769,7 +769,7 @@ seed = arg("--seed", "default")
 if seed == "13":
     sys.exit(3)
 rundir = os.environ.get("FAKE_RUNDIR")
-if rundir and seed != "default":
+if rundir:
     marks = lambda kind: sum(f.startswith(kind) for f in os.listdir(rundir))
     open(os.path.join(rundir, "run-" + seed), "w").close()
     open(os.path.join(rundir, "seen-" + seed), "w").close()
@@ -795,7 +795,7 @@ shutil.copyfile(a[a.index("--input") + 1], a[a.index("--bit") + 1])
 
 
 def _fake_seed_build(tmp_path, monkeypatch, fmax, jobs, meet):
-    """A finished build in ``tmp_path/build`` with the stand-in tools on the path."""
+    """An empty build folder, ``tmp_path/build``, with the stand-in tools on the path."""
     import sys
 
     for name, text in (("nextpnr.py", _FAKE_NEXTPNR), ("pack.py", _FAKE_PACK)):
@@ -810,12 +810,6 @@ def _fake_seed_build(tmp_path, monkeypatch, fmax, jobs, meet):
         monkeypatch.setenv(var, str(value))
     build = tmp_path / "build"
     build.mkdir()
-    own = dict(p.split(":") for p in fmax.split(","))["default"]  # the build's own run
-    (build / "nextpnr-report.json").write_text(json.dumps(
-        {"fmax": {"clk": {"achieved": float(own), "constraint": 60.0}}}))
-    (build / "top.tim").write_text("")
-    (build / "top.config").write_text("placed with seed default")
-    (build / "top.bit").write_text("placed with seed default")
     return build
 
 
@@ -828,7 +822,7 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     from hdl.boards.seeds import route_seeds
     from hdl.boards.synth import seed_score
 
-    # both seeds at once: each waits for the other to start
+    # two runs at once: the first two wait for each other to start
     build = _fake_seed_build(tmp_path, monkeypatch, fmax, jobs=2, meet=2)
     score = functools.partial(seed_score, clk_hz=60e6)  # what synthesize ranks runs by
 
@@ -838,10 +832,14 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     want = f"placed with seed {kept or 'default'}"
     assert (build / "top.config").read_text() == want
     assert (build / "top.bit").read_text() == want
-    assert (build / "top.tim").read_text() == ("" if kept is None else f"log of seed {kept}")
+    assert (build / "top.tim").read_text() == f"log of seed {kept or 'default'}"
     assert (build / "seed3" / "top.config").read_text() == "placed with seed 3"
+    monkeypatch.setenv("FAKE_MEET", "1")  # seed 13 fails before it marks its start
     with pytest.raises(RuntimeError, match="seed 13 failed"):
         route_seeds(build, _ECP5_SCRIPT, [13], score, log=lambda *_: None)
+    monkeypatch.setenv("FAKE_FMAX", "2:70.0")  # the default run fails (no figure for it)
+    with pytest.raises(RuntimeError, match="with its default seed failed"):
+        route_seeds(build, _ECP5_SCRIPT, [2], score, log=lambda *_: None)
 
 
 def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
@@ -853,8 +851,39 @@ def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
     runs = route_seeds(build, _ECP5_SCRIPT, [2, 3, 5], functools.partial(seed_score, clk_hz=60e6),
                        log=lambda *_: None, jobs=2)
     assert [r["seed"] for r in runs if r["kept"]] == [5]
-    assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-3", "seen-5"]
+    assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-3", "seen-5",
+                                                      "seen-default"]
     assert default_jobs() >= 1
+
+
+def test_synthesize_with_seeds_runs_the_build_steps_itself(tmp_path, monkeypatch):
+    """``synthesize(seeds=...)`` on the real ULX3S top with stand-in tools: Yosys runs
+    once from the build script, the default run and seed 2 route side by side (each
+    waits for the other to start), the report ranks them by the NPU clock and the
+    bitstream is packed from the kept run."""
+    import sys
+
+    from hdl.boards.synth import synthesize
+
+    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.2,2:66.4", jobs=2, meet=2)
+    (tmp_path / "yosys.py").write_text(
+        "import json, sys\n"
+        f"open('top.rpt', 'w').write({('2.1 Executing' + chr(10) + YOSYS_STAT)!r})\n"
+        "json.dump({'modules': {}}, open('top.json', 'w'))\n")
+    (tmp_path / "yosys.sh").write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "yosys.py"}" "$@"\n')
+    (tmp_path / "yosys.sh").chmod(0o755)
+    monkeypatch.setenv("YOSYS", str(tmp_path / "yosys.sh"))
+    report = synthesize("ulx3s", build, clk_hz=60_000_000, config="small", seeds=[2],
+                        seed_jobs=2)
+    out = build / "ulx3s"
+    assert report["seeds"] == [
+        {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
+        {"seed": 2, "timing_met": True, "npu_fmax_mhz": 66.4, "kept": True}]
+    assert report["clocks"]["clk"]["achieved_mhz"] == 66.4  # the kept run's figures
+    assert (out / "top.bit").read_text() == "placed with seed 2"
+    assert "## Seeds" in (out / "report.md").read_text()
+    assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-default"]
 
 
 def test_seed_score_puts_every_clock_met_before_a_faster_npu_clock(tmp_path):

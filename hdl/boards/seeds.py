@@ -2,13 +2,14 @@
 
 nextpnr's placement starts from a random state: the same netlist routed with another
 ``--seed`` lands a few MHz faster or slower (on the small ULX3S build, 61.85 against
-67.38 MHz). ``make synth SEEDS=2,3`` builds as usual (Yosys once, nextpnr with its
-default seed), then runs the build script's nextpnr line again with each seed, its
-outputs in ``seed<N>/`` (as many seeds at once as there are cores: nextpnr's
-WebAssembly build uses one), and keeps the best run: every clock met first, then the
-fastest NPU clock. The kept run's outputs are copied over the build's own and the
-bitstream packed from them, so the report, ``hdl.boards.endpoints`` and the bitstream
-all describe the same placement.
+67.38 MHz). ``make synth SEEDS=2,3`` runs the lines of amaranth's build script itself:
+Yosys once, then the nextpnr line as it is (nextpnr's default seed, its outputs in the
+build folder) side by side with the same line for each seed (its outputs in
+``seed<N>/``), as many at once as there are cores (nextpnr's WebAssembly build uses
+one), and keeps the best run: every clock met first, then the fastest NPU clock. The
+kept run's outputs are copied over the build's own and the bitstream is packed from
+them, so the report, ``hdl.boards.endpoints`` and the bitstream all describe the same
+placement.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 __all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "default_jobs",
-           "route_seeds"]
+           "run_step", "route_seeds"]
 
 NEXTPNR_OUTPUTS = ("--log", "--report", "--textcfg", "--asc")
 """nextpnr's options that name a file it writes (redirected into a seed's folder)."""
@@ -86,36 +87,49 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _run_all(argvs: dict[int, list[str]], cwd: Path, jobs: int, log) -> dict[int, int]:
+def _run_all(argvs: dict, cwd: Path, jobs: int, log) -> dict:
     """Run each seed's command, at most ``jobs`` at once; their exit codes by seed."""
     def run(seed):
-        log(f"synth: placing and routing again with seed {seed} (into seed{seed}/)...")
+        where = "its default seed" if seed is None else f"seed {seed} (into seed{seed}/)"
+        log(f"synth: placing and routing with {where}...")
         return subprocess.run(argvs[seed], cwd=cwd).returncode
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return dict(zip(argvs, pool.map(run, argvs), strict=True))
 
 
+def run_step(build_dir: Path, script: str, var: str) -> None:
+    """Run the build script's line for tool ``$var`` (e.g. ``YOSYS``) in ``build_dir``;
+    raises ``RuntimeError`` when the script has no such line or the tool fails."""
+    commands = script_commands(script)
+    if var not in commands:
+        raise RuntimeError(f"the build script has no ${var} line")
+    done = subprocess.run([_tool(var)] + commands[var], cwd=build_dir)
+    if done.returncode:
+        raise RuntimeError(f"{_tool(var)} failed (exit {done.returncode})")
+
+
 def route_seeds(build_dir: Path, script: str, seeds: list[int],
                 score: Callable[[Path], tuple], log=print, jobs: int | None = None) -> list[dict]:
-    """Route the built netlist again with each seed and keep the best run.
+    """Place and route the synthesized netlist with nextpnr's default seed and each of
+    ``seeds``, side by side, keep the best run and pack its bitstream.
 
-    ``script`` is the build script's text; ``score(folder)`` ranks a finished run from
-    the files in ``folder`` (higher is better; the build's own run is in ``build_dir``).
-    ``jobs`` seeds route at once (None: :func:`default_jobs`).
-    Returns one entry per run, the build's own first (``seed`` None): ``{"seed",
-    "score", "kept"}``. The kept run's outputs end up in ``build_dir`` with the
-    bitstream packed from them. Raises ``RuntimeError`` when a tool fails.
+    ``script`` is the build script's text (its synthesis step has run in
+    ``build_dir``); ``score(folder)`` ranks a finished run from the files in
+    ``folder`` (higher is better; the default run's are in ``build_dir``). ``jobs``
+    runs go at once (None: :func:`default_jobs`). Returns one entry per run, the
+    default first (``seed`` None): ``{"seed", "score", "kept"}``. The kept run's
+    outputs end up in ``build_dir`` with the bitstream packed from them. Raises
+    ``RuntimeError`` when a tool fails.
     """
     commands = script_commands(script)
     pnr = next((k for k in commands if k.startswith("NEXTPNR")), None)
     pack = next((k for k in commands if k.endswith("PACK")), None)
     if pnr is None or pack is None:
-        raise RuntimeError("the build script has no nextpnr or pack line to repeat")
-    runs = [{"seed": None, "score": score(build_dir)}]
+        raise RuntimeError("the build script has no nextpnr or pack line to run")
     outputs = [a for i, a in enumerate(commands[pnr]) if i and
                commands[pnr][i - 1] in NEXTPNR_OUTPUTS]
-    argvs = {}
+    argvs = {None: [_tool(pnr)] + commands[pnr]}
     for seed in seeds:
         folder = f"seed{seed}"
         (build_dir / folder).mkdir(exist_ok=True)
@@ -123,18 +137,22 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
             (build_dir / folder / name).unlink(missing_ok=True)
         argvs[seed] = [_tool(pnr)] + seed_command(commands[pnr], seed, folder)
     codes = _run_all(argvs, build_dir, jobs or default_jobs(), log)
-    for seed in seeds:
-        if codes[seed]:
-            raise RuntimeError(f"nextpnr with seed {seed} failed (exit {codes[seed]}; "
-                               f"see {build_dir / f'seed{seed}'})")
-        runs.append({"seed": seed, "score": score(build_dir / f"seed{seed}")})
-    best = max(runs, key=lambda r: r["score"])  # the first of equals: the build's own
+    runs = []
+    for seed, code in codes.items():
+        if code:
+            which = "its default seed" if seed is None else f"seed {seed}"
+            raise RuntimeError(f"nextpnr with {which} failed (exit {code}; see "
+                               f"{build_dir if seed is None else build_dir / f'seed{seed}'})")
+        runs.append({"seed": seed, "score": score(build_dir if seed is None
+                                                  else build_dir / f"seed{seed}")})
+    best = max(runs, key=lambda r: r["score"])  # the first of equals: the default
     for r in runs:
         r["kept"] = r is best
     if best["seed"] is not None:
         for name in outputs:
             shutil.copyfile(build_dir / f"seed{best['seed']}" / name, build_dir / name)
-        argv = [_tool(pack)] + commands[pack]
-        if subprocess.run(argv, cwd=build_dir).returncode:
-            raise RuntimeError(f"packing the bitstream of seed {best['seed']} failed")
+    try:
+        run_step(build_dir, script, pack)
+    except RuntimeError as e:
+        raise RuntimeError(f"packing the bitstream of the kept run failed: {e}") from None
     return runs

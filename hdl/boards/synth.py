@@ -32,7 +32,7 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 from .endpoints import period_of, register_table, slowest
-from .seeds import parse_seeds, route_seeds
+from .seeds import parse_seeds, route_seeds, run_step
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
@@ -497,9 +497,9 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     ``config`` names another NPU build than the board's own (:func:`board_config`).
     ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
     ``heatmap`` has router2 write its congestion heatmaps into the build folder.
-    ``seeds`` routes the netlist again with each of these nextpnr seeds and keeps
-    the best run (:mod:`hdl.boards.seeds`), ``seed_jobs`` of them at once (None: one
-    per core); the report lists every run.
+    ``seeds``: the build script's steps run here instead, so that nextpnr's default
+    run and one per seed route side by side, ``seed_jobs`` at once (None: one per
+    core), and the best is kept (:mod:`hdl.boards.seeds`); the report lists every run.
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
@@ -520,8 +520,17 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         (build_dir / stale).unlink(missing_ok=True)
     t0 = time.monotonic()
     failed = None
+    runs = None
     try:
-        plat.build(top, name=name, build_dir=str(build_dir), do_program=False, **options)
+        if seeds:  # the script's steps run here, so that the seeds route side by side
+            plat.build(top, name=name, build_dir=str(build_dir), do_build=False,
+                       **options).extract(str(build_dir))
+            script = (build_dir / f"build_{name}.sh").read_text()
+            run_step(build_dir, script, "YOSYS")
+            runs = route_seeds(build_dir, script, seeds,
+                               lambda folder: seed_score(folder, top.clk_freq), jobs=seed_jobs)
+        else:
+            plat.build(top, name=name, build_dir=str(build_dir), do_program=False, **options)
     except Exception as e:  # amaranth raises CalledProcessError from the build script
         failed = _failure_reason(build_dir, name) or f"build failed: {type(e).__name__}: {e}"
     wall = time.monotonic() - t0
@@ -535,16 +544,6 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
             failed += "; the design does not fit: " + "; ".join(problems)
         _write_failure(build_dir, board, top, cells, failed, wall)
         raise SynthError(f"{board_name}: {failed}")
-    runs = None
-    if seeds:
-        script = (build_dir / f"build_{name}.sh").read_text()
-        try:
-            runs = route_seeds(build_dir, script, seeds,
-                               lambda folder: seed_score(folder, top.clk_freq), jobs=seed_jobs)
-        except (RuntimeError, OSError) as e:
-            raise SynthError(f"{board_name}: {e}") from None
-        wall = time.monotonic() - t0
-
     report_json = build_dir / _PNR_REPORT
     log = build_dir / f"{name}.tim"
     log_text = log.read_text(errors="replace") if log.exists() else ""
@@ -622,7 +621,8 @@ def main(argv=None) -> int:
                     "--router router2; summed up by python -m hdl.boards.congestion)")
     ap.add_argument("--seeds", default=None,
                     help="also place and route with these nextpnr seeds (e.g. 2,3) and "
-                    "keep the fastest run; they route side by side, one per core")
+                    "keep the fastest run; they route side by side with the default run, "
+                    "one per core")
     ap.add_argument("--seed-jobs", type=int, default=None, metavar="N",
                     help="route at most N seeds at once (default: one per core; each "
                     "nextpnr takes a core and about 1 GB on the small ULX3S build)")
