@@ -915,6 +915,9 @@ def test_synth_cli_rejects_bad_seeds(capsys):
     with pytest.raises(SystemExit):
         main(["--board", "ulx3s", "--router", "router2", "--heatmap", "--seeds", "2"])
     assert "--heatmap describes one run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--board", "ulx3s", "--seeds", "2", "--seed-jobs", "0"])
+    assert "--seed-jobs 0: at least 1" in capsys.readouterr().err
 
 
 def test_report_lists_the_seeds_and_the_kept_run():
