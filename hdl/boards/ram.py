@@ -92,12 +92,23 @@ class DualPortRam(wiring.Component):
         return getattr(platform, "device", None) == "iCE40UP5K"
 
     def _storage(self, m, platform, addr, ren, wen, wdata):
-        """Return the read data (valid the cycle after ``ren``, held while ``ren`` is low)."""
+        """Return the read data (valid the cycle after ``ren``, held while ``ren`` is low).
+
+        In block RAM a write lands a cycle after ``wen``: its enable, address and data
+        are registered first, because the enable, decided by the arbitration and the
+        bus handshakes, reaches every block RAM (64 on the ULX3S) and was a routed
+        board build's critical path. No read can see the storage before such a write:
+        every write is followed by a write response cycle (WRITE_B, LITE_B) or by the
+        burst's next write, and a read is issued in IDLE or READ only."""
         w = self.bus_bytes
         if not self._use_spram(platform):
             m.submodules.mem = mem = Memory(shape=w * 8, depth=self.depth, init=[])
             rd = mem.read_port()
             wr = mem.write_port(granularity=8)
+            wen_q = Signal(w, name="mem_wen_q")
+            waddr_q = Signal.like(addr, name="mem_waddr_q")
+            wdata_q = Signal(w * 8, name="mem_wdata_q")
+            m.d.sync += [wen_q.eq(wen), waddr_q.eq(addr), wdata_q.eq(wdata)]
             # The block RAMs read every cycle and a register holds the last word read:
             # the read enable, decided by the arbitration and the bus handshakes, would
             # otherwise reach the clock enable of every block RAM (64 on the ULX3S), a
@@ -109,7 +120,7 @@ class DualPortRam(wiring.Component):
             m.d.comb += [
                 rd.addr.eq(addr),
                 rdata.eq(Mux(ren_q, rd.data, held)),
-                wr.en.eq(wen), wr.addr.eq(addr), wr.data.eq(wdata),
+                wr.en.eq(wen_q), wr.addr.eq(waddr_q), wr.data.eq(wdata_q),
             ]
             return rdata
         return self._spram(m, addr, ren, wen, wdata)
