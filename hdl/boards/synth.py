@@ -33,7 +33,7 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 from .endpoints import period_of, register_table, slowest
-from .seeds import parse_seeds, route_seeds, run_step, script_commands
+from .seeds import parse_seeds, route_seeds, run_step, script_commands, tool_command
 
 __all__ = ["BOARDS", "Board", "SynthError", "fit_problems", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_critical_path", "critical_path_blocks", "parse_yosys_stat",
@@ -420,7 +420,7 @@ def tool_versions(variables) -> dict[str, str]:
                for e in d.entry_points if e.group == "console_scripts"}
     out = {}
     for var in variables:
-        cmd = os.environ.get(var, _TOOLS.get(var, var.lower().replace("_", "-")))
+        cmd = tool_command(var)
         dist = scripts.get(Path(cmd).name)
         out[var] = (f"{Path(cmd).name} ({dist.metadata['Name']} {dist.version})" if dist
                     else f"{cmd} (version not known)")
