@@ -887,36 +887,46 @@ def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
     assert default_jobs() == len(os.sched_getaffinity(0)) >= 1  # one per usable core
 
 
-def test_synthesize_with_seeds_runs_the_build_steps_itself(tmp_path, monkeypatch):
-    """``synthesize(seeds=...)`` on the real ULX3S top with stand-in tools: Yosys runs
-    once from the build script, the default run and seed 2 route side by side (each
-    waits for the other to start), the report ranks them by the NPU clock and the
-    bitstream is packed from the kept run."""
+@pytest.mark.parametrize("seeds", [None, [2]])
+def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
+    """``synthesize`` on the real ULX3S top with stand-in tools: Yosys runs once from
+    the build script, then nextpnr's default run alone, or side by side with seed 2
+    (each waits for the other to start); the report ranks them by the NPU clock and
+    the bitstream is packed from the kept run."""
     import sys
 
     from hdl.boards.synth import synthesize
 
-    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.2,2:66.4", jobs=2, meet=2)
+    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.2,2:66.4", jobs=2,
+                             meet=2 if seeds else 1)
     (tmp_path / "yosys.py").write_text(
         "import json, sys\n"
+        "assert sys.argv[1:] == ['-q', '-l', 'top.rpt', 'top.ys'], sys.argv\n"
         f"open('top.rpt', 'w').write({('2.1 Executing' + chr(10) + YOSYS_STAT)!r})\n"
         "json.dump({'modules': {}}, open('top.json', 'w'))\n")
     (tmp_path / "yosys.sh").write_text(
         f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "yosys.py"}" "$@"\n')
     (tmp_path / "yosys.sh").chmod(0o755)
     monkeypatch.setenv("YOSYS", str(tmp_path / "yosys.sh"))
-    report = synthesize("ulx3s", build, clk_hz=60_000_000, config="small", seeds=[2],
+    report = synthesize("ulx3s", build, clk_hz=60_000_000, config="small", seeds=seeds,
                         seed_jobs=2)
     out = build / "ulx3s"
-    assert report["seeds"] == [
-        {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
-        {"seed": 2, "timing_met": True, "npu_fmax_mhz": 66.4, "kept": True}]
-    assert report["clocks"]["clk"]["achieved_mhz"] == 66.4  # the kept run's figures
-    assert (out / "top.bit").read_text() == "placed with seed 2"
-    assert "## Seeds" in (out / "report.md").read_text()
-    assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-default"]
+    kept = "2" if seeds else "default"
+    assert report["clocks"]["clk"]["achieved_mhz"] == (66.4 if seeds else 61.2)
+    assert (out / "top.bit").read_text() == f"placed with seed {kept}"
+    assert (out / "top.tim").read_text() == f"log of seed {kept}"
+    assert sorted(os.listdir(tmp_path / "runs")) == (["seen-2", "seen-default"] if seeds
+                                                      else ["seen-default"])
     assert report["tools"]["YOSYS"] == f"{tmp_path / 'yosys.sh'} (version not known)"
     assert "Tools: " in (out / "report.md").read_text()
+    if seeds:
+        assert report["seeds"] == [
+            {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
+            {"seed": 2, "timing_met": True, "npu_fmax_mhz": 66.4, "kept": True}]
+        assert "## Seeds" in (out / "report.md").read_text()
+    else:
+        assert "seeds" not in report and "## Seeds" not in (out / "report.md").read_text()
+        assert not list(out.glob("seed*"))
 
 
 def test_tool_versions_name_the_package_behind_a_command(monkeypatch):

@@ -2,10 +2,10 @@
 
 nextpnr's placement starts from a random state: the same netlist routed with another
 ``--seed`` lands a few MHz faster or slower (on the small ULX3S build, 61.85 against
-67.38 MHz). ``make synth SEEDS=2,3`` runs the lines of amaranth's build script itself:
-Yosys once, then the nextpnr line as it is (nextpnr's default seed, its outputs in the
-build folder) side by side with the same line for each seed (its outputs in
-``seed<N>/``), as many at once as there are cores (nextpnr's WebAssembly build uses
+67.38 MHz). ``make synth`` runs the lines of amaranth's build script itself: Yosys
+once, then the nextpnr line as it is (nextpnr's default seed, its outputs in the build
+folder) and, with ``SEEDS=2,3``, side by side with it the same line for each seed (its
+outputs in ``seed<N>/``), as many at once as there are cores (nextpnr's WebAssembly build uses
 one), and keeps the best run: every clock met first, then the fastest NPU clock. The
 kept run's outputs are copied over the build's own and the bitstream is packed from
 them, so the report, ``hdl.boards.endpoints`` and the bitstream all describe the same
@@ -113,7 +113,8 @@ def run_step(build_dir: Path, script: str, var: str) -> None:
 def route_seeds(build_dir: Path, script: str, seeds: list[int],
                 score: Callable[[Path], tuple], log=print, jobs: int | None = None) -> list[dict]:
     """Place and route the synthesized netlist with nextpnr's default seed and each of
-    ``seeds``, side by side, keep the best run and pack its bitstream.
+    ``seeds`` (none: the default run alone), side by side, keep the best run and pack
+    its bitstream.
 
     ``script`` is the build script's text (its synthesis step has run in
     ``build_dir``); ``score(folder)`` ranks a finished run from the files in

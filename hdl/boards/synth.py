@@ -3,10 +3,11 @@
 ``python -m hdl.boards.synth --board ulx3s|icebreaker [--out build/synth] [--seeds 2,3]``
 
 Yosys, nextpnr and the bitstream packer come from PyPI (the yowasp packages, run
-as WebAssembly; the first run compiles and caches them). Amaranth finds them
-through the ``YOSYS``, ``NEXTPNR_ECP5``/``NEXTPNR_ICE40`` and ``ECPPACK``/``ICEPACK``
-environment variables, which this module sets to the yowasp tools unless they
-are set already.
+as WebAssembly; the first run compiles and caches them). Amaranth writes the build
+script; this module runs its tool lines one at a time (so that nextpnr seeds can
+route side by side, :mod:`hdl.boards.seeds`) with the commands named by the
+``YOSYS``, ``NEXTPNR_ECP5``/``NEXTPNR_ICE40`` and ``ECPPACK``/``ICEPACK``
+environment variables, which it sets to the yowasp tools unless they are set already.
 
 Writes ``<out>/<board>/report.json`` and ``report.md``: fmax per clock against
 its target, utilization (LUT, FF, DSP, BRAM, SPRAM), the NPU config and peak GOPS
@@ -516,9 +517,10 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     ``config`` names another NPU build than the board's own (:func:`board_config`).
     ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
     ``heatmap`` has router2 write its congestion heatmaps into the build folder.
-    ``seeds``: the build script's steps run here instead, so that nextpnr's default
-    run and one per seed route side by side, ``seed_jobs`` at once (None: one per
-    core), and the best is kept (:mod:`hdl.boards.seeds`); the report lists every run.
+    The lines of amaranth's build script run here, one step at a time (Yosys, nextpnr,
+    the bitstream packer). ``seeds``: nextpnr's default run and one per seed route side
+    by side, ``seed_jobs`` at once (None: one per core), and the best is kept
+    (:mod:`hdl.boards.seeds`); the report lists every run.
     Returns the report (also written as ``report.json`` and ``report.md``).
     Raises :class:`SynthError` when a tool fails.
     """
@@ -539,18 +541,16 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         (build_dir / stale).unlink(missing_ok=True)
     t0 = time.monotonic()
     failed = None
-    runs = None
     try:
-        if seeds:  # the script's steps run here, so that the seeds route side by side
-            plat.build(top, name=name, build_dir=str(build_dir), do_build=False,
-                       **options).extract(str(build_dir))
-            script = (build_dir / f"build_{name}.sh").read_text()
-            run_step(build_dir, script, "YOSYS")
-            runs = route_seeds(build_dir, script, seeds,
-                               lambda folder: seed_score(folder, top.clk_freq), jobs=seed_jobs)
-        else:
-            plat.build(top, name=name, build_dir=str(build_dir), do_program=False, **options)
-    except Exception as e:  # amaranth raises CalledProcessError from the build script
+        # amaranth's build script, a line at a time: Yosys, then nextpnr (side by side
+        # with a run per seed, when asked for) and the pack step (hdl.boards.seeds)
+        plat.build(top, name=name, build_dir=str(build_dir), do_build=False,
+                   **options).extract(str(build_dir))
+        script = (build_dir / f"build_{name}.sh").read_text()
+        run_step(build_dir, script, "YOSYS")
+        runs = route_seeds(build_dir, script, seeds or [],
+                           lambda folder: seed_score(folder, top.clk_freq), jobs=seed_jobs)
+    except Exception as e:  # a tool failed (RuntimeError), or amaranth refused the design
         failed = _failure_reason(build_dir, name) or f"build failed: {type(e).__name__}: {e}"
     wall = time.monotonic() - t0
     if failed is None and not (build_dir / f"{name}.{board.bitstream}").exists():
@@ -583,7 +583,7 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         script_commands((build_dir / f"build_{name}.sh").read_text()))
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
-    if runs is not None:
+    if seeds:
         report["seeds"] = [{"seed": "default" if r["seed"] is None else r["seed"],
                             "timing_met": r["score"][0], "npu_fmax_mhz": round(r["score"][1], 2),
                             "kept": r["kept"]} for r in runs]
