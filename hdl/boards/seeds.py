@@ -105,7 +105,11 @@ def run_step(build_dir: Path, script: str, var: str) -> None:
     commands = script_commands(script)
     if var not in commands:
         raise RuntimeError(f"the build script has no ${var} line")
-    done = subprocess.run([tool_command(var)] + commands[var], cwd=build_dir)
+    _run_tool(build_dir, var, commands[var])
+
+
+def _run_tool(build_dir: Path, var: str, args: list[str]) -> None:
+    done = subprocess.run([tool_command(var)] + args, cwd=build_dir)
     if done.returncode:
         raise RuntimeError(f"{tool_command(var)} failed (exit {done.returncode})")
 
@@ -154,7 +158,7 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
         for name in outputs:
             shutil.copyfile(build_dir / f"seed{best['seed']}" / name, build_dir / name)
     try:
-        run_step(build_dir, script, pack)
+        _run_tool(build_dir, pack, commands[pack])
     except RuntimeError as e:
         raise RuntimeError(f"packing the bitstream of the kept run failed: {e}") from None
     return runs
