@@ -2,7 +2,7 @@
 
 It executes the program in order, one instruction at a time, in steps of one cycle
 each, so that no path runs from the register file through the checks to the
-dispatch in one cycle (timing, docs/fpga.md): OPERANDS latches the instruction word
+dispatch in one cycle (timing, docs/fpga-timing.md): OPERANDS latches the instruction word
 and the registers it names; SPANS and PRODUCTS (load, compute and store
 instructions only) compute the ranges their partition checks need, factors first,
 then products, and SPANS also decides the compares of registers that checks use

@@ -43,7 +43,7 @@ TOOL_OPTIONS = {"nextpnr_opts": "--placer-heap-timingweight 40"}
 by default). nextpnr's HeAP placer weighs timing 4x its default (10): the whole
 build's slow paths are three quarters wire between blocks the placer spread apart,
 and on one netlist (404ee30, ``small``) this raised the routed fmax from 55.32 to
-61.04 MHz, with router1 no slower (docs/fpga.md, "Routed builds")."""
+61.04 MHz, with router1 no slower (docs/fpga-timing.md, "Routed builds")."""
 
 OSC_HZ = 25_000_000
 
