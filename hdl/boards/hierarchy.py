@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from .synth import _STAT_LINE, BOARDS, _tool_env
+from .report import STAT_LINE
+from .synth import BOARDS, tool_env
 
 __all__ = ["COLUMNS", "parse_module_stats", "by_block", "table", "render_markdown", "run",
            "main"]
@@ -72,7 +73,7 @@ def parse_module_stats(text: str) -> dict[str, dict[str, int]]:
         if name == "design hierarchy":  # totals: the modules are counted instead
             continue
         body = part[head.end(): nxt.start() if nxt else len(part)]
-        out[name] = {cell: int(n) for n, cell in _STAT_LINE.findall(body)}
+        out[name] = {cell: int(n) for n, cell in STAT_LINE.findall(body)}
     return out
 
 
@@ -126,7 +127,7 @@ def run(board_name: str, out: Path) -> dict:
 
     board = BOARDS[board_name]
     mod = board.load()
-    _tool_env()
+    tool_env()
     work = (out / "hierarchy" / board_name).resolve()
     work.mkdir(parents=True, exist_ok=True)
     (work / "top.il").write_text(block_rtlil(NPU(mod.CONFIG)))
