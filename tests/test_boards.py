@@ -905,7 +905,11 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
         "import json, sys\n"
         "assert sys.argv[1:] == ['-q', '-l', 'top.rpt', 'top.ys'], sys.argv\n"
         f"open('top.rpt', 'w').write({('2.1 Executing' + chr(10) + YOSYS_STAT)!r})\n"
-        "json.dump({'modules': {}}, open('top.json', 'w'))\n")
+        "cell = lambda t: {'type': t}\n"
+        "json.dump({'modules': {'top': {'cells': {\n"
+        "    'soc.npu.sp.a_LUT4_Z': cell('LUT4'), 'soc.npu.sp.b_LUT4_Z': cell('LUT4'),\n"
+        "    'soc.npu.sp.q': cell('TRELLIS_FF'), 'soc.ram.m': cell('DP16KD')}}}},\n"
+        "    open('top.json', 'w'))\n")
     (tmp_path / "yosys.sh").write_text(
         f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "yosys.py"}" "$@"\n')
     (tmp_path / "yosys.sh").chmod(0o755)
@@ -921,6 +925,10 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
                                                       else ["seen-default"])
     assert report["tools"]["YOSYS"] == f"{tmp_path / 'yosys.sh'} (version not known)"
     assert "Tools: " in (out / "report.md").read_text()
+    assert report["cells_by_block"] == [  # from Yosys's netlist, as the fake wrote it
+        {"block": "sp", "LUT4": 2, "FF": 1, "MULT18X18D": 0, "DP16KD": 0},
+        {"block": "ram", "LUT4": 0, "FF": 0, "MULT18X18D": 0, "DP16KD": 1}]
+    assert "| sp | 2 | 1 | 0 | 0 |" in (out / "report.md").read_text()
     if seeds:
         assert report["seeds"] == [
             {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
@@ -1416,6 +1424,42 @@ def test_failed_build_reports_the_reason(tmp_path):
     assert "| LUT4 (logic cells) | 37393 | 5280 |" in md
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["status"] == "failed" and rep["npu_config"]["rows"] == 4
+    assert rep["cells_by_block"] is None and "Cells by block" not in md
+
+
+def test_cells_by_block_count_a_flat_netlist_by_block(tmp_path):
+    """The report's cells by block: each cell counted in its column under the block its
+    name starts with, the most in the first column first; cells of no column left out;
+    the markdown sums the blocks past the limit and gives the total."""
+    from types import SimpleNamespace
+
+    from hdl.boards import icebreaker
+    from hdl.boards.report import block_table, cells_by_block, write_failure
+    from hdl.boards.synth import BOARDS
+
+    def cells(**by_name):
+        return {name.replace("_", "."): {"type": t} for name, t in by_name.items()}
+
+    netlist = {"modules": {"top": {"cells": {
+        **cells(soc_npu_vec_a="SB_LUT4", soc_npu_vec_b="SB_LUT4", soc_npu_vec_c="SB_DFFE",
+                soc_npu_seq_d="SB_LUT4", soc_npu_seq_e="SB_MAC16", soc_bridge_f="SB_DFF",
+                soc_npu_seq_g="SB_CARRY"),
+        "$abc$123$auto": {"type": "SB_LUT4"}}}}}
+    columns = [(res, kinds) for res, kinds, _ in BOARDS["icebreaker"].capacity]
+    rows = cells_by_block(netlist, columns)
+    lut, ff, mac = "LUT4 (logic cells)", "FF (logic cells)", "SB_MAC16"
+    assert [(r["block"], r[lut], r[ff], r[mac]) for r in rows] == [
+        ("vec", 2, 1, 0), ("(unnamed)", 1, 0, 0), ("seq", 1, 0, 1), ("bridge", 0, 1, 0)]
+    md = block_table(rows, limit=2)
+    assert md[2].startswith("| vec | 2 | 1 | 0 |")
+    assert md[4].startswith("| 2 others | 1 | 1 | 1 |")
+    assert md[5].startswith("| **all** | 4 | 2 | 1 |")
+    assert block_table([]) == []
+    top = SimpleNamespace(config=icebreaker.CONFIG, clk_freq=24_000_000)
+    write_failure(tmp_path, BOARDS["icebreaker"], top, {"SB_LUT4": 4}, "does not fit", 1.0,
+                  rows)
+    assert "| seq | 1 | 0 | 1 |" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "report.json").read_text())["cells_by_block"] == rows
 
 
 def _timing_report(period_mhz=100.0):

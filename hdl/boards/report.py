@@ -22,7 +22,8 @@ from .endpoints import period_of, register_table, slowest
 __all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "parse_critical_path",
            "critical_path_blocks", "parse_yosys_stat", "fit_problems", "timing_lines",
            "retry_freq_mhz", "retry_hint", "npu_clock_of", "timing_met", "summarize",
-           "render_markdown", "slowest_registers", "write_failure", "STAT_LINE"]
+           "render_markdown", "slowest_registers", "write_failure", "STAT_LINE",
+           "cells_by_block", "block_table"]
 
 # ---- parsers ------------------------------------------------------------------------------
 
@@ -138,6 +139,48 @@ def parse_yosys_stat(text: str) -> dict[str, int]:
     for n, cell in STAT_LINE.findall(part):
         counts[cell] = max(counts.get(cell, 0), int(n))
     return counts
+
+
+def cells_by_block(netlist: dict, columns) -> list[dict]:
+    """A synthesized netlist's cells (Yosys's ``write_json``, flattened) counted by the
+    block each belongs to, named as :func:`hdl.boards.congestion.block_of` names
+    them (``soc.npu.sp.x`` -> ``sp``): ``[{"block": "vec", "LUT4": 6553, ...}, ...]``,
+    the most cells of the first column first. ``columns``: ``(name, cell types)``
+    pairs, e.g. a board's capacity. Where a flat build's logic went, as it was mapped
+    (``make synth-hierarchy`` counts each block synthesized apart instead)."""
+    from .congestion import block_of
+
+    column_of = {kind: col for col, kinds in columns for kind in kinds}
+    counts: dict[str, dict[str, int]] = {}
+    for module in netlist.get("modules", {}).values():
+        for name, cell in module.get("cells", {}).items():
+            col = column_of.get(cell.get("type"))
+            if col is None:
+                continue
+            block = "(unnamed)" if name.startswith("$") else block_of(name)
+            row = counts.setdefault(block, dict.fromkeys((c for c, _ in columns), 0))
+            row[col] += 1
+    first = columns[0][0]
+    return [{"block": b, **row} for b, row in
+            sorted(counts.items(), key=lambda kv: (-kv[1][first], kv[0]))]
+
+
+def block_table(rows: list[dict], limit: int = 12) -> list[str]:
+    """Markdown lines for :func:`cells_by_block`'s rows: the first ``limit`` blocks,
+    the rest summed as one line, and the total."""
+    if not rows:
+        return []
+    cols = [k for k in rows[0] if k != "block"]
+    shown = rows[:limit]
+    if len(rows) > limit:
+        rest = rows[limit:]
+        shown = shown + [{"block": f"{len(rest)} others",
+                          **{c: sum(r[c] for r in rest) for c in cols}}]
+    total = {"block": "**all**", **{c: sum(r[c] for r in rows) for c in cols}}
+    out = ["| block | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    out += [f"| {r['block']} | " + " | ".join(f"{r[c]:,}" for c in cols) + " |"
+            for r in shown + [total]]
+    return out
 
 
 def _resources(family: str, util: dict, cells: dict[str, int]) -> dict[str, dict]:
@@ -291,6 +334,8 @@ def render_markdown(report: dict) -> str:
     for name, v in r["utilization"].items():
         pct = f"{100 * v['used'] / v['available']:.1f}" if v["available"] else "-"
         out.append(f"| {name} | {v['used']} | {v['available']} | {pct} |")
+    if r.get("cells_by_block"):
+        out += ["", "## Cells by block (Yosys netlist)", ""] + block_table(r["cells_by_block"])
     cfg = r["npu_config"]
     out += ["", "## NPU", "",
             f"- build `{r.get('npu_build', r['board'])}`",
@@ -325,15 +370,18 @@ def slowest_registers(pnr_report: dict, limit: int = 10) -> list[dict] | None:
             slowest(pnr_report, period_of(pnr_report))[:limit]]
 
 
-def write_failure(build_dir: Path, board, top, cells, reason: str, wall: float):
-    """``report.json`` and ``report.md`` of a build that failed: the reason, and what the
-    netlist needs against what ``board`` (a :class:`hdl.boards.synth.Board`) has."""
+def write_failure(build_dir: Path, board, top, cells, reason: str, wall: float,
+                  by_block: list[dict] | None = None):
+    """``report.json`` and ``report.md`` of a build that failed: the reason, what the
+    netlist needs against what ``board`` (a :class:`hdl.boards.synth.Board`) has, and
+    ``by_block`` (:func:`cells_by_block`) when Yosys got that far."""
     report = {
         "board": board.name, "device": board.device, "status": "failed", "reason": reason,
         "yosys_cells": dict(sorted(cells.items())), "npu_config": top.config.as_dict(),
         "macs_per_cycle": top.config.peak_macs_per_cycle,
         "npu_clock_target_mhz": round(top.clk_freq / 1e6, 3),
         "wall_time_s": round(wall, 1),
+        "cells_by_block": by_block or None,
     }
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# Synthesis report: {board.name} ({board.device})", "",
@@ -342,6 +390,8 @@ def write_failure(build_dir: Path, board, top, cells, reason: str, wall: float):
              "|---|---:|---:|"]
     for res, kinds, avail in board.capacity:
         lines.append(f"| {res} | {sum(cells.get(k, 0) for k in kinds)} | {avail} |")
+    if by_block:
+        lines += ["", "## Cells by block (Yosys netlist)", ""] + block_table(by_block)
     cfg = top.config.as_dict()
     lines += ["", "## NPU", "", "| parameter | value |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in cfg.items()]

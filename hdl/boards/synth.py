@@ -32,6 +32,7 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 from .report import (
+    cells_by_block,
     critical_path_blocks,
     fit_problems,
     npu_clock_of,
@@ -257,7 +258,7 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         if stale.is_dir():
             shutil.rmtree(stale)
     for stale in ("report.json", "report.md", _PNR_REPORT, f"{name}.{board.bitstream}",
-                  f"{name}.tim", f"{name}.rpt"):
+                  f"{name}.tim", f"{name}.rpt", f"{name}.json"):
         (build_dir / stale).unlink(missing_ok=True)
     t0 = time.monotonic()
     failed = None
@@ -275,13 +276,17 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     wall = time.monotonic() - t0
     if failed is None and not (build_dir / f"{name}.{board.bitstream}").exists():
         failed = f"no bitstream: {_failure_reason(build_dir, name) or 'see ' + str(build_dir)}"
+    netlist = build_dir / f"{name}.json"  # Yosys's, read for the cells by block
+    columns = [(res, kinds) for res, kinds, _ in board.capacity]
+    by_block = (cells_by_block(json.loads(netlist.read_text()), columns)
+                if netlist.exists() else None)
     if failed is not None:
         rpt = build_dir / f"{name}.rpt"
         cells = parse_yosys_stat(rpt.read_text(errors="replace")) if rpt.exists() else {}
         problems = fit_problems(board, cells)
         if problems:
             failed += "; the design does not fit: " + "; ".join(problems)
-        write_failure(build_dir, board, top, cells, failed, wall)
+        write_failure(build_dir, board, top, cells, failed, wall, by_block)
         raise SynthError(f"{board_name}: {failed}")
     report_json = build_dir / _PNR_REPORT
     log = build_dir / f"{name}.tim"
@@ -303,6 +308,7 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
         script_commands((build_dir / f"build_{name}.sh").read_text()))
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
+    report["cells_by_block"] = by_block
     if seeds:
         report["seeds"] = [{"seed": "default" if r["seed"] is None else r["seed"],
                             "timing_met": r["score"][0], "npu_fmax_mhz": round(r["score"][1], 2),
