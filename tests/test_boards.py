@@ -1444,16 +1444,18 @@ def test_cells_by_block_count_a_flat_netlist_by_block(tmp_path):
         **cells(soc_npu_vec_a="SB_LUT4", soc_npu_vec_b="SB_LUT4", soc_npu_vec_c="SB_DFFE",
                 soc_npu_seq_d="SB_LUT4", soc_npu_seq_e="SB_MAC16", soc_bridge_f="SB_DFF",
                 soc_npu_seq_g="SB_CARRY"),
-        "$abc$123$auto": {"type": "SB_LUT4"}}}}}
+        "$abc$123$auto": {"type": "SB_LUT4"},
+        "soc.npu.counters__cycles_SB_DFF_Q": {"type": "SB_DFF"}}}}}
     columns = [(res, kinds) for res, kinds, _ in BOARDS["icebreaker"].capacity]
     rows = cells_by_block(netlist, columns)
     lut, ff, mac = "LUT4 (logic cells)", "FF (logic cells)", "SB_MAC16"
     assert [(r["block"], r[lut], r[ff], r[mac]) for r in rows] == [
-        ("vec", 2, 1, 0), ("(unnamed)", 1, 0, 0), ("seq", 1, 0, 1), ("bridge", 0, 1, 0)]
+        ("vec", 2, 1, 0), ("(unnamed)", 1, 0, 0), ("seq", 1, 0, 1),
+        ("(npu) counters", 0, 1, 0), ("bridge", 0, 1, 0)]
     md = block_table(rows, limit=2)
     assert md[2].startswith("| vec | 2 | 1 | 0 |")
-    assert md[4].startswith("| 2 others | 1 | 1 | 1 |")
-    assert md[5].startswith("| **all** | 4 | 2 | 1 |")
+    assert md[4].startswith("| 3 others | 1 | 2 | 1 |")
+    assert md[5].startswith("| **all** | 4 | 3 | 1 |")
     assert block_table([]) == []
     top = SimpleNamespace(config=icebreaker.CONFIG, clk_freq=24_000_000)
     write_failure(tmp_path, BOARDS["icebreaker"], top, {"SB_LUT4": 4}, "does not fit", 1.0,

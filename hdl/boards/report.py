@@ -158,6 +158,10 @@ def cells_by_block(netlist: dict, columns) -> list[dict]:
             if col is None:
                 continue
             block = "(unnamed)" if name.startswith("$") else block_of(name)
+            if block == "(npu top)":  # logic named after a signal between blocks, e.g.
+                # the counters the CSR block reads: name it by that signal
+                parts = name.split(".")
+                block = "(npu) " + parts[parts.index("npu") + 1].split("__")[0]
             row = counts.setdefault(block, dict.fromkeys((c for c, _ in columns), 0))
             row[col] += 1
     first = columns[0][0]
