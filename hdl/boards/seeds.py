@@ -1,4 +1,5 @@
-"""Place and route one netlist with several nextpnr seeds and keep the fastest.
+"""Run a build's tools, and place and route one netlist with several nextpnr seeds
+side by side, keeping the fastest.
 
 nextpnr's placement starts from a random state: the same netlist routed with another
 ``--seed`` lands a few MHz faster or slower (on the small ULX3S build, 61.85 against
@@ -9,7 +10,8 @@ outputs in ``seed<N>/``), as many at once as there are cores (nextpnr's WebAssem
 one), and keeps the best run: every clock met first, then the fastest NPU clock. The
 kept run's outputs are copied over the build's own and the bitstream is packed from
 them, so the report, ``hdl.boards.endpoints`` and the bitstream all describe the same
-placement.
+placement. While a tool runs, what its log says it is doing is printed once a minute
+(:func:`progress`).
 """
 
 from __future__ import annotations
@@ -78,14 +80,18 @@ def _run_watched(argv: list[str], cwd: Path, logfile: Path | None, who: str, log
     """Run ``argv`` in ``cwd``; every ``every`` seconds until it ends, print what its
     log says it is doing (:func:`progress`). Returns its exit code."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd)
-    while True:
+    with subprocess.Popen(argv, cwd=cwd) as proc:
         try:
-            return proc.wait(timeout=every)
-        except subprocess.TimeoutExpired:
-            state = progress(_tail(logfile)) if logfile is not None else None
-            minutes = (time.monotonic() - t0) / 60
-            log(f"synth: {who}: {state or 'running'} ({minutes:.0f} min)")
+            while True:
+                try:
+                    return proc.wait(timeout=every)
+                except subprocess.TimeoutExpired:
+                    state = progress(_tail(logfile)) if logfile is not None else None
+                    minutes = (time.monotonic() - t0) / 60
+                    log(f"synth: {who}: {state or 'running'} ({minutes:.0f} min)")
+        except BaseException:  # interrupted: do not leave the tool running
+            proc.kill()
+            raise
 
 
 def _log_of(args: list[str], cwd: Path) -> Path | None:
