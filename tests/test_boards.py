@@ -928,6 +928,29 @@ def test_route_seeds_prints_progress_while_nextpnr_runs(tmp_path, monkeypatch):
     assert "synth: nextpnr, default seed: routing: 161,014 arcs left (0 min)" in said
 
 
+def test_an_interrupted_build_kills_its_tool(tmp_path, monkeypatch):
+    """Ctrl-C (here: the progress printer raising) while nextpnr runs stops nextpnr
+    too: it never writes the outputs it would have written after its sleep."""
+    import time
+
+    from hdl.boards.seeds import route_seeds
+    from hdl.boards.synth import seed_score
+
+    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.0", jobs=1, meet=1)
+    monkeypatch.setenv("FAKE_PROGRESS", "1.5")
+
+    def interrupt(line):
+        if "arcs left" in line:  # nextpnr is running (its log says so)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        route_seeds(build, _ECP5_SCRIPT, [], functools.partial(seed_score, clk_hz=60e6),
+                    log=interrupt, every=0.1)
+    time.sleep(2.0)
+    assert (tmp_path / "runs" / "seen-default").exists()  # it did start
+    assert not (build / "top.config").exists()
+
+
 def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
     from hdl.boards.seeds import default_jobs, route_seeds
     from hdl.boards.synth import seed_score
