@@ -928,9 +928,10 @@ def test_route_seeds_prints_progress_while_nextpnr_runs(tmp_path, monkeypatch):
     assert "synth: nextpnr, default seed: routing: 161,014 arcs left (0 min)" in said
 
 
-def test_an_interrupted_build_kills_its_tool(tmp_path, monkeypatch):
+def test_an_interrupted_or_failed_build_stops_its_tools(tmp_path, monkeypatch):
     """Ctrl-C (here: the progress printer raising) while nextpnr runs stops nextpnr
-    too: it never writes the outputs it would have written after its sleep."""
+    too: it never writes the outputs it would have written after its sleep. So does
+    a seed that fails: the build has failed, and the runs beside it are stopped."""
     import time
 
     from hdl.boards.seeds import route_seeds
@@ -948,6 +949,36 @@ def test_an_interrupted_build_kills_its_tool(tmp_path, monkeypatch):
                     log=interrupt, every=0.1)
     time.sleep(2.0)
     assert (tmp_path / "runs" / "seen-default").exists()  # it did start
+    assert not (build / "top.config").exists()
+
+    # side by side: seed 2's run is interrupted, and the default run, in another
+    # thread, is stopped with it
+    def interrupt_seed2(line):
+        if "seed 2: routing" in line:
+            raise KeyboardInterrupt
+
+    for mark in (tmp_path / "runs").iterdir():  # the killed run's marks
+        mark.unlink()
+    for var, value in (("FAKE_MEET", "2"), ("FAKE_JOBS", "2"),
+                       ("FAKE_FMAX", "default:61.0,2:62.0")):
+        monkeypatch.setenv(var, value)
+    with pytest.raises(KeyboardInterrupt):
+        route_seeds(build, _ECP5_SCRIPT, [2], functools.partial(seed_score, clk_hz=60e6),
+                    log=interrupt_seed2, every=0.1, jobs=2)
+    time.sleep(2.0)
+    assert sorted(os.listdir(tmp_path / "runs")) == ["seen-2", "seen-default"]  # both ran
+    assert not (build / "top.config").exists() and not (build / "seed2" / "top.config").exists()
+
+    for mark in (tmp_path / "runs").iterdir():
+        mark.unlink()
+    monkeypatch.setenv("FAKE_MEET", "1")  # seed 13 fails before it marks its start
+    monkeypatch.setenv("FAKE_PROGRESS", "3.0")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="seed 13 failed"):  # at once, not in 3 s
+        route_seeds(build, _ECP5_SCRIPT, [13], functools.partial(seed_score, clk_hz=60e6),
+                    log=lambda *_: None, every=0.1, jobs=2)
+    assert time.monotonic() - t0 < 2.5
+    time.sleep(3.0)
     assert not (build / "top.config").exists()
 
 

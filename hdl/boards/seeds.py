@@ -21,9 +21,10 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 __all__ = ["NEXTPNR_OUTPUTS", "PROGRESS_EVERY_S", "parse_seeds", "script_commands",
@@ -76,16 +77,26 @@ def _tail(path: Path, size: int = 8192) -> str:
 
 
 def _run_watched(argv: list[str], cwd: Path, logfile: Path | None, who: str, log,
-                 every: float) -> int:
+                 every: float, stop: threading.Event | None = None) -> int | None:
     """Run ``argv`` in ``cwd``; every ``every`` seconds until it ends, print what its
-    log says it is doing (:func:`progress`). Returns its exit code."""
+    log says it is doing (:func:`progress`). Returns its exit code, or None when
+    ``stop`` was set (the build failed elsewhere) and the tool was killed; an
+    interruption kills it too."""
     t0 = time.monotonic()
+    next_report = t0 + every
     with subprocess.Popen(argv, cwd=cwd) as proc:
         try:
             while True:
                 try:
-                    return proc.wait(timeout=every)
+                    return proc.wait(timeout=min(every, 1.0))
                 except subprocess.TimeoutExpired:
+                    pass
+                if stop is not None and stop.is_set():
+                    proc.kill()
+                    proc.wait()
+                    return None
+                if time.monotonic() >= next_report:
+                    next_report += every
                     state = progress(_tail(logfile)) if logfile is not None else None
                     minutes = (time.monotonic() - t0) / 60
                     log(f"synth: {who}: {state or 'running'} ({minutes:.0f} min)")
@@ -162,16 +173,34 @@ def default_jobs() -> int:
 
 
 def _run_all(argvs: dict, cwd: Path, jobs: int, log, every: float) -> dict:
-    """Run each seed's command, at most ``jobs`` at once; their exit codes by seed."""
+    """Run each seed's command, at most ``jobs`` at once; their exit codes by seed.
+    Once one fails the build has failed, so the others are stopped (code None)."""
+    stop = threading.Event()
+
     def run(seed):
+        if stop.is_set():  # queued behind a run that failed
+            return None
         where = "its default seed" if seed is None else f"seed {seed} (into seed{seed}/)"
         log(f"synth: placing and routing with {where}...")
         who = "nextpnr" if len(argvs) == 1 else ("nextpnr, default seed" if seed is None
                                                  else f"nextpnr, seed {seed}")
-        return _run_watched(argvs[seed], cwd, _log_of(argvs[seed], cwd), who, log, every)
+        code = _run_watched(argvs[seed], cwd, _log_of(argvs[seed], cwd), who, log, every,
+                            stop)
+        if code:
+            stop.set()
+        return code
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return dict(zip(argvs, pool.map(run, argvs), strict=True))
+        futures = {seed: pool.submit(run, seed) for seed in argvs}
+        try:
+            for f in as_completed(futures.values()):
+                f.result()  # a run that raised stops the build at once
+            return {seed: f.result() for seed, f in futures.items()}
+        except BaseException:  # Ctrl-C, or a run that raised: stop the others' tools too
+            stop.set()
+            for f in futures.values():
+                f.cancel()
+            raise
 
 
 def run_step(build_dir: Path, script: str, var: str, log=print,
@@ -224,14 +253,13 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
             (build_dir / folder / name).unlink(missing_ok=True)
         argvs[seed] = [tool_command(pnr)] + seed_command(commands[pnr], seed, folder)
     codes = _run_all(argvs, build_dir, jobs or default_jobs(), log, every)
-    runs = []
-    for seed, code in codes.items():
+    for seed, code in codes.items():  # None: stopped because another run failed
         if code:
             which = "its default seed" if seed is None else f"seed {seed}"
             raise RuntimeError(f"nextpnr with {which} failed (exit {code}; see "
                                f"{build_dir if seed is None else build_dir / f'seed{seed}'})")
-        runs.append({"seed": seed, "score": score(build_dir if seed is None
-                                                  else build_dir / f"seed{seed}")})
+    runs = [{"seed": seed, "score": score(build_dir if seed is None else build_dir / f"seed{seed}")}
+            for seed in codes]
     best = max(runs, key=lambda r: r["score"])  # the first of equals: the default
     for r in runs:
         r["kept"] = r is best
