@@ -1032,10 +1032,13 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
                                                       else ["seen-default"])
     assert report["tools"]["YOSYS"] == f"{tmp_path / 'yosys.sh'} (version not known)"
     assert "Tools: " in (out / "report.md").read_text()
+    zero = dict.fromkeys(("LUT4", "LUT4 + carry", "FF", "MULT18X18D", "DP16KD",
+                          "LUTRAM (DPR16X4)"), 0)
     assert report["cells_by_block"] == [  # from Yosys's netlist, as the fake wrote it
-        {"block": "sp", "LUT4": 2, "FF": 1, "MULT18X18D": 0, "DP16KD": 0},
-        {"block": "ram", "LUT4": 0, "FF": 0, "MULT18X18D": 0, "DP16KD": 1}]
-    assert "| sp | 2 | 1 | 0 | 0 |" in (out / "report.md").read_text()
+        {**zero, "block": "sp", "LUT4": 2, "LUT4 + carry": 2, "FF": 1},
+        {**zero, "block": "ram", "DP16KD": 1},
+        {**zero, "block": "SoC", "LUT4": 2, "LUT4 + carry": 2, "FF": 1, "DP16KD": 1}]
+    assert "| sp | 2 | 2 | 1 | 0 | 0 | 0 |" in (out / "report.md").read_text()
     if seeds:
         assert report["seeds"] == [
             {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
@@ -1334,14 +1337,15 @@ Printing statistics.
 
 
 def test_hierarchy_report_sums_each_block_with_its_submodules():
-    from hdl.boards.hierarchy import by_block, parse_module_stats, render_markdown, table
+    from hdl.boards.hierarchy import by_block, parse_module_stats, render_markdown
+    from hdl.boards.report import block_rows
 
     modules = parse_module_stats(_HIERARCHY_LOG)
     assert set(modules) == {"top", "top.vec", "top.vec.qa", "top.sp"}  # not the totals
     blocks = by_block(modules)
     assert blocks["vec"] == {"CCU2C": 1673, "LUT4": 7396, "MULT18X18D": 48,
                              "TRELLIS_FF": 6130, "TRELLIS_DPR16X4": 26}
-    rows = table(blocks, "ecp5")
+    rows = block_rows(blocks, "ecp5", total="NPU")
     # largest first by LUTs with carries (a CCU2C holds two), then the total
     assert [r["block"] for r in rows] == ["vec", "sp", "top", "NPU"]
     assert rows[0]["LUT4 + carry"] == 7396 + 2 * 1673
@@ -1535,13 +1539,13 @@ def test_failed_build_reports_the_reason(tmp_path):
 
 
 def test_cells_by_block_count_a_flat_netlist_by_block(tmp_path):
-    """The report's cells by block: each cell counted in its column under the block its
-    name starts with, the most in the first column first; cells of no column left out;
-    the markdown sums the blocks past the limit and gives the total."""
+    """The report's cells by block: each cell counted in its column (the columns of
+    ``make synth-hierarchy``) under the block its name starts with, the most LUTs
+    first; the markdown sums the blocks past the limit and gives the total."""
     from types import SimpleNamespace
 
     from hdl.boards import icebreaker
-    from hdl.boards.report import block_table, cells_by_block, write_failure
+    from hdl.boards.report import block_rows, block_table, cells_by_block, write_failure
     from hdl.boards.synth import BOARDS
 
     def cells(**by_name):
@@ -1550,24 +1554,27 @@ def test_cells_by_block_count_a_flat_netlist_by_block(tmp_path):
     netlist = {"modules": {"top": {"cells": {
         **cells(soc_npu_vec_a="SB_LUT4", soc_npu_vec_b="SB_LUT4", soc_npu_vec_c="SB_DFFE",
                 soc_npu_seq_d="SB_LUT4", soc_npu_seq_e="SB_MAC16", soc_bridge_f="SB_DFF",
-                soc_npu_seq_g="SB_CARRY"),
+                soc_npu_seq_g="SB_CARRY", soc_bridge_io="SB_IO"),
         "$abc$123$auto": {"type": "SB_LUT4"},
         "soc.npu.counters__cycles_SB_DFF_Q": {"type": "SB_DFF"}}}}}
-    columns = [(res, kinds) for res, kinds, _ in BOARDS["icebreaker"].capacity]
-    rows = cells_by_block(netlist, columns)
-    lut, ff, mac = "LUT4 (logic cells)", "FF (logic cells)", "SB_MAC16"
+    blocks = cells_by_block(netlist)
+    assert blocks["seq"] == {"SB_LUT4": 1, "SB_MAC16": 1, "SB_CARRY": 1}
+    assert blocks["bridge"] == {"SB_DFF": 1, "SB_IO": 1}
+    rows = block_rows(blocks, "ice40", total="SoC")
+    lut, ff, mac = "LUT4", "FF", "SB_MAC16"
     assert [(r["block"], r[lut], r[ff], r[mac]) for r in rows] == [
         ("vec", 2, 1, 0), ("(unnamed)", 1, 0, 0), ("seq", 1, 0, 1),
-        ("(npu) counters", 0, 1, 0), ("bridge", 0, 1, 0)]
+        ("(npu) counters", 0, 1, 0), ("bridge", 0, 1, 0), ("SoC", 4, 3, 1)]
     md = block_table(rows, limit=2)
+    assert md[0] == "| block | LUT4 | FF | SB_CARRY | SB_MAC16 | SB_RAM40_4K | SB_SPRAM256KA |"
     assert md[2].startswith("| vec | 2 | 1 | 0 |")
-    assert md[4].startswith("| 3 others | 1 | 2 | 1 |")
-    assert md[5].startswith("| **all** | 4 | 3 | 1 |")
+    assert md[4] == "| 3 others | 1 | 2 | 1 | 1 | 0 | 0 |"
+    assert md[5] == "| **SoC** | 4 | 3 | 1 | 1 | 0 | 0 |"
     assert block_table([]) == []
     top = SimpleNamespace(config=icebreaker.CONFIG, clk_freq=24_000_000)
     write_failure(tmp_path, BOARDS["icebreaker"], top, {"SB_LUT4": 4}, "does not fit", 1.0,
                   rows)
-    assert "| seq | 1 | 0 | 1 |" in (tmp_path / "report.md").read_text()
+    assert "| seq | 1 | 0 | 1 | 1 | 0 | 0 |" in (tmp_path / "report.md").read_text()
     assert json.loads((tmp_path / "report.json").read_text())["cells_by_block"] == rows
 
 

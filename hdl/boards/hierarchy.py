@@ -23,34 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from .report import STAT_LINE
+from .report import COLUMNS, STAT_LINE, block_rows
 from .synth import BOARDS, tool_env
 
-__all__ = ["COLUMNS", "parse_module_stats", "by_block", "table", "render_markdown", "run",
-           "main"]
+__all__ = ["parse_module_stats", "by_block", "render_markdown", "run", "main"]
 
-_ICE40_FFS = ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS", "SB_DFFESR", "SB_DFFER",
-              "SB_DFFES", "SB_DFFSS", "SB_DFFESS")
-COLUMNS = {
-    "ecp5": (
-        ("LUT4", {"LUT4": 1}),
-        ("LUT4 + carry", {"LUT4": 1, "CCU2C": 2}),  # a CCU2C carry cell holds two LUTs
-        ("FF", {"TRELLIS_FF": 1}),
-        ("MULT18X18D", {"MULT18X18D": 1}),
-        ("DP16KD", {"DP16KD": 1}),
-        ("LUTRAM (DPR16X4)", {"TRELLIS_DPR16X4": 1}),
-    ),
-    "ice40": (
-        ("LUT4", {"SB_LUT4": 1}),
-        ("FF", dict.fromkeys(_ICE40_FFS, 1)),
-        ("SB_CARRY", {"SB_CARRY": 1}),
-        ("SB_MAC16", {"SB_MAC16": 1}),
-        ("SB_RAM40_4K", {"SB_RAM40_4K": 1}),
-        ("SB_SPRAM256KA", {"SB_SPRAM256KA": 1}),
-    ),
-}
-"""Per family, the report's columns: (name, {yosys cell type: how many it counts})."""
-SORT_BY = {"ecp5": "LUT4 + carry", "ice40": "LUT4"}
 # The NPU's submodule names (hdl.top.NPU) and what they are.
 BLOCK_NAMES = {
     "vec": "vector unit", "sp": "scratchpad", "seq": "sequencer", "pt": "partition table",
@@ -88,17 +65,6 @@ def by_block(modules: dict[str, dict[str, int]], top: str = "top") -> dict[str, 
         for cell, n in cells.items():
             acc[cell] = acc.get(cell, 0) + n
     return blocks
-
-
-def table(blocks: dict[str, dict], family: str) -> list[dict]:
-    """One row per block, largest first, and a total row ("NPU")."""
-    cols = COLUMNS[family]
-    rows = [{"block": b, **{c: sum(cells.get(t, 0) * k for t, k in kinds.items())
-                            for c, kinds in cols}}
-            for b, cells in blocks.items()]
-    rows.sort(key=lambda r: -r[SORT_BY[family]])
-    rows.append({"block": "NPU", **{c: sum(r[c] for r in rows) for c, _ in cols}})
-    return rows
 
 
 def render_markdown(report: dict) -> str:
@@ -139,7 +105,7 @@ def run(board_name: str, out: Path) -> dict:
     log = (work / "yosys.log").read_text(errors="replace")
     report = {"board": board_name, "device": board.device, "family": mod.FAMILY,
               "flow": flow, "npu_config": mod.CONFIG.as_dict(),
-              "blocks": table(by_block(parse_module_stats(log)), mod.FAMILY),
+              "blocks": block_rows(by_block(parse_module_stats(log)), mod.FAMILY, total="NPU"),
               "yosys_s": round(time.monotonic() - t0, 1)}
     (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (work / "report.md").write_text(render_markdown(report))

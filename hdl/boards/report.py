@@ -23,7 +23,33 @@ __all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "parse_critical_path",
            "critical_path_blocks", "parse_yosys_stat", "fit_problems", "timing_lines",
            "retry_freq_mhz", "retry_hint", "npu_clock_of", "timing_met", "summarize",
            "render_markdown", "slowest_registers", "write_failure", "STAT_LINE",
-           "cells_by_block", "block_table"]
+           "cells_by_block", "block_rows", "block_table", "COLUMNS", "SORT_BY", "ICE40_FFS"]
+
+ICE40_FFS = ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS", "SB_DFFESR", "SB_DFFER",
+             "SB_DFFES", "SB_DFFSS", "SB_DFFESS")
+"""Yosys's iCE40 flip-flop cell types."""
+COLUMNS = {
+    "ecp5": (
+        ("LUT4", {"LUT4": 1}),
+        ("LUT4 + carry", {"LUT4": 1, "CCU2C": 2}),  # a CCU2C carry cell holds two LUTs
+        ("FF", {"TRELLIS_FF": 1}),
+        ("MULT18X18D", {"MULT18X18D": 1}),
+        ("DP16KD", {"DP16KD": 1}),
+        ("LUTRAM (DPR16X4)", {"TRELLIS_DPR16X4": 1}),
+    ),
+    "ice40": (
+        ("LUT4", {"SB_LUT4": 1}),
+        ("FF", dict.fromkeys(ICE40_FFS, 1)),
+        ("SB_CARRY", {"SB_CARRY": 1}),
+        ("SB_MAC16", {"SB_MAC16": 1}),
+        ("SB_RAM40_4K", {"SB_RAM40_4K": 1}),
+        ("SB_SPRAM256KA", {"SB_SPRAM256KA": 1}),
+    ),
+}
+"""Per family, the columns of a table of cells by block (``make synth-hierarchy``, the
+build report's cells by block): (name, {yosys cell type: how many it counts})."""
+SORT_BY = {"ecp5": "LUT4 + carry", "ice40": "LUT4"}
+
 
 # ---- parsers ------------------------------------------------------------------------------
 
@@ -141,49 +167,56 @@ def parse_yosys_stat(text: str) -> dict[str, int]:
     return counts
 
 
-def cells_by_block(netlist: dict, columns) -> list[dict]:
-    """A synthesized netlist's cells (Yosys's ``write_json``, flattened) counted by the
-    block each belongs to, named as :func:`hdl.boards.congestion.block_of` names
-    them (``soc.npu.sp.x`` -> ``sp``): ``[{"block": "vec", "LUT4": 6553, ...}, ...]``,
-    the most cells of the first column first. ``columns``: ``(name, cell types)``
-    pairs, e.g. a board's capacity. Where a flat build's logic went, as it was mapped
-    (``make synth-hierarchy`` counts each block synthesized apart instead)."""
+def cells_by_block(netlist: dict) -> dict[str, dict[str, int]]:
+    """A synthesized netlist's cells (Yosys's ``write_json``, flattened) by type, summed
+    by the block each belongs to, named as :func:`hdl.boards.congestion.block_of`
+    names them (``soc.npu.sp.x`` -> ``sp``; logic named after a signal between the
+    NPU's blocks under that signal, ``(npu) counters``). Where a flat build's logic
+    went, as it was mapped (``make synth-hierarchy`` synthesizes each block apart);
+    :func:`block_rows` makes the table."""
     from .congestion import block_of
 
-    column_of = {kind: col for col, kinds in columns for kind in kinds}
-    counts: dict[str, dict[str, int]] = {}
+    blocks: dict[str, dict[str, int]] = {}
     for module in netlist.get("modules", {}).values():
         for name, cell in module.get("cells", {}).items():
-            col = column_of.get(cell.get("type"))
-            if col is None:
-                continue
             block = "(unnamed)" if name.startswith("$") else block_of(name)
             if block == "(npu top)":  # logic named after a signal between blocks, e.g.
                 # the counters the CSR block reads: name it by that signal
                 parts = name.split(".")
                 block = "(npu) " + parts[parts.index("npu") + 1].split("__")[0]
-            row = counts.setdefault(block, dict.fromkeys((c for c, _ in columns), 0))
-            row[col] += 1
-    first = columns[0][0]
-    return [{"block": b, **row} for b, row in
-            sorted(counts.items(), key=lambda kv: (-kv[1][first], kv[0]))]
+            acc = blocks.setdefault(block, {})
+            acc[cell["type"]] = acc.get(cell["type"], 0) + 1
+    return blocks
+
+
+def block_rows(blocks: dict[str, dict[str, int]], family: str, total: str) -> list[dict]:
+    """One row per block in ``family``'s :data:`COLUMNS`, largest first (then by
+    name), and a last row named ``total`` that sums them."""
+    cols = COLUMNS[family]
+    rows = [{"block": b, **{c: sum(cells.get(t, 0) * k for t, k in kinds.items())
+                            for c, kinds in cols}}
+            for b, cells in blocks.items()]
+    rows = [r for r in rows if any(r[c] for c, _ in cols)]  # blocks of wires alone
+    rows.sort(key=lambda r: (-r[SORT_BY[family]], r["block"]))
+    rows.append({"block": total, **{c: sum(r[c] for r in rows) for c, _ in cols}})
+    return rows
 
 
 def block_table(rows: list[dict], limit: int = 12) -> list[str]:
-    """Markdown lines for :func:`cells_by_block`'s rows: the first ``limit`` blocks,
-    the rest summed as one line, and the total."""
+    """Markdown lines for :func:`block_rows`'s rows: the first ``limit`` blocks, the
+    rest summed as one line, and the total row."""
     if not rows:
         return []
     cols = [k for k in rows[0] if k != "block"]
-    shown = rows[:limit]
-    if len(rows) > limit:
-        rest = rows[limit:]
+    *blocks, total = rows
+    shown = blocks[:limit]
+    if len(blocks) > limit:
+        rest = blocks[limit:]
         shown = shown + [{"block": f"{len(rest)} others",
                           **{c: sum(r[c] for r in rest) for c in cols}}]
-    total = {"block": "**all**", **{c: sum(r[c] for r in rows) for c in cols}}
     out = ["| block | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     out += [f"| {r['block']} | " + " | ".join(f"{r[c]:,}" for c in cols) + " |"
-            for r in shown + [total]]
+            for r in shown + [{**total, "block": f"**{total['block']}**"}]]
     return out
 
 

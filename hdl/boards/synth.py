@@ -32,6 +32,8 @@ from pathlib import Path
 from firmware.config import CONFIGS, NPUConfig
 
 from .report import (
+    ICE40_FFS,
+    block_rows,
     cells_by_block,
     critical_path_blocks,
     fit_problems,
@@ -90,8 +92,7 @@ BOARDS = {
         ("MULT18X18D", ("MULT18X18D",), 156), ("DP16KD", ("DP16KD",), 208))),
     "icebreaker": Board("icebreaker", "hdl.boards.icebreaker", "iCE40 UP5K (SG48)", "bin", (
         ("LUT4 (logic cells)", ("SB_LUT4",), 5280),
-        ("FF (logic cells)", ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS",
-                              "SB_DFFESR", "SB_DFFER", "SB_DFFES"), 5280),
+        ("FF (logic cells)", ICE40_FFS, 5280),
         ("SB_MAC16", ("SB_MAC16",), 8), ("SB_RAM40_4K", ("SB_RAM40_4K",), 30),
         ("SB_SPRAM256KA", ("SB_SPRAM256KA",), 4))),
 }
@@ -277,9 +278,8 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     if failed is None and not (build_dir / f"{name}.{board.bitstream}").exists():
         failed = f"no bitstream: {_failure_reason(build_dir, name) or 'see ' + str(build_dir)}"
     netlist = build_dir / f"{name}.json"  # Yosys's, read for the cells by block
-    columns = [(res, kinds) for res, kinds, _ in board.capacity]
-    by_block = (cells_by_block(json.loads(netlist.read_text()), columns)
-                if netlist.exists() else None)
+    by_block = (block_rows(cells_by_block(json.loads(netlist.read_text())), mod.FAMILY,
+                           total="SoC") if netlist.exists() else None)
     if failed is not None:
         rpt = build_dir / f"{name}.rpt"
         cells = parse_yosys_stat(rpt.read_text(errors="replace")) if rpt.exists() else {}
@@ -304,8 +304,7 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                        ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall,
                        npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
-    report["tools"] = tool_versions(
-        script_commands((build_dir / f"build_{name}.sh").read_text()))
+    report["tools"] = tool_versions(script_commands(script))
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
     report["cells_by_block"] = by_block
