@@ -983,6 +983,78 @@ def test_an_interrupted_or_failed_build_stops_its_tools(tmp_path, monkeypatch):
     assert not (build / "top.config").exists()
 
 
+_SIGTERM_DRIVER = """import functools, sys
+from pathlib import Path
+from hdl.boards.seeds import route_seeds, stop_tools_on_sigterm
+from hdl.boards.synth import seed_score
+stop_tools_on_sigterm()  # what make synth's main does first
+route_seeds(Path(sys.argv[1]), Path(sys.argv[2]).read_text(), [],
+            functools.partial(seed_score, clk_hz=60e6), log=lambda *_: None, every=0.1)
+"""
+
+
+def test_a_terminated_build_stops_its_tools(tmp_path, monkeypatch):
+    """``kill`` (SIGTERM) of a build while nextpnr runs ends the build with status
+    143 and nextpnr with it: past its sleep it has written nothing. Python's default
+    SIGTERM ended the build alone and left the tool running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.0", jobs=1, meet=1)
+    monkeypatch.setenv("FAKE_PROGRESS", "2.0")
+    (tmp_path / "driver.py").write_text(_SIGTERM_DRIVER)
+    (tmp_path / "build_top.sh").write_text(_ECP5_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(build),
+                             str(tmp_path / "build_top.sh")], env=env)
+    try:
+        for _ in range(1200):  # until nextpnr has started (imports take a few seconds)
+            if (tmp_path / "runs" / "seen-default").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "runs" / "seen-default").exists(), "the stand-in nextpnr never ran"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    time.sleep(3.0)  # past the stand-in's 2 s: left running, it would write its outputs
+    assert not (build / "top.config").exists()
+    assert not (build / "nextpnr-report.json").exists()
+
+
+@pytest.mark.parametrize("command, work, argv", [
+    ("synth", "synthesize", ["--board", "ulx3s"]),
+    ("hierarchy", "run", ["--board", "ulx3s"]),
+    ("blocks", "time_block", ["--blocks", "dma"]),
+])
+def test_commands_that_run_tools_stop_them_on_sigterm(monkeypatch, command, work, argv):
+    """Each command that runs Yosys or nextpnr installs the SIGTERM handler before it
+    starts them (the test above shows what the handler does)."""
+    import importlib
+    import signal
+
+    class Started(Exception):
+        """The command got as far as running its tools (stand-in: none run)."""
+
+    module = importlib.import_module(f"hdl.boards.{command}")
+    seen = []
+
+    def started(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise Started
+
+    monkeypatch.setattr(module, work, started)
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(Started):
+            module.main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert seen and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN, None)
+
+
 def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
     from hdl.boards.seeds import default_jobs, route_seeds
     from hdl.boards.synth import seed_score

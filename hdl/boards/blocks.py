@@ -33,6 +33,7 @@ from amaranth.lib import wiring
 from firmware.config import NPUConfig
 
 from .report import parse_critical_path, parse_nextpnr_log, parse_yosys_stat
+from .seeds import stop_tools_on_sigterm
 from .synth import tool_env
 
 __all__ = ["BLOCKS", "block_rtlil", "parse_critical_path", "time_block", "render_markdown", "main"]
@@ -207,6 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--router", default="router2", choices=("router1", "router2"))
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
     args = ap.parse_args(argv)
+    stop_tools_on_sigterm()
     names = [b.strip() for b in args.blocks.split(",") if b.strip()]
     unknown = [b for b in names if b not in BLOCKS]
     if unknown:

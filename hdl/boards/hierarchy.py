@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from .report import COLUMNS, STAT_LINE, block_rows
+from .seeds import stop_tools_on_sigterm
 from .synth import BOARDS, tool_env
 
 __all__ = ["parse_module_stats", "by_block", "render_markdown", "run", "main"]
@@ -117,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--board", required=True, choices=sorted(BOARDS))
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
     args = ap.parse_args(argv)
+    stop_tools_on_sigterm()
     try:
         report = run(args.board, args.out)
     except RuntimeError as e:

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -28,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 __all__ = ["NEXTPNR_OUTPUTS", "PROGRESS_EVERY_S", "parse_seeds", "script_commands",
-           "seed_command", "tool_command", "default_jobs", "progress", "run_step", "route_seeds"]
+           "seed_command", "tool_command", "default_jobs", "progress", "run_step", "route_seeds",
+           "stop_tools_on_sigterm"]
 
 NEXTPNR_OUTPUTS = ("--log", "--report", "--textcfg", "--asc")
 """nextpnr's options that name a file it writes (redirected into a seed's folder)."""
@@ -65,6 +67,17 @@ def progress(log_text: str) -> str | None:
         if m := _YOSYS_PASS.match(line):
             return f"synthesis: {m.group(1)}"
     return None
+
+
+def stop_tools_on_sigterm() -> None:
+    """Make SIGTERM end this process as Ctrl-C does, by an exception, so the tools it
+    runs are killed on the way out. Python's default ends the process at once, and a
+    ``kill`` or a job's timeout then left Yosys or nextpnr running, for up to an hour.
+    Call from the main thread (a command's ``main``); the exit status stays 128 + 15."""
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def _tail(path: Path, size: int = 8192) -> str:

@@ -49,7 +49,14 @@ from .report import (
     timing_met,
     write_failure,
 )
-from .seeds import parse_seeds, route_seeds, run_step, script_commands, tool_command
+from .seeds import (
+    parse_seeds,
+    route_seeds,
+    run_step,
+    script_commands,
+    stop_tools_on_sigterm,
+    tool_command,
+)
 
 __all__ = ["BOARDS", "Board", "SynthError", "seed_score", "nextpnr_options", "PLACERS",
            "ROUTERS", "board_config", "board_top", "npu_builds", "tool_env", "tool_versions",
@@ -352,6 +359,7 @@ def main(argv=None) -> int:
         ap.error("--heatmap describes one run: leave out --seeds")
     if args.seed_jobs is not None and args.seed_jobs < 1:
         ap.error(f"--seed-jobs {args.seed_jobs}: at least 1")
+    stop_tools_on_sigterm()
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
     try:
