@@ -871,7 +871,15 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     assert (build / "top.bit").read_text() == want
     assert (build / "top.tim").read_text() == f"log of seed {kept or 'default'}"
     assert (build / "seed3" / "top.config").read_text() == "placed with seed 3"
-    monkeypatch.setenv("FAKE_MEET", "1")  # seed 13 fails before it marks its start
+    monkeypatch.setenv("FAKE_MEET", "1")
+
+    def unranked(folder):
+        raise AssertionError("a lone run has nothing to be ranked against")
+
+    assert route_seeds(build, _ECP5_SCRIPT, [], unranked, log=lambda *_: None) == [
+        {"seed": None, "score": None, "kept": True}]
+    assert (build / "top.bit").read_text() == "placed with seed default"
+    # seed 13 fails before it marks its start
     with pytest.raises(RuntimeError, match="seed 13 failed"):
         route_seeds(build, _ECP5_SCRIPT, [13], score, log=lambda *_: None)
     monkeypatch.setenv("FAKE_FMAX", "2:70.0")  # the default run fails (no figure for it)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from firmware.config import NPUConfig
 
+from .congestion import block_of
 from .endpoints import period_of, register_table, slowest
 
 __all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "parse_critical_path",
@@ -126,7 +127,6 @@ def critical_path_blocks(text: str) -> dict | None:
     :func:`parse_critical_path`'s figures and ends, with ``blocks``, the blocks its
     cells belong to in path order (``soc.npu.seq.x`` -> ``seq``; a board netlist
     keeps no source lines). None when nothing was routed."""
-    from .congestion import block_of
 
     cp = parse_critical_path(text)
     if cp is None:
@@ -174,7 +174,6 @@ def cells_by_block(netlist: dict) -> dict[str, dict[str, int]]:
     NPU's blocks under that signal, ``(npu) counters``). Where a flat build's logic
     went, as it was mapped (``make synth-hierarchy`` synthesizes each block apart);
     :func:`block_rows` makes the table."""
-    from .congestion import block_of
 
     blocks: dict[str, dict[str, int]] = {}
     for module in netlist.get("modules", {}).values():

@@ -247,7 +247,8 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
     ``folder`` (higher is better; the default run's are in ``build_dir``). ``jobs``
     runs go at once (None: :func:`default_jobs`); each prints its progress every
     ``every`` seconds through ``log``. Returns one entry per run, the
-    default first (``seed`` None): ``{"seed", "score", "kept"}``. The kept run's
+    default first (``seed`` None): ``{"seed", "score", "kept"}`` (a lone run is not
+    scored: its score is None). The kept run's
     outputs end up in ``build_dir`` with the bitstream packed from them. Raises
     ``RuntimeError`` when a tool fails.
     """
@@ -271,8 +272,12 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
             which = "its default seed" if seed is None else f"seed {seed}"
             raise RuntimeError(f"nextpnr with {which} failed (exit {code}; see "
                                f"{build_dir if seed is None else build_dir / f'seed{seed}'})")
-    runs = [{"seed": seed, "score": score(build_dir if seed is None else build_dir / f"seed{seed}")}
-            for seed in codes]
+    if len(codes) == 1:  # nothing to rank (scoring reads nextpnr's 12 MB report)
+        runs = [{"seed": None, "score": None}]
+    else:
+        runs = [{"seed": seed,
+                 "score": score(build_dir if seed is None else build_dir / f"seed{seed}")}
+                for seed in codes]
     best = max(runs, key=lambda r: r["score"])  # the first of equals: the default
     for r in runs:
         r["kept"] = r is best
