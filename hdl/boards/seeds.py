@@ -186,13 +186,15 @@ def default_jobs() -> int:
 
 
 def _run_all(argvs: dict, cwd: Path, jobs: int, log, every: float) -> dict:
-    """Run each seed's command, at most ``jobs`` at once; their exit codes by seed.
-    Once one fails the build has failed, so the others are stopped (code None)."""
+    """Run each seed's command, at most ``jobs`` at once; ``{seed: (exit code, wall
+    seconds)}``. Once one fails the build has failed, so the others are stopped
+    (code None)."""
     stop = threading.Event()
 
     def run(seed):
         if stop.is_set():  # queued behind a run that failed
-            return None
+            return None, 0.0
+        t0 = time.monotonic()
         where = "its default seed" if seed is None else f"seed {seed} (into seed{seed}/)"
         log(f"synth: placing and routing with {where}...")
         who = "nextpnr" if len(argvs) == 1 else ("nextpnr, default seed" if seed is None
@@ -201,7 +203,7 @@ def _run_all(argvs: dict, cwd: Path, jobs: int, log, every: float) -> dict:
                             stop)
         if code:
             stop.set()
-        return code
+        return code, time.monotonic() - t0
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {seed: pool.submit(run, seed) for seed in argvs}
@@ -247,8 +249,8 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
     ``folder`` (higher is better; the default run's are in ``build_dir``). ``jobs``
     runs go at once (None: :func:`default_jobs`); each prints its progress every
     ``every`` seconds through ``log``. Returns one entry per run, the
-    default first (``seed`` None): ``{"seed", "score", "kept"}`` (a lone run is not
-    scored: its score is None). The kept run's
+    default first (``seed`` None): ``{"seed", "score", "kept", "wall_s"}`` (a lone run
+    is not scored: its score is None; ``wall_s`` is nextpnr's wall time). The kept run's
     outputs end up in ``build_dir`` with the bitstream packed from them. Raises
     ``RuntimeError`` when a tool fails.
     """
@@ -266,18 +268,20 @@ def route_seeds(build_dir: Path, script: str, seeds: list[int],
         for name in outputs:
             (build_dir / folder / name).unlink(missing_ok=True)
         argvs[seed] = [tool_command(pnr)] + seed_command(commands[pnr], seed, folder)
-    codes = _run_all(argvs, build_dir, jobs or default_jobs(), log, every)
-    for seed, code in codes.items():  # None: stopped because another run failed
+    done = _run_all(argvs, build_dir, jobs or default_jobs(), log, every)
+    for seed, (code, _) in done.items():  # None: stopped because another run failed
         if code:
             which = "its default seed" if seed is None else f"seed {seed}"
             raise RuntimeError(f"nextpnr with {which} failed (exit {code}; see "
                                f"{build_dir if seed is None else build_dir / f'seed{seed}'})")
-    if len(codes) == 1:  # nothing to rank (scoring reads nextpnr's 12 MB report)
+    if len(done) == 1:  # nothing to rank (scoring reads nextpnr's 12 MB report)
         runs = [{"seed": None, "score": None}]
     else:
         runs = [{"seed": seed,
                  "score": score(build_dir if seed is None else build_dir / f"seed{seed}")}
-                for seed in codes]
+                for seed in done]
+    for r in runs:
+        r["wall_s"] = round(done[r["seed"]][1], 1)
     best = max(runs, key=lambda r: r["score"])  # the first of equals: the default
     for r in runs:
         r["kept"] = r is best

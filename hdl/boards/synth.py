@@ -40,6 +40,7 @@ from .report import (
     npu_clock_of,
     parse_nextpnr_log,
     parse_nextpnr_report,
+    parse_tool_times,
     parse_yosys_stat,
     render_markdown,
     retry_hint,
@@ -315,10 +316,12 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
     report["cells_by_block"] = by_block
+    report["tool_times_s"] = parse_tool_times(
+        (build_dir / f"{name}.rpt").read_text(errors="replace"), log_text)
     if seeds:
         report["seeds"] = [{"seed": "default" if r["seed"] is None else r["seed"],
                             "timing_met": r["score"][0], "npu_fmax_mhz": round(r["score"][1], 2),
-                            "kept": r["kept"]} for r in runs]
+                            "kept": r["kept"], "nextpnr_wall_s": r["wall_s"]} for r in runs]
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (build_dir / "report.md").write_text(render_markdown(report))
     return report
