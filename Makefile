@@ -32,7 +32,7 @@ help:
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
-	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [CONFIG=small] [FREQ=MHZ] [PLACER=static] [ROUTER=router2 [HEATMAP=1]] [SEEDS=2,3 [SEED_JOBS=N]]; build/synth/BOARD/report.md)"
+	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [CONFIG=small] [FREQ=MHZ] [PLACER=static] [ROUTER=router2 [HEATMAP=1]] [SEEDS=2,3 [SEED_JOBS=N]] [SYNTH_OPTS=...] [NEXTPNR_OPTS=...]; build/synth/BOARD/report.md)"
 	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
 	@echo "make synth-endpoints BOARD=ulx3s  the slowest registers of the last routed build (build/synth/BOARD/endpoints.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
@@ -66,7 +66,7 @@ regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
-	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG)) $(if $(FREQ),--freq $(FREQ)) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER)) $(if $(HEATMAP),--heatmap) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SEED_JOBS),--seed-jobs $(SEED_JOBS))
+	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG)) $(if $(FREQ),--freq $(FREQ)) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER)) $(if $(HEATMAP),--heatmap) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SEED_JOBS),--seed-jobs $(SEED_JOBS)) $(if $(SYNTH_OPTS),--synth-opts="$(SYNTH_OPTS)") $(if $(NEXTPNR_OPTS),--nextpnr-opts="$(NEXTPNR_OPTS)")
 
 synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))

@@ -748,6 +748,48 @@ def test_nextpnr_options_name_placer_router_and_report():
         nextpnr_options(heatmap=True)
 
 
+def test_extra_tool_options_replace_the_boards_and_not_the_builds():
+    from hdl.boards.synth import merge_options, nextpnr_options
+
+    assert merge_options("--placer-heap-timingweight 40",
+                         "--placer-heap-timingweight 80 --tmg-ripup") == (
+        "--placer-heap-timingweight 80 --tmg-ripup")
+    assert merge_options("--seed 3 --placer-heap-timingweight 40", "--seed 4") == (
+        "--placer-heap-timingweight 40 --seed 4")
+    assert nextpnr_options("--placer-heap-timingweight 40",
+                           extra="--placer-heap-critexp 4").startswith(
+        "--placer-heap-timingweight 40 --placer-heap-critexp 4 --report")
+    for opt in ("--report x.json", "--placer static", "--json a.json", "--timing-allow-fail"):
+        with pytest.raises(ValueError, match=f"may not set {opt.split()[0]}"):
+            nextpnr_options(extra=opt)
+
+
+def test_make_synth_passes_the_extra_tool_options(monkeypatch):
+    """``make synth SYNTH_OPTS=... NEXTPNR_OPTS=...`` reaches ``synthesize`` as given,
+    spaces and leading dashes included; an option the build sets is refused first."""
+    import shlex
+    import subprocess
+
+    from hdl.boards import synth
+
+    root = Path(__file__).resolve().parents[1]
+    dry = subprocess.run(["make", "-n", "-C", str(root), "synth", "BOARD=ulx3s",
+                          "SYNTH_OPTS=-nowidelut -abc9",
+                          "NEXTPNR_OPTS=--placer-heap-timingweight 80"],
+                         capture_output=True, text=True, check=True).stdout
+    line = next(line for line in dry.splitlines() if "-m hdl.boards.synth" in line)
+    argv = shlex.split(line)
+    argv = argv[argv.index("hdl.boards.synth") + 1:]
+    seen = {}
+    monkeypatch.setattr(synth, "synthesize", lambda *a, **kw: seen.update(kw) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        synth.main(argv)
+    assert seen["synth_opts"] == "-nowidelut -abc9"
+    assert seen["nextpnr_opts"] == "--placer-heap-timingweight 80"
+    with pytest.raises(SystemExit):
+        synth.main(["--board", "ulx3s", "--nextpnr-opts=--router router2"])
+
+
 def test_synth_cli_heatmap_needs_router2(capsys):
     from hdl.boards.synth import main
 
@@ -1103,7 +1145,8 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
     (tmp_path / "yosys.sh").chmod(0o755)
     monkeypatch.setenv("YOSYS", str(tmp_path / "yosys.sh"))
     report = synthesize("ulx3s", build, clk_hz=60_000_000, config="small", seeds=seeds,
-                        seed_jobs=2)
+                        seed_jobs=2, synth_opts="-nowidelut",
+                        nextpnr_opts="--placer-heap-timingweight 80 --tmg-ripup")
     out = build / "ulx3s"
     kept = "2" if seeds else "default"
     assert report["clocks"]["clk"]["achieved_mhz"] == (66.4 if seeds else 61.2)
@@ -1113,6 +1156,11 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
                                                       else ["seen-default"])
     assert report["tools"]["YOSYS"] == f"{tmp_path / 'yosys.sh'} (version not known)"
     assert "Tools: " in (out / "report.md").read_text()
+    # the extra options, in the commands the build ran (the board's weight replaced)
+    assert report["tool_commands"]["synth"] == "synth_ecp5 -nowidelut -top top"
+    assert report["tool_commands"]["nextpnr"].startswith(
+        "--quiet --placer-heap-timingweight 80 --tmg-ripup --report nextpnr-report.json")
+    assert "- nextpnr: `--quiet --placer-heap-timingweight 80" in (out / "report.md").read_text()
     zero = dict.fromkeys(("LUT4", "LUT4 + carry", "FF", "MULT18X18D", "DP16KD",
                           "LUTRAM (DPR16X4)"), 0)
     assert report["cells_by_block"] == [  # from Yosys's netlist, as the fake wrote it

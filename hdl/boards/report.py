@@ -413,6 +413,9 @@ def render_markdown(report: dict) -> str:
                 for s in r["seeds"]]
     if r.get("tools"):
         out += ["", "Tools: " + ", ".join(r["tools"].values()) + "."]
+    commands = {k: v for k, v in (r.get("tool_commands") or {}).items() if v}
+    if commands:
+        out += ["", "Commands:", ""] + [f"- {k}: `{v}`" for k, v in commands.items()]
     if r.get("wall_time_s") is not None:
         line = f"Build wall time: {r['wall_time_s'] / 60:.1f} min (yosys + nextpnr + pack)"
         times = {k: v for k, v in (r.get("tool_times_s") or {}).items() if v is not None}

