@@ -1341,6 +1341,28 @@ def test_congestion_summary_by_block(tmp_path, capsys):
     assert "no router2 heatmaps" in capsys.readouterr().err
 
 
+def test_synth_cli_prints_the_figures_of_a_finished_build(monkeypatch, capsys):
+    from firmware.config import NPUConfig
+    from hdl.boards import synth
+    from hdl.boards.report import parse_tool_times, summarize
+
+    report = summarize("ulx3s", "ECP5", "ecp5", NPUConfig(), clk_hz=60e6, npu_clock=None,
+                       pnr={"fmax": {"clk": (72.36, 60.0)}, "utilization": {}},
+                       cells={}, ram_bytes=65536, baud=115200, wall_s=3018.0)
+    report["tool_times_s"] = parse_tool_times(_YOSYS_END, _NEXTPNR_TIMES)
+    report["seeds"] = [{"seed": "default", "timing_met": True, "npu_fmax_mhz": 72.36,
+                        "kept": True, "nextpnr_wall_s": 2820.0},
+                       {"seed": 2, "timing_met": True, "npu_fmax_mhz": 65.74, "kept": False,
+                        "nextpnr_wall_s": 2511.0}]
+    monkeypatch.setattr(synth, "synthesize", lambda *a, **kw: report)
+    assert synth.main(["--board", "ulx3s", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "timing: met (72.36 MHz >= 60.00 MHz) [clk]" in out
+    assert "  seed default: 72.36 MHz, kept (nextpnr 47.0 min)" in out
+    assert "  seed 2: 65.74 MHz (nextpnr 41.9 min)" in out
+    assert ("built in 50.3 min (yosys 2.0, placement 8.7, routing 20.9)") in out
+
+
 def test_synth_cli_rejects_unknown_board(capsys):
     from hdl.boards.synth import main
 

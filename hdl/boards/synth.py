@@ -452,11 +452,13 @@ def main(argv=None) -> int:
     for run in report.get("seeds") or ():
         failed = "" if run["timing_met"] else " (a clock failed)"
         print(f"  seed {run['seed']}: {run['npu_fmax_mhz']:.2f} MHz{failed}"
-              f"{', kept' if run['kept'] else ''}")
+              f"{', kept' if run['kept'] else ''} (nextpnr {run['nextpnr_wall_s'] / 60:.1f} min)")
     for res, v in report["utilization"].items():
         print(f"  {res:24s} {v['used']:>7} / {v['available']}")
+    times = ", ".join(f"{k} {v / 60:.1f}" for k, v in report["tool_times_s"].items()
+                      if v is not None)
     print(f"  peak {report['peak_gops_at_target']} GOPS at {report['npu_clock_target_mhz']} MHz; "
-          f"built in {report['wall_time_s']:.0f} s")
+          f"built in {report['wall_time_s'] / 60:.1f} min" + (f" ({times})" if times else ""))
     print(f"synth: report in {args.out / args.board}/report.md")
     return 0
 
