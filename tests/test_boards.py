@@ -764,7 +764,7 @@ def test_extra_tool_options_replace_the_boards_and_not_the_builds():
             nextpnr_options(extra=opt)
 
 
-def test_make_synth_passes_the_extra_tool_options(monkeypatch):
+def test_make_synth_passes_the_extra_tool_options(monkeypatch, capsys):
     """``make synth SYNTH_OPTS=... NEXTPNR_OPTS=...`` reaches ``synthesize`` as given,
     spaces and leading dashes included; an option the build sets is refused first."""
     import shlex
@@ -786,8 +786,11 @@ def test_make_synth_passes_the_extra_tool_options(monkeypatch):
         synth.main(argv)
     assert seen["synth_opts"] == "-nowidelut -abc9"
     assert seen["nextpnr_opts"] == "--placer-heap-timingweight 80"
-    with pytest.raises(SystemExit):
-        synth.main(["--board", "ulx3s", "--nextpnr-opts=--router router2"])
+    for argv, said in ((["--nextpnr-opts=--router router2"], "may not set --router"),
+                       (["--synth-opts=-run 'begin"], "--synth-opts (SYNTH_OPTS): No closing")):
+        with pytest.raises(SystemExit):
+            synth.main(["--board", "ulx3s", *argv])
+        assert said in capsys.readouterr().err
 
 
 def test_synth_cli_heatmap_needs_router2(capsys):

@@ -426,11 +426,14 @@ def main(argv=None) -> int:
         ap.error("--heatmap describes one run: leave out --seeds")
     if args.seed_jobs is not None and args.seed_jobs < 1:
         ap.error(f"--seed-jobs {args.seed_jobs}: at least 1")
-    try:  # before a build starts: options the build sets itself, unbalanced quotes
-        nextpnr_options(extra=args.nextpnr_opts)
-        shlex.split(args.synth_opts)
-    except ValueError as e:
-        ap.error(str(e))
+    # before a build starts: options the build sets itself, unbalanced quotes
+    for flag, check in (("--nextpnr-opts (NEXTPNR_OPTS)",
+                         lambda: nextpnr_options(extra=args.nextpnr_opts)),
+                        ("--synth-opts (SYNTH_OPTS)", lambda: shlex.split(args.synth_opts))):
+        try:
+            check()
+        except ValueError as e:
+            ap.error(f"{flag}: {e}")
     stop_tools_on_sigterm()
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
