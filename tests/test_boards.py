@@ -756,6 +756,7 @@ def test_extra_tool_options_replace_the_boards_and_not_the_builds():
         "--placer-heap-timingweight 80 --tmg-ripup")
     assert merge_options("--seed 3 --placer-heap-timingweight 40", "--seed 4") == (
         "--placer-heap-timingweight 40 --seed 4")
+    assert merge_options("--a -1 --b", "--b 2") == "--a -1 --b 2"  # -1: a value
     assert nextpnr_options("--placer-heap-timingweight 40",
                            extra="--placer-heap-critexp 4").startswith(
         "--placer-heap-timingweight 40 --placer-heap-critexp 4 --report")

@@ -146,7 +146,6 @@ def critical_path_blocks(text: str) -> dict | None:
     :func:`parse_critical_path`'s figures and ends, with ``blocks``, the blocks its
     cells belong to in path order (``soc.npu.seq.x`` -> ``seq``; a board netlist
     keeps no source lines). None when nothing was routed."""
-
     cp = parse_critical_path(text)
     if cp is None:
         return None
@@ -193,7 +192,6 @@ def cells_by_block(netlist: dict) -> dict[str, dict[str, int]]:
     NPU's blocks under that signal, ``(npu) counters``). Where a flat build's logic
     went, as it was mapped (``make synth-hierarchy`` synthesizes each block apart);
     :func:`block_rows` makes the table."""
-
     blocks: dict[str, dict[str, int]] = {}
     for module in netlist.get("modules", {}).values():
         for name, cell in module.get("cells", {}).items():

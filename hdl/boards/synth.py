@@ -225,7 +225,7 @@ def _split_options(text: str) -> list[list[str]]:
     """``"--a 1 --b"`` -> ``[["--a", "1"], ["--b"]]``: each option with its values."""
     groups: list[list[str]] = []
     for word in shlex.split(text):
-        if word.startswith("-") or not groups:
+        if (word.startswith("-") and not word[1:2].isdigit()) or not groups:  # -1: a value
             groups.append([word])
         else:
             groups[-1].append(word)
