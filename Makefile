@@ -34,7 +34,7 @@ help:
 	@echo "make regress  long regression (thousands of random programs)"
 	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [CONFIG=small] [FREQ=MHZ] [PLACER=static] [ROUTER=router2 [HEATMAP=1]] [SEEDS=2,3 [SEED_JOBS=N]] [SYNTH_OPTS=...] [NEXTPNR_OPTS=...]; build/synth/BOARD/report.md)"
 	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
-	@echo "make synth-endpoints BOARD=ulx3s  the slowest registers of the last routed build (build/synth/BOARD/endpoints.md)"
+	@echo "make synth-endpoints BOARD=ulx3s [FREQ=MHZ]  the slowest registers of the last routed build, late against its target or FREQ (build/synth/BOARD/endpoints.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
 	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
 	@echo "make synth-depth BOARD=ulx3s [CONFIG=small]  the deepest register-to-register paths of the board build (yosys only)"
@@ -78,7 +78,7 @@ synth-congestion: setup
 	$(PY) -m hdl.boards.congestion build/synth/$(BOARD)
 
 synth-endpoints: setup
-	$(PY) -m hdl.boards.endpoints build/synth/$(BOARD)
+	$(PY) -m hdl.boards.endpoints build/synth/$(BOARD) $(if $(FREQ),--freq $(FREQ))
 
 synth-depth: setup
 	$(PY) -m hdl.boards.depth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG))

@@ -1828,6 +1828,11 @@ def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
     assert out in (tmp_path / "endpoints.md").read_text()
     assert main([str(tmp_path / "missing")]) == 1
     assert "endpoints:" in capsys.readouterr().err
+    assert main([str(tmp_path), "--freq", "80"]) == 0  # against another clock: 12.5 ns
+    assert "1 of 4 registers have an input arriving after the 12.50 ns period" in (
+        capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--freq", "0"])
 
     slow = slowest_registers(_timing_report(), limit=1)
     assert slowest_registers({"fmax": {}}) is None

@@ -9,6 +9,7 @@ time is not). Ranking those inputs by register names every register that misses 
 clock, slowest first, from one run::
 
     make synth-endpoints BOARD=ulx3s       # python -m hdl.boards.endpoints build/synth/ulx3s
+    make synth-endpoints BOARD=ulx3s FREQ=100   # what misses 100 MHz (--freq 100)
 
 A register is its flip-flops' name without the packer's suffix
 (``soc.npu.tags.valid_TRELLIS_FF_Q_3`` -> ``soc.npu.tags.valid``), and a memory
@@ -137,11 +138,16 @@ def main(argv=None) -> int:
     ap.add_argument("build", type=Path,
                     help=f"a board's build folder (with {REPORT}) or the report itself")
     ap.add_argument("--top", type=int, default=30, help="how many registers to list")
+    ap.add_argument("--freq", type=float, default=None, metavar="MHZ",
+                    help="count what misses this clock instead of the build's own target "
+                    "(e.g. --freq 100: what stands between a 60 MHz build and 100 MHz)")
     args = ap.parse_args(argv)
+    if args.freq is not None and args.freq <= 0:
+        ap.error(f"--freq {args.freq}: a clock in MHz, above 0")
     path = args.build / REPORT if args.build.is_dir() else args.build
     try:
         report = json.loads(path.read_text())
-        period = period_of(report)
+        period = period_of(report) if args.freq is None else 1000.0 / args.freq
         eps = slowest(report, period)
     except (OSError, ValueError, KeyError) as e:
         print(f"endpoints: {path}: {e}", file=sys.stderr)
