@@ -22,6 +22,7 @@ from amaranth.utils import exact_log2
 from firmware.config import NPUConfig
 
 from .axi import BURST_INCR, axi4_signature
+from .fifo import HeadRegisterFIFO
 from .ports import (
     DMA_DONE_LAYOUT,
     DRAM_ADDR_BITS,
@@ -443,9 +444,11 @@ class DMA(wiring.Component):
         # grant, combinational from the other ports' requests, then reaches only this
         # FIFO's read side, not the R FIFO, the descriptor queue and the error state
         # (the ECP5 build's routed critical path). One cycle of latency, full throughput.
+        # Its head is a register (HeadRegisterFIFO, as soon as a SyncFIFO's), so the
+        # request the scratchpad arbitrates does not start with a LUT RAM read.
         d = data.View(dlay, q.r_data)
         slay = _load_write_layout(cfg, w, sp.addr.shape())
-        m.submodules.load_w = wb = SyncFIFO(width=slay.size, depth=2)
+        m.submodules.load_w = wb = HeadRegisterFIFO(width=slay.size, depth=2)
         k = Signal(8)  # beat within the burst
         ptr = Signal(sp.addr.shape())  # window address of beat k >= 1
         err = Signal()  # the current command met a bus error: drop the rest
@@ -562,11 +565,12 @@ class DMA(wiring.Component):
         # from the scratchpad when the data is sure to find room in the buffer that
         # the bus drains. The scratchpad's grant, combinational from the other ports'
         # requests, then reaches only that FIFO's read side, not the descriptor queue
-        # and the beat counters. One cycle of latency, full throughput.
+        # and the beat counters. One cycle of latency, full throughput; its head is a
+        # register (HeadRegisterFIFO), as the load side's.
         wbuf_depth = 3 + SP_READ_LATENCY  # the reads in flight and three beats for the bus
         m.submodules.store_wbuf = wbuf = SyncFIFO(width=w * 8 + w + 1, depth=wbuf_depth)
         alay = data.StructLayout({"addr": sp.addr.shape(), "strb": w, "last": 1})
-        m.submodules.store_a = af = SyncFIFO(width=alay.size, depth=2)
+        m.submodules.store_a = af = HeadRegisterFIFO(width=alay.size, depth=2)
         d = data.View(wlay, wq.r_data)
         k = Signal(8)
         ptr = Signal(sp.addr.shape())

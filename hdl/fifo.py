@@ -17,7 +17,9 @@ class HeadRegisterFIFO(Elaboratable, FIFOInterface):
 
     The vector unit's response queues use it: the scratchpad's read data arrives a
     cycle after its block RAM's output was registered, and this queue gives that
-    cycle back, so that the vector ops take the cycles they took before.
+    cycle back, so that the vector ops take the cycles they took before. The DMA's
+    scratchpad-side queues use it so that the requests the scratchpad arbitrates
+    start from a register, not a LUT RAM read, in the same cycles as a ``SyncFIFO``.
 
     Attributes
     ----------
