@@ -38,12 +38,13 @@ BAUD = 115_200
 
 FAMILY = "ecp5"
 
-TOOL_OPTIONS = {"nextpnr_opts": "--placer-heap-timingweight 40"}
+TOOL_OPTIONS = {"nextpnr_opts": "--placer-heap-timingweight 80"}
 """Extra options for ``platform.build`` (yosys's ``synth_ecp5`` maps multipliers to DSPs
-by default). nextpnr's HeAP placer weighs timing 4x its default (10): the whole
-build's slow paths are three quarters wire between blocks the placer spread apart,
-and on one netlist (404ee30, ``small``) this raised the routed fmax from 55.32 to
-61.04 MHz, with router1 no slower (docs/fpga-timing.md, "Routed builds")."""
+by default). nextpnr's HeAP placer weighs timing 8x its default (10): the whole
+build's slow paths are mostly wire between blocks the placer spread apart. Weight 40
+raised one netlist (404ee30, ``small``) from 55.32 to 61.04 MHz; 80 against 40 on the
+netlist of 55f5b61, three seeds each: 72.36, 65.74, 71.91 MHz against 69.76, 67.67,
+67.20 (docs/fpga-timing.md, "Routed builds")."""
 
 OSC_HZ = 25_000_000
 
