@@ -13,7 +13,8 @@ class HeadRegisterFIFO(Elaboratable, FIFOInterface):
     ``r_data`` comes from a register, as :class:`~amaranth.lib.fifo.SyncFIFOBuffered`'s
     does, but one cycle sooner: an entry written into an empty queue is at the head
     (``r_rdy``) the next cycle. The entries behind the head wait in a ``SyncFIFO`` of
-    ``depth - 1`` (asynchronous reads: LUT RAM on an FPGA that has it).
+    ``depth - 1`` (asynchronous reads: LUT RAM on an FPGA that has it), or in a
+    register when that is one entry.
 
     The vector unit's response queues use it: the scratchpad's read data arrives a
     cycle after its block RAM's output was registered, and this queue gives that
@@ -36,7 +37,8 @@ class HeadRegisterFIFO(Elaboratable, FIFOInterface):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.tail = tail = SyncFIFO(width=self.width, depth=self.depth - 1)
+        m.submodules.tail = tail = (_OneEntry(self.width) if self.depth == 2 else
+                                    SyncFIFO(width=self.width, depth=self.depth - 1))
         # The head register takes a new entry whenever it is empty or being read: the
         # oldest waiting one, or, when none waits, the one written now. The tail is
         # empty whenever the head is, so a write always has room then.
@@ -54,4 +56,25 @@ class HeadRegisterFIFO(Elaboratable, FIFOInterface):
         with m.If(load):
             m.d.sync += [self.r_data.eq(Mux(tail.r_rdy, tail.r_data, self.w_data)),
                          self.r_rdy.eq(tail.r_rdy | self.w_en)]
+        return m
+
+
+class _OneEntry(Elaboratable):
+    """A one-entry queue with ``SyncFIFO``'s ports, as a register: ``SyncFIFO(depth=1)``
+    has zero-width pointers, which Verilator's lint reports (``[-1:0]`` ranges)."""
+
+    def __init__(self, width: int):
+        self.w_en, self.w_rdy = Signal(), Signal()
+        self.w_data = Signal(width)
+        self.r_en, self.r_rdy = Signal(), Signal()
+        self.r_data = Signal(width)
+        self.level = Signal(range(2))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += [self.w_rdy.eq(~self.r_rdy), self.level.eq(self.r_rdy)]
+        with m.If(self.w_en & self.w_rdy):  # only into an empty entry, as SyncFIFO's
+            m.d.sync += [self.r_data.eq(self.w_data), self.r_rdy.eq(1)]
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
         return m

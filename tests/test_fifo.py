@@ -54,15 +54,16 @@ def test_random_pushes_and_pops_match_a_queue(depth, seed):
     sim.run()
 
 
-def test_a_full_queue_refuses_writes():
-    dut = HeadRegisterFIFO(width=8, depth=3)
+@pytest.mark.parametrize("depth", [2, 3])
+def test_a_full_queue_refuses_writes(depth):
+    dut = HeadRegisterFIFO(width=8, depth=depth)
 
     async def bench(ctx):
-        for v in range(3):
+        for v in range(depth):
             ctx.set(dut.w_en, 1)
             ctx.set(dut.w_data, v + 1)
             await ctx.tick()
-        assert ctx.get(dut.level) == 3
+        assert ctx.get(dut.level) == depth
         assert not ctx.get(dut.w_rdy)
         ctx.set(dut.w_data, 99)
         await ctx.tick()  # refused: nothing lost, nothing added
@@ -72,7 +73,7 @@ def test_a_full_queue_refuses_writes():
         while ctx.get(dut.r_rdy):
             out.append(ctx.get(dut.r_data))
             await ctx.tick()
-        assert out == [1, 2, 3]
+        assert out == list(range(1, depth + 1))
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
