@@ -1822,6 +1822,62 @@ def test_endpoints_rank_registers_by_their_slowest_input():
         slowest({"fmax": {}})
 
 
+def _dsp_report():
+    """Two DSP blocks: one feeding a register and an adder of partial products, one
+    feeding a register only; a LUT's output into a register is not a multiplier."""
+    def ep(cell, arrival):
+        return {"cell": cell, "port": "DI", "delay": [1.0, arrival],
+                "event": "posedge $glbnet$clk"}
+
+    slow, fast = ("soc.npu.seq.chk__0__nbytes_TRELLIS_FF_Q_DI_MULT18X18D_P0",
+                  "soc.npu.vec.s2_ll0_TRELLIS_FF_Q_32_DI_MULT18X18D_P32")
+    return {
+        "fmax": {"$glbnet$clk": {"achieved": 70.0, "constraint": 60.0}},
+        "detailed_net_timings": [
+            {"net": "p3", "driver": slow, "port": "P3", "endpoints": [
+                ep("soc.npu.seq.chk__0__nbytes_TRELLIS_FF_Q_3", 12.75)]},
+            {"net": "p4", "driver": slow, "port": "P4", "endpoints": [
+                ep("soc.npu.seq.chk__0__nbytes_TRELLIS_FF_Q_4", 13.05),
+                # into the adder of the partial products: not the DSP alone
+                ep("soc.npu.seq.chk__0__nbytes_TRELLIS_FF_Q_19_DI_CCU2C_S1$CCU2_", 14.0)]},
+            {"net": "p32", "driver": fast, "port": "P32", "endpoints": [
+                ep("soc.npu.vec.s2_ll0_TRELLIS_FF_Q_32", 10.5)]},
+            {"net": "lut", "driver": "soc.npu.vec.x_LUT4_Z", "port": "F", "endpoints": [
+                ep("soc.npu.vec.y_TRELLIS_FF_Q", 15.0)]},
+            # a DSP's other outputs (its cascade) are not its product
+            {"net": "sro", "driver": fast, "port": "SROA3", "endpoints": [
+                ep("soc.npu.vec.z_TRELLIS_FF_Q", 16.0)]},
+        ]}
+
+
+def test_endpoints_name_the_multipliers_that_bound_the_clock(tmp_path, capsys):
+    """A register fed straight from a DSP block's product is as late as the path into
+    the DSP plus the multiply: the report ranks the multipliers by it, so a target the
+    DSPs alone miss is seen as such, not as logic to cut."""
+    from hdl.boards.endpoints import Multiplier, main, multipliers
+
+    report = _dsp_report()
+    assert multipliers(report) == [
+        Multiplier("soc.npu.seq.chk__0__nbytes_TRELLIS_FF_Q_DI_MULT18X18D_P0", "seq", 13.05,
+                   "soc.npu.seq.chk__0__nbytes"),
+        Multiplier("soc.npu.vec.s2_ll0_TRELLIS_FF_Q_32_DI_MULT18X18D_P32", "vec", 10.5,
+                   "soc.npu.vec.s2_ll0"),
+    ]
+    assert multipliers(_timing_report()) == []
+    (tmp_path / "nextpnr-report.json").write_text(json.dumps(report))
+    assert main([str(tmp_path), "--freq", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "## Multipliers" in out
+    assert ("2 multipliers (DSP blocks) feed registers directly; at 1 of them the "
+            "register's input misses the 12.50 ns period") in out
+    assert "| 13.05 | `soc.npu.seq.chk__0__nbytes` | seq |" in out
+    assert main([str(tmp_path), "--freq", "100"]) == 0
+    assert "at 2 of them" in capsys.readouterr().out
+    (tmp_path / "nextpnr-report.json").write_text(json.dumps(_timing_report()))
+    assert main([str(tmp_path)]) == 0
+    assert "Multipliers" not in capsys.readouterr().out  # no DSP, no section
+
+
 def test_endpoints_cli_and_the_synth_report(tmp_path, capsys):
     from hdl.boards.endpoints import main
     from hdl.boards.report import render_markdown, slowest_registers

@@ -22,6 +22,13 @@ the pin it arrives at (``DI``/``M`` data, ``CE`` enable, ``LSR`` set/reset; a RA
 port names), how many of its inputs miss the clock's period, and its NPU block;
 first, how many registers of each block miss it. Also written to ``endpoints.md``
 beside the report.
+
+Then the multipliers (:func:`multipliers`): the arrival at the registers a DSP block
+(``MULT18X18D``) feeds with no logic between. Yosys's ECP5 flow maps multipliers
+without the DSP's own input and output registers, so when the DSP's inputs come from
+flip-flops such a path is a route in, the multiply and a route out: nothing the RTL
+can shorten short of another cycle or those registers, and a period below it is out
+of reach whatever else is cut.
 """
 
 from __future__ import annotations
@@ -36,12 +43,14 @@ from pathlib import Path
 
 from .congestion import block_of
 
-__all__ = ["Endpoint", "slowest", "render_markdown", "register_table"]
+__all__ = ["Endpoint", "Multiplier", "slowest", "multipliers", "render_markdown",
+           "register_table"]
 
 REPORT = "nextpnr-report.json"
 _FF_SUFFIX = re.compile(r"_TRELLIS_FF_Q(_\d+)?$")
 _MEM_TILE = re.compile(r"(\.\d+)+(\$DPRAM_COMB\d+)?$")  # yosys's memory tiles, LUT RAM cells
 _MEM_OUT = re.compile(r"(\.\d+)+_D[IO][AB]\d+$")  # flip-flops named after a tile's data pin
+_DSP_OUT = re.compile(r"^P\d+$")  # a MULT18X18D's product pins
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,16 @@ class Endpoint:
     net: str  # the net feeding that input
     late: int  # how many of its inputs arrive after the period (0 without a period)
     inputs: int  # how many of its inputs the report times
+
+
+@dataclass(frozen=True)
+class Multiplier:
+    """A DSP block and the latest arrival at a register it feeds directly."""
+
+    cell: str
+    block: str
+    arrival_ns: float  # at the latest register fed straight from the DSP's product
+    register: str  # that register
 
 
 def register_of(cell: str) -> str:
@@ -90,6 +109,43 @@ def slowest(report: dict, period_ns: float | None = None) -> list[Endpoint]:
     out = [Endpoint(reg, block_of(reg), round(a, 3), _pin_kind(pin), net, late, n)
            for reg, (a, pin, net, late, n) in worst.items()]
     return sorted(out, key=lambda e: (-e.arrival_ns, e.register))
+
+
+def multipliers(report: dict) -> list[Multiplier]:
+    """The DSP blocks (``MULT18X18D``) of a ``--detailed-timing-report`` JSON whose
+    product feeds a register directly, slowest first: the arrival there is the path
+    through the multiplier alone (the route in, the multiply, the route out)."""
+    worst: dict[str, tuple[float, str]] = {}
+    for net in report.get("detailed_net_timings", []):
+        cell = str(net.get("driver", ""))
+        if "MULT18X18D" not in cell or not _DSP_OUT.match(str(net.get("port", ""))):
+            continue
+        for ep in net.get("endpoints", []):
+            if not _FF_SUFFIX.search(ep["cell"]):
+                continue  # into logic (an adder of partial products): not the DSP alone
+            arrival = float(ep["delay"][-1])
+            if cell not in worst or arrival > worst[cell][0]:
+                worst[cell] = (arrival, register_of(ep["cell"]))
+    out = [Multiplier(cell, block_of(cell), round(a, 3), reg)
+           for cell, (a, reg) in worst.items()]
+    return sorted(out, key=lambda d: (-d.arrival_ns, d.cell))
+
+
+def render_multipliers(dsps: list[Multiplier], period_ns: float | None, limit: int) -> str:
+    """The ``limit`` slowest multipliers' direct paths as markdown ("" without any)."""
+    if not dsps:
+        return ""
+    late = sum(period_ns is not None and d.arrival_ns > period_ns for d in dsps)
+    head = f"{len(dsps)} multipliers (DSP blocks) feed registers directly"
+    if period_ns is not None:
+        head += (f"; at {late} of them the register's input misses the {period_ns:.2f} ns "
+                 "period with no logic after the DSP")
+    head += (". Yosys maps them without the DSP's own registers, so the path is what feeds "
+             "the DSP, the multiply and a route out.")
+    out = [head, "", "| arrival (ns) | register fed | block | DSP |", "|---:|---|---|---|"]
+    out += [f"| {d.arrival_ns:.2f} | `{d.register}` | {d.block} | `{d.cell}` |"
+            for d in dsps[:limit]]
+    return "\n".join(out) + "\n"
 
 
 def render_markdown(endpoints: list[Endpoint], period_ns: float | None, limit: int) -> str:
@@ -153,6 +209,9 @@ def main(argv=None) -> int:
         print(f"endpoints: {path}: {e}", file=sys.stderr)
         return 1
     text = render_markdown(eps, period, args.top)
+    dsp_text = render_multipliers(multipliers(report), period, min(args.top, 10))
+    if dsp_text:
+        text += "\n## Multipliers\n\n" + dsp_text
     print(text, end="")
     (path.parent / "endpoints.md").write_text(f"# Slowest registers: {path}\n\n{text}")
     return 0
