@@ -788,7 +788,10 @@ def test_make_synth_passes_the_extra_tool_options(monkeypatch, capsys):
     assert seen["synth_opts"] == "-nowidelut -abc9"
     assert seen["nextpnr_opts"] == "--placer-heap-timingweight 80"
     for argv, said in ((["--nextpnr-opts=--router router2"], "may not set --router"),
-                       (["--synth-opts=-run 'begin"], "--synth-opts (SYNTH_OPTS): No closing")):
+                       (["--synth-opts=-run 'begin"], "--synth-opts (SYNTH_OPTS): No closing"),
+                       (["--nextpnr-opts=--seed x"], "--seed 'x': not an integer"),
+                       # the build's own run is seed 3 already: not twice
+                       (["--nextpnr-opts=--seed 3", "--seeds", "2,3"], "--seeds repeats seed 3")):
         with pytest.raises(SystemExit):
             synth.main(["--board", "ulx3s", *argv])
         assert said in capsys.readouterr().err
@@ -1130,17 +1133,19 @@ def test_route_seeds_runs_at_most_jobs_at_once(tmp_path, monkeypatch):
     assert default_jobs() == len(os.sched_getaffinity(0)) >= 1  # one per usable core
 
 
-@pytest.mark.parametrize("seeds", [None, [2]])
-def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
+@pytest.mark.parametrize(("seeds", "own"), [(None, None), ([2], None), ([2], 7)])
+def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds, own):
     """``synthesize`` on the real ULX3S top with stand-in tools: Yosys runs once from
     the build script, then nextpnr's default run alone, or side by side with seed 2
     (each waits for the other to start); the report ranks them by the NPU clock and
-    the bitstream is packed from the kept run."""
+    the bitstream is packed from the kept run. With ``NEXTPNR_OPTS="--seed 7"`` the
+    build's own run is seed 7, and the seeds table says so."""
     import sys
 
     from hdl.boards.synth import synthesize
 
-    build = _fake_seed_build(tmp_path, monkeypatch, "default:61.2,2:66.4", jobs=2,
+    own_name = "default" if own is None else str(own)
+    build = _fake_seed_build(tmp_path, monkeypatch, f"{own_name}:61.2,2:66.4", jobs=2,
                              meet=2 if seeds else 1)
     (tmp_path / "yosys.py").write_text(
         "import json, sys\n"
@@ -1155,22 +1160,24 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
         f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "yosys.py"}" "$@"\n')
     (tmp_path / "yosys.sh").chmod(0o755)
     monkeypatch.setenv("YOSYS", str(tmp_path / "yosys.sh"))
+    seed_opt = "" if own is None else f" --seed {own}"
     report = synthesize("ulx3s", build, clk_hz=60_000_000, config="small", seeds=seeds,
                         seed_jobs=2, synth_opts="-nowidelut",
-                        nextpnr_opts="--placer-heap-timingweight 20 --tmg-ripup")
+                        nextpnr_opts="--placer-heap-timingweight 20 --tmg-ripup" + seed_opt)
     out = build / "ulx3s"
     kept = "2" if seeds else "default"
     assert report["clocks"]["clk"]["achieved_mhz"] == (66.4 if seeds else 61.2)
     assert (out / "top.bit").read_text() == f"placed with seed {kept}"
     assert (out / "top.tim").read_text() == f"log of seed {kept}"
-    assert sorted(os.listdir(tmp_path / "runs")) == (["seen-2", "seen-default"] if seeds
+    assert sorted(os.listdir(tmp_path / "runs")) == (["seen-2", f"seen-{own_name}"] if seeds
                                                       else ["seen-default"])
     assert report["tools"]["YOSYS"] == f"{tmp_path / 'yosys.sh'} (version not known)"
     assert "Tools: " in (out / "report.md").read_text()
     # the extra options, in the commands the build ran (the board's weight replaced)
     assert report["tool_commands"]["synth"] == "synth_ecp5 -nowidelut -top top"
     assert report["tool_commands"]["nextpnr"].startswith(
-        "--quiet --placer-heap-timingweight 20 --tmg-ripup --report nextpnr-report.json")
+        f"--quiet --placer-heap-timingweight 20 --tmg-ripup{seed_opt} --report "
+        "nextpnr-report.json")
     assert "timingweight 80" not in report["tool_commands"]["nextpnr"]
     assert "- nextpnr: `--quiet --placer-heap-timingweight 20" in (out / "report.md").read_text()
     zero = dict.fromkeys(("LUT4", "LUT4 + carry", "FF", "MULT18X18D", "DP16KD",
@@ -1185,8 +1192,9 @@ def test_synthesize_runs_the_build_steps_itself(tmp_path, monkeypatch, seeds):
     assert "; yosys 2.0 min." in (out / "report.md").read_text()
     if seeds:
         assert all(r.pop("nextpnr_wall_s") > 0 for r in report["seeds"])
-        assert report["seeds"] == [
-            {"seed": "default", "timing_met": True, "npu_fmax_mhz": 61.2, "kept": False},
+        assert report["seeds"] == [  # the build's own run named by its seed, if set
+            {"seed": "default" if own is None else own, "timing_met": True,
+             "npu_fmax_mhz": 61.2, "kept": False},
             {"seed": 2, "timing_met": True, "npu_fmax_mhz": 66.4, "kept": True}]
         assert "## Seeds" in (out / "report.md").read_text()
     else:

@@ -60,8 +60,8 @@ from .seeds import (
     tool_command,
 )
 
-__all__ = ["BOARDS", "Board", "SynthError", "seed_score", "nextpnr_options", "PLACERS",
-           "ROUTERS", "board_config", "board_top", "build_commands", "merge_options",
+__all__ = ["BOARDS", "Board", "SynthError", "seed_score", "nextpnr_options", "option_seed",
+           "PLACERS", "ROUTERS", "board_config", "board_top", "build_commands", "merge_options",
            "npu_builds", "tool_env", "tool_versions", "synthesize", "main"]
 
 _TOOLS = {
@@ -243,6 +243,19 @@ def merge_options(board_opts: str, extra: str) -> str:
     return " ".join(shlex.join(g) for g in kept + extra_groups)
 
 
+def option_seed(opts: str) -> int | None:
+    """The ``--seed`` nextpnr options set (``"--seed 3"`` -> 3), or None. With
+    ``NEXTPNR_OPTS="--seed N"`` the build's own run is seed N, not nextpnr's default."""
+    seed = None
+    for group in _split_options(opts):
+        if group[0] == "--seed" and len(group) > 1:
+            try:
+                seed = int(group[1])
+            except ValueError:
+                raise ValueError(f"--seed {group[1]!r}: not an integer") from None
+    return seed
+
+
 def nextpnr_options(board_opts: str = "", *, placer: str | None = None,
                     router: str | None = None, heatmap: bool = False, extra: str = "") -> str:
     """nextpnr's command-line options for a build: the board's own (those ``extra``
@@ -377,7 +390,10 @@ def synthesize(board_name: str, out: Path, *, clk_hz: int | None = None,
     report["tool_times_s"] = parse_tool_times(
         (build_dir / f"{name}.rpt").read_text(errors="replace"), log_text)
     if seeds:
-        report["seeds"] = [{"seed": "default" if r["seed"] is None else r["seed"],
+        # the build's own run: nextpnr's default seed, or the one NEXTPNR_OPTS set
+        own = option_seed(options["nextpnr_opts"])
+        own = "default" if own is None else own
+        report["seeds"] = [{"seed": own if r["seed"] is None else r["seed"],
                             "timing_met": r["score"][0], "npu_fmax_mhz": round(r["score"][1], 2),
                             "kept": r["kept"], "nextpnr_wall_s": r["wall_s"]} for r in runs]
     (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -434,6 +450,13 @@ def main(argv=None) -> int:
             check()
         except ValueError as e:
             ap.error(f"{flag}: {e}")
+    try:
+        own = option_seed(args.nextpnr_opts)
+    except ValueError as e:
+        ap.error(f"--nextpnr-opts (NEXTPNR_OPTS): {e}")
+    if seeds and own in seeds:
+        ap.error(f"--seeds repeats seed {own}: NEXTPNR_OPTS's --seed {own} is the build's "
+                 "own run already")
     stop_tools_on_sigterm()
     print(f"synth: building {args.board} (first run compiles the WebAssembly tools; "
           "minutes)...", flush=True)
