@@ -207,6 +207,16 @@ class GemmEngine(wiring.Component):
         wl_left = Signal(range(R + 1))  # rows still to request
         wl_left_nz = Signal()  # wl_left != 0
         wl_row = Signal(range(R + 1))  # next row to be written by a response
+        # Compares of the loader's counters, kept as flags updated with them: they decide
+        # `promote` and the loader's end, whose paths run on into the compute queue
+        # (`cmd.ready`, the done pulses) and the scratchpad request (`make synth-depth`).
+        wl_k_is0 = Signal()  # wl_k == 0
+        wl_k_is1 = Signal()  # wl_k == 1
+        wl_left_is1 = Signal()  # wl_left == 1: the next granted read is the last
+        wl_row_last = Signal()  # wl_row == wl_k - 1: the next response is the last row
+        # bank_free(wl_bank), registered from the next state (it was two LUTs of
+        # `wl_start`, which `promote` and the done pulse wait for).
+        wl_free = Signal(init=1)
 
         # ---- gemm streamer state: one gemm issuing rows (cur) and one queued (nxt) -----
         nxt_valid = Signal()
@@ -264,6 +274,7 @@ class GemmEngine(wiring.Component):
         promote = Signal()
         m.d.comb += cmd.ready.eq(Mux(is_wload, ~wl_busy, ~nxt_valid | promote))
         take = cmd.valid & cmd.ready
+        take_wl = cmd.valid & is_wload & ~wl_busy  # = take & is_wload, without `promote`
 
         wl_start = Signal()
         wl_resp = Signal()
@@ -278,26 +289,21 @@ class GemmEngine(wiring.Component):
         wl_issued = Signal()
         wl_issued_q = Signal()
         wl_released = Signal()
-        m.d.comb += wl_released.eq(Mux(wl_k == 1, wl_issued_q, wl_issued))
+        m.d.comb += wl_released.eq(Mux(wl_k_is1, wl_issued_q, wl_issued))
         wl_pending = Signal()  # reads still to be issued
         wl_more_after = Signal()  # wl_left != 0 after this cycle's read, if granted
-        m.d.comb += wl_more_after.eq(wl_left != 1)
+        m.d.comb += wl_more_after.eq(~wl_left_is1)
         m.d.comb += [
-            wl_start.eq(wl_busy & ~wl_started & bank_free(wl_bank)),
-            wl_done.eq(wl_busy & ((wl_start & (wl_k == 0))
-                                  | (wl_resp & (wl_row == wl_k - 1)))),
+            wl_start.eq(wl_busy & ~wl_started & wl_free),
+            wl_done.eq(wl_busy & ((wl_start & wl_k_is0) | (wl_resp & wl_row_last))),
             self.wload_done.eq(wl_done),
             wl_pending.eq(wl_busy & ~(wl_started & ~wl_left_nz)),
         ]
 
-        with m.If(take & is_wload):
-            m.d.comb += [
-                wl_busy_n.eq(1),
-                wl_started_n.eq(0),
-                wl_bank_n.eq(~front),
-                wl_addr_n.eq(p.sp),
-                wl_left_nz_n.eq(p.k[:len(wl_left)] != 0),
-            ]
+        with m.If(take_wl):
+            k = p.k[:len(wl_k)]
+            m.d.sync += [wl_k_is0.eq(k == 0), wl_k_is1.eq(k == 1), wl_left_is1.eq(k == 1),
+                         wl_row_last.eq(k == 1)]
             m.d.sync += [
                 wl_k.eq(p.k),
                 wl_n.eq(p.n),
@@ -344,18 +350,50 @@ class GemmEngine(wiring.Component):
         m.d.comb += [
             wl_fire.eq(fire & sel_wl),
             gs_fire.eq(fire & ~sel_wl),
-            wl_issued.eq((wl_fire & ~wl_more_after) | (wl_start & (wl_k == 0))),
+            wl_issued.eq((wl_fire & wl_left_is1) | (wl_start & wl_k_is0)),
         ]
         m.d.sync += wl_issued_q.eq(wl_issued)
         # A refused request is held: its owner keeps the port next cycle.
         held_n = sp.valid & ~sp.ready
-        wl_req_n = wl_busy_n & wl_left_nz_n & (wl_started_n | bank_free(wl_bank_n, nxt_state))
-        sel_wl_n = Mux(held_n, sel_wl, wl_req_n)
-        m.d.sync += [
-            sel_wl.eq(sel_wl_n),
-            req_valid.eq(Mux(sel_wl_n, wl_req_n, nxt_state["cur_busy"])),
-            req_addr.eq(Mux(sel_wl_n, wl_addr_n, cur_addr_n)),
-        ]
+        # The next request is decided for each outcome of the two late decisions of this
+        # cycle, and they pick one last: `promote` (a gemm taking over the stream: from
+        # the loader's release and the streaming gemm's last read) and `take_wl` (a
+        # wload accepted: from the compute queue's head and its tokens). In front of the
+        # bank check and the selection, either was the deepest path of a board build.
+        # The streaming gemm's next state, without and with a gemm promoted:
+        stay = dict(drained=nxt_state["drained"], cur_busy=Mux(gs_fire, ~cur_last, cur_busy),
+                    cur_bank=cur_bank, addr=Mux(gs_fire, cur_addr + cur_stride, cur_addr))
+        new = dict(drained=nxt_state["drained"], cur_busy=nxt_m != 0, cur_bank=nxt_bank,
+                   addr=nxt_sp)
+        # The loader's, without and with a wload taken (it is idle then: no read, start
+        # or end of its own this cycle).
+        keep = dict(busy=wl_busy & ~wl_done, started=wl_started | wl_start, bank=wl_bank,
+                    left_nz=Mux(wl_fire, wl_more_after, wl_left_nz),
+                    addr=Mux(wl_fire, wl_addr + wl_n, wl_addr))
+        took = dict(busy=1, started=0, bank=~front,
+                    left_nz=p.k[:len(wl_left)] != 0, addr=p.sp)
+
+        def request(st, ld):
+            free = bank_free(ld["bank"], st)
+            wl_req = ld["busy"] & ld["left_nz"] & (ld["started"] | free)
+            sel = Mux(held_n, sel_wl, wl_req)
+            return sel, Mux(sel, wl_req, st["cur_busy"]), free
+
+        def pick(if_new, if_stay):
+            return [Mux(promote, a, b) for a, b in zip(if_new, if_stay, strict=True)]
+
+        sel_n, valid_n, free_n = [Mux(take_wl, a, b) for a, b in zip(
+            pick(request(new, took), request(stay, took)),
+            pick(request(new, keep), request(stay, keep)), strict=True)]
+        m.d.comb += [nxt_state["cur_busy"].eq(Mux(promote, new["cur_busy"], stay["cur_busy"])),
+                     nxt_state["cur_bank"].eq(Mux(promote, new["cur_bank"], stay["cur_bank"])),
+                     cur_addr_n.eq(Mux(promote, new["addr"], stay["addr"]))]
+        m.d.comb += [n.eq(Mux(take_wl, took[k], keep[k])) for k, n in (
+            ("busy", wl_busy_n), ("started", wl_started_n), ("bank", wl_bank_n),
+            ("left_nz", wl_left_nz_n), ("addr", wl_addr_n))]
+        # the address after the selection: its adders run beside the selection's logic
+        m.d.sync += [sel_wl.eq(sel_n), req_valid.eq(valid_n), wl_free.eq(free_n),
+                     req_addr.eq(Mux(sel_n, wl_addr_n, cur_addr_n))]
 
         *_, resp_wl = delayed(m, wl_fire, SP_READ_LATENCY, "resp_wl")
         *_, resp_gs = delayed(m, gs_fire, SP_READ_LATENCY, "resp_gs")
@@ -363,15 +401,10 @@ class GemmEngine(wiring.Component):
         m.d.comb += [wl_resp.eq(sp.rvalid & resp_wl), gs_resp.eq(sp.rvalid & resp_gs)]
 
         # ---- weight loader ----------------------------------------------------------------
-        with m.If(wl_start):
-            m.d.comb += wl_started_n.eq(1)
         with m.If(wl_fire):
-            m.d.sync += wl_left.eq(wl_left - 1)
-            m.d.comb += [wl_addr_n.eq(wl_addr + wl_n), wl_left_nz_n.eq(wl_more_after)]
+            m.d.sync += [wl_left.eq(wl_left - 1), wl_left_is1.eq(wl_left == 2)]
         with m.If(wl_resp):
-            m.d.sync += wl_row.eq(wl_row + 1)
-        with m.If(wl_done):
-            m.d.comb += wl_busy_n.eq(0)
+            m.d.sync += [wl_row.eq(wl_row + 1), wl_row_last.eq(wl_row + 2 == wl_k)]
         # Row r of the shadow bank: cleared at the start when r >= k, else written from
         # its response (columns >= n as zero), one cycle later. The two never fall in
         # the same cycle.
@@ -401,8 +434,6 @@ class GemmEngine(wiring.Component):
         r_acc, r_accum, r_n, r_kn = row_resp.acc, row_resp.accum, row_resp.n, row_resp.kn
         r_bank, r_last = row_resp.bank, row_resp.last
         with m.If(gs_fire):
-            m.d.comb += [nxt_state["cur_busy"].eq(~cur_last),
-                         cur_addr_n.eq(cur_addr + cur_stride)]
             m.d.sync += [
                 cur_rows.eq(cur_rows - 1),
                 cur_last.eq(cur_rows == 2),
@@ -411,8 +442,6 @@ class GemmEngine(wiring.Component):
         with m.If(promote & ~(take & ~is_wload)):
             m.d.sync += nxt_valid.eq(0)
         with m.If(promote):
-            m.d.comb += [nxt_state["cur_busy"].eq(nxt_m != 0), cur_addr_n.eq(nxt_sp),
-                         nxt_state["cur_bank"].eq(nxt_bank)]
             m.d.sync += [
                 cur_rows.eq(nxt_m),
                 cur_last.eq(nxt_m == 1),
