@@ -22,9 +22,9 @@ PROFILES: dict[str, NPUConfig] = {
     "small": CONFIGS["small"],
     # FPGA boards: the builds of hdl/boards/ulx3s.py and hdl/boards/icebreaker.py
     # (tests/test_boards.py checks these stay equal; docs/fpga.md says why each is so).
-    # ULX3S, ECP5 LFE5U-85F: the default 8x8 array and 64 KiB scratchpad (it is the
-    # default build, so profile_name() reports it as "default").
-    "ulx3s": NPUConfig(rows=8, cols=8, sp_bytes=64 * 1024),
+    # ULX3S, ECP5 LFE5U-85F: the small build (4x4 array, 16 KiB scratchpad), the one
+    # that meets timing in a routed build (profile_name() reports it as "small").
+    "ulx3s": CONFIGS["small"],
     # iCEBreaker, iCE40 UP5K: the smallest build every bundled model compiles for
     # (4x4 array, 32-bit bus, 6 KiB scratchpad, 320-instruction banks).
     "icebreaker": NPUConfig(rows=4, cols=4, sp_bytes=6 * 1024, sp_banks=2, acc_rows=64,
@@ -78,7 +78,7 @@ def profile_name(config: NPUConfig) -> str | None:
     """The name of a known profile equal to ``config``, or None.
 
     When several names share one configuration, the first registered wins
-    (``ulx3s`` is the ``default`` build).
+    (``ulx3s`` is the ``small`` build).
     """
     key = profile_key(config)
     return next((name for name, c in PROFILES.items() if profile_key(c) == key), None)
