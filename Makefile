@@ -36,7 +36,7 @@ help:
 	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
 	@echo "make synth-endpoints BOARD=ulx3s [FREQ=MHZ]  the slowest registers of the last routed build, late against its target or FREQ (build/synth/BOARD/endpoints.md)"
 	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
-	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker  the NPU's cells per block at a board's config (yosys only)"
+	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker [CONFIG=default|floor]  the NPU's cells per block at a board's config (yosys only)"
 	@echo "make synth-depth BOARD=ulx3s [CONFIG=default]  the deepest register-to-register paths of the board build (yosys only)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
@@ -72,7 +72,7 @@ synth-blocks: setup
 	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))
 
 synth-hierarchy: setup
-	$(PY) -m hdl.boards.hierarchy --board $(BOARD)
+	$(PY) -m hdl.boards.hierarchy --board $(BOARD) $(if $(CONFIG),--config $(CONFIG))
 
 synth-congestion: setup
 	$(PY) -m hdl.boards.congestion build/synth/$(BOARD)

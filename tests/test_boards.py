@@ -1562,6 +1562,36 @@ def test_hierarchy_report_sums_each_block_with_its_submodules():
     assert "| **NPU** | 15,079 |" in text
 
 
+def test_hierarchy_config_sizes_another_build(tmp_path, monkeypatch, capsys):
+    """``--config`` synthesizes another NPU build than the board's (``floor``: every
+    parameter at its least), into a folder of its own, and the report names it.
+    Yosys is a stand-in that logs a known stat."""
+    from hdl.boards import blocks
+    from hdl.boards.hierarchy import FLOOR, main
+
+    ran = []
+
+    def fake_yosys(cmd, cwd, what):
+        ran.append(cwd)
+        text = (cwd / "top.il").read_text()
+        # the NPU elaborated at FLOOR: one array cell, a 16-word instruction bank
+        assert "gemm.pe_0_0" in text and "gemm.pe_0_1" not in text
+        (cwd / "yosys.log").write_text(_HIERARCHY_LOG)
+
+    monkeypatch.setattr(blocks, "_run", fake_yosys)
+    monkeypatch.setenv("YOSYS", "yosys")
+    assert main(["--board", "icebreaker", "--config", "floor", "--out", str(tmp_path)]) == 0
+    work = tmp_path / "hierarchy" / "icebreaker-floor"
+    assert ran == [work.resolve()]
+    report = json.loads((work / "report.json").read_text())
+    assert report["npu_build"] == "floor" and report["npu_config"] == FLOOR.as_dict()
+    out = capsys.readouterr().out
+    assert "the NPU at the floor config" in out and f"report: {work.resolve()}" in out
+    with pytest.raises(SystemExit):
+        main(["--board", "icebreaker", "--config", "huge"])
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+
+
 def _netlist(cells: dict, names: dict) -> dict:
     """A flat Yosys JSON module from {cell: (type, {port: (direction, [bits])})}."""
     return {"cells": {c: {"type": t, "parameters": {}, "attributes": {},
