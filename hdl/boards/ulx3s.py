@@ -37,7 +37,7 @@ RAM_BYTES = 128 * 1024
 CLK_HZ = 60_000_000
 """NPU clock target (the synth report says whether it is met). Every routed build of
 :data:`CONFIG` since d7fb045 met it (65.74 to 72.45 MHz, docs/fpga-timing.md); the
-issue's 100 MHz is not reached (``FREQ=100`` builds against it)."""
+100 MHz target is not reached (``FREQ=100`` builds against it)."""
 
 BAUD = 115_200
 """UART rate of the bridge."""
