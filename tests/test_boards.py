@@ -1574,7 +1574,7 @@ def test_hierarchy_config_sizes_another_build(tmp_path, monkeypatch, capsys):
     def fake_yosys(cmd, cwd, what):
         ran.append(cwd)
         text = (cwd / "top.il").read_text()
-        # the NPU elaborated at FLOOR: one array cell, a 16-word instruction bank
+        # the NPU elaborated at FLOOR: one array cell
         assert "gemm.pe_0_0" in text and "gemm.pe_0_1" not in text
         (cwd / "yosys.log").write_text(_HIERARCHY_LOG)
 

@@ -8,12 +8,12 @@
   shows), 6 = PLL locked, 7 = heartbeat (~1 Hz: the clock runs).
 
 The NPU build (:data:`CONFIG`) is the ``small`` one (4x4 array) at 60 MHz, the build
-that routes and meets timing in well under an hour; its int8 multipliers and the
-vector unit's requantization map to the ECP5's ``MULT18X18D`` DSP blocks. The 85F
-also holds the 8x8 ``default`` build (``make synth BOARD=ulx3s CONFIG=default
-FREQ=40``), whose routing takes hours (docs/fpga.md). :data:`RAM_BYTES` of block RAM
-stand in for DRAM (the bundled models need at most ~13 KiB of constants and
-activations).
+that routes and meets timing (14 to 22 minutes on idle cores, up to 77 on shared
+ones); its int8 multipliers and the vector unit's requantization map to the ECP5's
+``MULT18X18D`` DSP blocks. The 85F also holds the 8x8 ``default`` build (``make synth
+BOARD=ulx3s CONFIG=default FREQ=40``), whose routing takes hours (docs/fpga.md).
+:data:`RAM_BYTES` of block RAM stand in for DRAM (the bundled models need at most
+~13 KiB of constants and activations).
 """
 
 from __future__ import annotations
