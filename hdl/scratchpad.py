@@ -163,7 +163,7 @@ class Scratchpad(wiring.Component):
         # and the other in an odd one. Each port therefore drives one even and one
         # odd bank, and each bank's data reaches a port through one selector, not
         # two (word 0 or 1): half the wires from the banks to the ports, which are
-        # what congests the FPGA build (docs/fpga-timing.md, "Routing congestion").
+        # what congests the FPGA build's routing (docs/fpga-timing.md).
         half = nbanks // 2
         for i, d in enumerate(dec):
             odd = d["b0"][0]  # word 0 is in an odd bank, so word 1 is in the even one

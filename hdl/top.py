@@ -153,7 +153,7 @@ class NPU(wiring.Component):
         # ---- tags ---------------------------------------------------------------------------
         # Sets and invalidations reach the tag store a cycle late: they come from the DMA's
         # completion through the load queue, and from the sequencer's fire, and straight
-        # into the valid bits they were a routed board build's critical path. The lookup
+        # into the valid bits they would be the FPGA build's critical path. The lookup
         # sees a late update in its own cycle (the store's lookup counts that cycle's
         # updates), and none is later than that: a load's set lands as its queue takes
         # the next entry, a tinv (which waits for the load queue to idle) cycles before the

@@ -91,7 +91,7 @@ class _Walker:
         self.tstride = Signal(STRIDE_BITS, name=f"{name}_tstride")
         # t == 0, t == t_last, k == k_last and i == i_last, kept as flags: the
         # scratchpad's grant selects the next beat, and comparators between the grant
-        # and these registers were on the routed build's critical path.
+        # and these registers would be on the FPGA build's critical path.
         self.t_first = Signal(name=f"{name}_t_first")
         self.t_end = Signal(name=f"{name}_t_end")
         self.k_end = Signal(name=f"{name}_k_end")

@@ -20,17 +20,9 @@ from firmware.config import CONFIGS, NPUConfig
 PROFILES: dict[str, NPUConfig] = {
     "default": CONFIGS["default"],
     "small": CONFIGS["small"],
-    # FPGA boards: the builds of hdl/boards/ulx3s.py and hdl/boards/icebreaker.py
-    # (tests/test_boards.py checks these stay equal; docs/fpga.md says why each is so).
-    # ULX3S, ECP5 LFE5U-85F: the small build (4x4 array, 16 KiB scratchpad), the one
-    # that meets timing in a routed build (profile_name() reports it as "small").
+    # The ULX3S board build (hdl/boards/ulx3s.py): the small build, the one that meets
+    # timing in a routed build (profile_name() reports it as "small").
     "ulx3s": CONFIGS["small"],
-    # iCEBreaker, iCE40 UP5K: the smallest build every bundled model compiles for
-    # (4x4 array, 32-bit bus, 6 KiB scratchpad, 320-instruction banks).
-    "icebreaker": NPUConfig(rows=4, cols=4, sp_bytes=6 * 1024, sp_banks=2, acc_rows=64,
-                            partitions=2, pt_sets=1, tag_slots=4, imem_depth=320,
-                            bus_bytes=4, loop_depth=2, region_depth=2, trace_depth=4,
-                            queue_depth=2),
 }
 """Known hardware profiles by name (insertion order: the preferred name first)."""
 

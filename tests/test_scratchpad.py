@@ -62,7 +62,7 @@ def _full(w):
 
 # rows per bank not a power of two: the wrap from the last word to word 0 is explicit
 ODD = NPUConfig(rows=4, cols=4, sp_bytes=24 * 4 * 8, sp_banks=4, bus_bytes=8)
-# the iCEBreaker's shape: two banks (one even, one odd) of 32-bit words
+# the smallest shape: two banks (one even, one odd) of 32-bit words
 TWO = NPUConfig(rows=4, cols=4, sp_bytes=2 * 4 * 40, sp_banks=2, bus_bytes=4)
 
 
@@ -231,6 +231,7 @@ def test_rejects_bad_arguments():
         gc.collect()
 
 
+@pytest.mark.rtl
 def test_random_traffic_verilator(seed):
     build = sim_build_dir("scratchpad")
     source = to_verilog(Scratchpad(CONFIGS["default"], 4), "scratchpad", build / "scratchpad.v")

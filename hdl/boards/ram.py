@@ -7,7 +7,7 @@ bytes: DRAM address ``a`` is RAM byte ``a`` on either port.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, C, Cat, ClockSignal, Instance, Module, Mux, Signal
+from amaranth.hdl import Array, C, Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
@@ -15,13 +15,9 @@ from amaranth.utils import exact_log2
 
 from ..axi import RESP_DECERR, RESP_OKAY, RESP_SLVERR, axi4_lite_signature, axi4_signature
 
-__all__ = ["DualPortRam", "BURST_FIXED", "BURST_INCR", "BURST_WRAP", "SPRAM_BYTES"]
+__all__ = ["DualPortRam", "BURST_FIXED", "BURST_INCR", "BURST_WRAP"]
 
 BURST_FIXED, BURST_INCR, BURST_WRAP = 0, 1, 2
-
-SPRAM_BYTES = 32 * 1024
-"""Bytes in one iCE40 UP5K ``SB_SPRAM256KA`` (16384 x 16 bits)."""
-
 
 class DualPortRam(wiring.Component):
     """``size_bytes`` of on-chip RAM behind an AXI4 port and an AXI4-Lite port.
@@ -43,10 +39,6 @@ class DualPortRam(wiring.Component):
       answers DECERR (a read returns zero data); a write burst with such a beat
       answers DECERR once, for the whole burst, after writing its in-range beats.
     * The contents are not reset; they start as zero in simulation.
-
-    On an iCE40 UP5K platform the storage is built from ``SB_SPRAM256KA`` blocks
-    (``size_bytes`` must then be a multiple of ``bus_bytes / 2`` SPRAMs, i.e. of
-    ``SPRAM_BYTES * bus_bytes / 2``); elsewhere it is an inferred memory.
 
     Parameters
     ----------
@@ -88,10 +80,7 @@ class DualPortRam(wiring.Component):
         return self.size_bytes // self.bus_bytes
 
     # ---- storage ----------------------------------------------------------------------
-    def _use_spram(self, platform) -> bool:
-        return getattr(platform, "device", None) == "iCE40UP5K"
-
-    def _storage(self, m, platform, addr, ren, wen, wdata):
+    def _storage(self, m, addr, ren, wen, wdata):
         """Return the read data (valid the cycle after ``ren``, held while ``ren`` is low).
 
         In block RAM a write lands a cycle after ``wen``: its enable, address and data
@@ -101,67 +90,27 @@ class DualPortRam(wiring.Component):
         every write is followed by a write response cycle (WRITE_B, LITE_B) or by the
         burst's next write, and a read is issued in IDLE or READ only."""
         w = self.bus_bytes
-        if not self._use_spram(platform):
-            m.submodules.mem = mem = Memory(shape=w * 8, depth=self.depth, init=[])
-            rd = mem.read_port()
-            wr = mem.write_port(granularity=8)
-            wen_q = Signal(w, name="mem_wen_q")
-            waddr_q = Signal.like(addr, name="mem_waddr_q")
-            wdata_q = Signal(w * 8, name="mem_wdata_q")
-            m.d.sync += [wen_q.eq(wen), waddr_q.eq(addr), wdata_q.eq(wdata)]
-            # The block RAMs read every cycle and a register holds the last word read:
-            # the read enable, decided by the arbitration and the bus handshakes, would
-            # otherwise reach the clock enable of every block RAM (64 on the ULX3S), a
-            # routed board build's critical path.
-            ren_q = Signal(name="mem_ren_q")
-            held = Signal(w * 8, name="mem_rdata_held")
-            rdata = Signal(w * 8, name="mem_rdata")
-            m.d.sync += [ren_q.eq(ren), held.eq(rdata)]
-            m.d.comb += [
-                rd.addr.eq(addr),
-                rdata.eq(Mux(ren_q, rd.data, held)),
-                wr.en.eq(wen_q), wr.addr.eq(waddr_q), wr.data.eq(wdata_q),
-            ]
-            return rdata
-        return self._spram(m, addr, ren, wen, wdata)
-
-    def _spram(self, m, addr, ren, wen, wdata):
-        # Each SB_SPRAM256KA is 16384 x 16 bits with a write mask per nibble; a bus
-        # word spans w/2 of them side by side, and deeper RAMs stack such rows.
-        w = self.bus_bytes
-        per_row = w // 2
-        rows, rem = divmod(self.depth, 16384)
-        if rem or rows == 0:
-            raise ValueError(f"size_bytes={self.size_bytes}: SPRAM storage needs a multiple "
-                             f"of {16384 * w} bytes at bus_bytes={w}")
-        if rows * per_row > 4:
-            raise ValueError(f"size_bytes={self.size_bytes}: needs {rows * per_row} SPRAMs, "
-                             "the UP5K has 4")
-        sel = addr[14:] if rows > 1 else C(0, 1)
-        sel_q = Signal.like(sel, name="spram_sel_q")
-        with m.If(ren):
-            m.d.sync += sel_q.eq(sel)
-        outs = []
-        for r in range(rows):
-            row_data = []
-            for k in range(per_row):
-                dout = Signal(16, name=f"spram{r}_{k}_dout")
-                hit = sel == r
-                m.submodules[f"spram{r}_{k}"] = Instance(
-                    "SB_SPRAM256KA",
-                    i_ADDRESS=addr[:14],
-                    i_DATAIN=wdata[16 * k:16 * k + 16],
-                    i_MASKWREN=Cat(wen[2 * k], wen[2 * k], wen[2 * k + 1], wen[2 * k + 1]),
-                    i_WREN=hit & wen[2 * k:2 * k + 2].any(),
-                    i_CHIPSELECT=hit & (ren | wen.any()),
-                    i_CLOCK=ClockSignal("sync"),
-                    i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1,
-                    o_DATAOUT=dout,
-                )
-                row_data.append(dout)
-            outs.append(Cat(*row_data))
-        # SPRAM holds DATAOUT while not selected for a read, like a read port with en low.
-        return Array(outs)[sel_q] if rows > 1 else outs[0]
+        m.submodules.mem = mem = Memory(shape=w * 8, depth=self.depth, init=[])
+        rd = mem.read_port()
+        wr = mem.write_port(granularity=8)
+        wen_q = Signal(w, name="mem_wen_q")
+        waddr_q = Signal.like(addr, name="mem_waddr_q")
+        wdata_q = Signal(w * 8, name="mem_wdata_q")
+        m.d.sync += [wen_q.eq(wen), waddr_q.eq(addr), wdata_q.eq(wdata)]
+        # The block RAMs read every cycle and a register holds the last word read:
+        # the read enable, decided by the arbitration and the bus handshakes, would
+        # otherwise reach the clock enable of every block RAM (64 on the ULX3S), a
+        # routed board build's critical path.
+        ren_q = Signal(name="mem_ren_q")
+        held = Signal(w * 8, name="mem_rdata_held")
+        rdata = Signal(w * 8, name="mem_rdata")
+        m.d.sync += [ren_q.eq(ren), held.eq(rdata)]
+        m.d.comb += [
+            rd.addr.eq(addr),
+            rdata.eq(Mux(ren_q, rd.data, held)),
+            wr.en.eq(wen_q), wr.addr.eq(waddr_q), wr.data.eq(wdata_q),
+        ]
+        return rdata
 
     # ---- control ----------------------------------------------------------------------
     def elaborate(self, platform):
@@ -176,7 +125,7 @@ class DualPortRam(wiring.Component):
         m_ren = Signal(name="mem_ren")
         m_wen = Signal(w, name="mem_wen")
         m_wdata = Signal(w * 8, name="mem_wdata")
-        m_rdata = self._storage(m, platform, m_addr, m_ren, m_wen, m_wdata)
+        m_rdata = self._storage(m, m_addr, m_ren, m_wen, m_wdata)
 
         def word(byte_addr):
             return byte_addr[lw:lw + max(1, (self.depth - 1).bit_length())]

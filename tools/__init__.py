@@ -1,0 +1,1 @@
+"""Build tooling that is not gateware (``tools.fpga``: FPGA synthesis and its reports)."""
