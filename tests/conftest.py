@@ -44,3 +44,21 @@ def regress(request) -> bool:
 def seed(request) -> int:
     """The session's base seed (printed in the header), offset per test for variety."""
     return (request.config.npu_seed + sum(map(ord, request.node.name))) % (1 << 31)
+
+
+@pytest.fixture(autouse=True)
+def _rtl_tests_are_marked(request, monkeypatch):
+    """Keep the fast tier honest: a test that reaches Verilator (a cocotb run or a lint)
+    without the ``rtl`` mark fails and says so, so ``pytest -m "not rtl"`` never builds
+    the RTL."""
+    if "rtl" in request.keywords:
+        return
+    try:
+        import verif.sim as sim
+    except ImportError:  # no `sim` extra installed: nothing can reach Verilator
+        return
+
+    def refuse():
+        raise RuntimeError(f"{request.node.nodeid} runs Verilator: mark it @pytest.mark.rtl")
+
+    monkeypatch.setattr(sim, "_verilator_root", refuse)

@@ -8,6 +8,8 @@ import pytest
 
 from verif.rtl_device import run_scenario
 
+pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
+
 
 @pytest.mark.parametrize("model, inputs, phases, fault, expect", [
     ("mlp", 10, "0123456789", "0", "swapped-in,merge-validated"),

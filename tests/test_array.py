@@ -302,6 +302,7 @@ def build_verilog(config: NPUConfig = CONFIGS["default"]) -> tuple[Path, Path]:
     return build, to_verilog(ArrayHarness(config), TOPLEVEL, build / f"{TOPLEVEL}.v")
 
 
+@pytest.mark.rtl
 def test_random_sequence_verilator(seed, regress):
     # Random bursty/random grants, the default config, checked inside the simulation.
     build, src = build_verilog()

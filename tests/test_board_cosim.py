@@ -14,6 +14,8 @@ import pytest
 
 from verif.board_cosim import run_board_cosim
 
+pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
+
 
 @pytest.mark.slow
 def test_board_runs_mlp_over_uart(seed):

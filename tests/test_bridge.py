@@ -232,6 +232,7 @@ def test_bridge_constructor_checks():
         UartBridge(100_000_000, 1_000_000, 16, frame_timeout_bits=5)
 
 
+@pytest.mark.rtl
 def test_bridge_verilator(seed, regress):
     """All of verif/bridge_cocotb.py (random requests, bad frames, resync, bus errors,
     SerialDevice over the simulated UART)."""

@@ -24,6 +24,7 @@ from verif.sim import run_cocotb, sim_build_dir, to_verilog
 COCOTB_MODULE = Path(__file__).with_name("cocotb_csr.py")
 
 
+@pytest.mark.rtl
 @pytest.mark.parametrize("name", ["default", "small"])
 def test_csr_verilator(name, seed, regress):
     config = CONFIGS[name]

@@ -44,6 +44,7 @@ def run_dma_cocotb(name: str, seed: int, *, testcase=None, extra_env=None):
 # ---- Verilator + cocotb ------------------------------------------------------------------
 
 
+@pytest.mark.rtl
 @pytest.mark.parametrize("name", list(DMA_CONFIGS))
 def test_dma_verilator(name, seed, regress):
     """Random and hand-picked transfers, bus errors and throughput (see cocotb_dma)."""
@@ -54,6 +55,7 @@ def test_dma_verilator(name, seed, regress):
         raise AssertionError(f"{exc} (seed {seed})") from exc
 
 
+@pytest.mark.rtl
 def test_scoreboard_catches_a_dropped_byte(seed):
     """A scratchpad that loses one strobed lane must fail the random test."""
     with pytest.raises(CocotbTestFailure, match="random_transfers"):

@@ -14,6 +14,8 @@ from amaranth.lib.wiring import In, Out
 from verif import lint
 from verif.sim import to_verilog
 
+pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
+
 
 def _show(result: lint.LintResult) -> str:
     return "\n".join([result.summary(), *map(str, result.messages[:20])])

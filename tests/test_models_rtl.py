@@ -9,6 +9,8 @@ import pytest
 
 from verif.rtl_device import run_scenario
 
+pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
+
 
 @pytest.mark.parametrize("config, model, inputs", [
     ("default", "mlp", 3),

@@ -24,10 +24,12 @@ RANDOM_COUNT = 240
 RANDOM_COUNT_REGRESS = 2000
 
 
+@pytest.mark.rtl
 def test_hand_written_programs(seed):
     run_scenario("verif.scenarios:programs", "default", seed=seed)
 
 
+@pytest.mark.rtl
 def test_random_programs(seed, regress):
     """Constrained-random programs (loops, branches, tokens, tags, regions): RTL == golden."""
     count = RANDOM_COUNT_REGRESS if regress else RANDOM_COUNT
@@ -36,6 +38,7 @@ def test_random_programs(seed, regress):
                  extra_env={"NPU_RANDOM_COUNT": str(count)})
 
 
+@pytest.mark.rtl
 def test_random_programs_with_backpressure(seed, regress):
     """The same under random AXI backpressure on every DRAM channel."""
     count = 200 if regress else 8
@@ -44,31 +47,37 @@ def test_random_programs_with_backpressure(seed, regress):
                  backpressure=True, extra_env={"NPU_RANDOM_COUNT": str(count)})
 
 
+@pytest.mark.rtl
 def test_errors(seed):
     """Every error code the golden model raises, reported identically; the NPU recovers."""
     run_scenario("verif.scenarios:errors", "default", seed=seed)
 
 
+@pytest.mark.rtl
 def test_bus_errors(seed):
     """Loads and stores touching a SLVERR/DECERR window: BUS_ERROR status as golden, no
     hang, and the next runs are bit-exact."""
     run_scenario("verif.scenarios:bus_errors", "default", seed=seed)
 
 
+@pytest.mark.rtl
 def test_bus_errors_with_backpressure(seed):
     run_scenario("verif.scenarios:bus_errors", "default", seed=seed + 1, backpressure=True)
 
 
+@pytest.mark.rtl
 def test_timeouts(seed):
     """Endless programs stop with TIMEOUT within the cycle budget; the next run is good."""
     run_scenario("verif.scenarios:timeouts", "default", seed=seed)
 
 
+@pytest.mark.rtl
 def test_hot_swap(seed):
     """Swap under load: every back-to-back run is all-A or all-B, none lost or doubled."""
     run_scenario("verif.scenarios:hot_swap", "default", seed=seed)
 
 
+@pytest.mark.rtl
 def test_swap_adds_no_cycle(seed, tmp_path):
     """A hot swap between back-to-back runs costs no cycle over a plain run boundary."""
     out = tmp_path / "swap.json"
@@ -78,6 +87,7 @@ def test_swap_adds_no_cycle(seed, tmp_path):
     assert figures["swap_stall_cycles"] == 0, figures
 
 
+@pytest.mark.rtl
 def test_golden_cost_model_is_exact(seed):
     """Every kind of instruction alone, back to back and through each token channel
     takes as many cycles on the RTL as the golden cost model says (plus a run's
@@ -85,6 +95,7 @@ def test_golden_cost_model_is_exact(seed):
     run_scenario("verif.scenarios:cost_model", "default", seed=seed)
 
 
+@pytest.mark.rtl
 @pytest.mark.parametrize("mnk, tiling", [
     ("64,128,64", "32,2,4"),  # 2 m-blocks x 4 groups x 4 chunks: every token path
     ("24,16,24", "24,3,1"),  # one group, one chunk
@@ -100,6 +111,7 @@ def test_gemm_kernel(seed, mnk, tiling, tmp_path):
     assert json.loads(out.read_text())["tiling"] == {"mb": mb, "ng": ng, "kc": kc}
 
 
+@pytest.mark.rtl
 @pytest.mark.slow
 def test_random_programs_small_config(seed, regress):
     count = 500 if regress else 50

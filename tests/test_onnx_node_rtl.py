@@ -13,6 +13,8 @@ import pytest
 from verif.onnx_cases import CASES
 from verif.rtl_device import run_scenario
 
+pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
+
 NPU_CASES = sorted(name for name, (_, _, placement) in CASES.items() if "npu" in placement)
 
 

@@ -39,11 +39,13 @@ def _run_verilator(**kwargs):
     return run_cocotb(TOPLEVEL, [source], COCOTB_MODULE, build, **kwargs)
 
 
+@pytest.mark.rtl
 def test_counter_verilator():
     results = _run_verilator()
     assert results.is_file()
 
 
+@pytest.mark.rtl
 def test_failing_cocotb_test_fails_pytest():
     with pytest.raises(CocotbTestFailure, match="counter_counts_only_when_enabled"):
         _run_verilator(extra_env={"TOOLCHAIN_MODEL_BIAS": "1"})

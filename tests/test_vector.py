@@ -270,6 +270,7 @@ def test_bench_detects_a_wrong_result(seed):
         check(config, stim, Fake, exp.argmax, exp.acc[:ACC_WINDOW], seed)
 
 
+@pytest.mark.rtl
 def test_random_sequence_verilator(seed):
     """One random command sequence on the default config under Verilator + cocotb."""
     name = "vector_harness"
