@@ -41,16 +41,17 @@ help:
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[sim,dev,fpga]'
-	touch $@
+	@echo "setup: .venv with the packages from PyPI (a minute or two the first time)..."
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/pip install --quiet --quiet --upgrade pip
+	@$(VENV)/bin/pip install --quiet -e '.[sim,dev,fpga]'
+	@touch $@
 
 test: setup
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m host.demo
+	@$(PY) -m host.demo
 
 sim: setup
 	$(PY) -m verif.run_program $(or $(PROGRAM),firmware/programs/scalar.s) $(or $(ARGS),10)

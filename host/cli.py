@@ -244,7 +244,12 @@ def _on_backend(opts, argv) -> int:
         if not opts.port:
             print("--backend serial needs --port PATH", file=sys.stderr)
             return 2
-        import serial
+        try:
+            import serial
+        except ImportError:
+            print("--backend serial needs pyserial: pip install 'adaptive-npu[fpga]'",
+                  file=sys.stderr)
+            return 2
 
         from .serial_device import SerialDevice
 
@@ -253,15 +258,20 @@ def _on_backend(opts, argv) -> int:
             return 0 if COMMANDS[opts.command](device, opts) else 1
         finally:
             device.close()
-    from verif.rtl_device import run_scenario
-    from verif.sim import CocotbTestFailure
+    try:
+        from verif.rtl_device import run_scenario
+        from verif.sim import CocotbTestFailure
+    except ImportError as e:
+        print(f"--backend verilator needs the sim extra ({e.name} is missing): "
+              "pip install 'adaptive-npu[sim]', or make setup", file=sys.stderr)
+        return 2
 
-    print(f"building/running the Verilator NPU ({opts.config} config; the first build "
-          "takes minutes)...", flush=True)
+    print(f"npu: the Verilator NPU ({opts.config} config; the first build takes minutes, "
+          "then it is cached in build/sim)...", flush=True)
     try:
         run_scenario("host.cli:device_scenario", opts.config,
-                     extra_env={"NPU_CLI_ARGV": json.dumps(argv)})
-    except CocotbTestFailure as e:
+                     extra_env={"NPU_CLI_ARGV": json.dumps(argv)}, quiet=True)
+    except (CocotbTestFailure, RuntimeError) as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
     return 0

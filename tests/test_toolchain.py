@@ -51,6 +51,23 @@ def test_failing_cocotb_test_fails_pytest():
         _run_verilator(extra_env={"TOOLCHAIN_MODEL_BIAS": "1"})
 
 
+@pytest.mark.rtl
+def test_quiet_run_keeps_tool_output_in_a_log(tmp_path, capfd):
+    """Quiet (what ``npu --backend verilator`` and ``make demo`` use): the compiler's
+    lines go to build.log, not the console; a failed build names that log and ends
+    with its last lines."""
+    build = tmp_path / "ok"
+    source = to_verilog(Counter(), TOPLEVEL, build / f"{TOPLEVEL}.v")
+    run_cocotb(TOPLEVEL, [source], COCOTB_MODULE, build, quiet=True)
+    assert "Verilator: Built from" in (build / "build.log").read_text()
+    assert "Verilator: Built from" not in capfd.readouterr().out
+    bad = tmp_path / "bad.v"
+    bad.write_text("module bad(input clk);\n  wire x = ;\nendmodule\n")
+    with pytest.raises(RuntimeError, match=r"bad: the Verilator build failed .*log: .*build.log"
+                                           r"(.|\n)*%Error"):
+        run_cocotb("bad", [bad], COCOTB_MODULE, tmp_path / "bad", quiet=True)
+
+
 def test_counter_amaranth_sim():
     dut = Counter()
     m = Module()

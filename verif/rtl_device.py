@@ -287,12 +287,13 @@ def scenario_function(spec: str):
 
 def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 0,
                  backpressure: bool = False, extra_env: dict | None = None,
-                 waves: bool = False):
+                 waves: bool = False, quiet: bool = False):
     """Build the NPU for ``config`` and run the host function ``spec`` against it.
 
     ``spec`` is ``"package.module:function"``; the function receives a
     :class:`CocotbDevice` and the seed, and raises on a mismatch. Raises
-    ``verif.sim.CocotbTestFailure`` when it fails.
+    ``verif.sim.CocotbTestFailure`` when it fails. ``quiet``: see
+    :func:`verif.sim.run_cocotb`.
     """
     from hdl.top import NPU
     from verif.sim import run_cocotb, sim_build_dir, source_digest, to_verilog_cached
@@ -307,7 +308,8 @@ def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 
            "NPU_SCENARIO_SEED": str(seed), "NPU_BACKPRESSURE": "1" if backpressure else "0",
            **(extra_env or {})}
     return run_cocotb("npu", [source], "verif.cocotb_npu", build, extra_env=env,
-                      waves=waves, test_dir=build / _test_dir(spec, seed, backpressure))
+                      waves=waves, test_dir=build / _test_dir(spec, seed, backpressure),
+                      quiet=quiet)
 
 
 def _config_name(config: NPUConfig) -> str:

@@ -361,6 +361,20 @@ def _results_name(module: str, testcase) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-\[\]]", "_", tag) + ".results.xml"
 
 
+@contextlib.contextmanager
+def _build_status(toplevel: str, quiet: bool) -> Iterator[None]:
+    """A spinner with the elapsed time while a quiet build runs on a terminal
+    (nothing otherwise: a log or a pipe gets no animation)."""
+    if not (quiet and sys.stderr.isatty()):
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"building {toplevel} with Verilator "
+                                     "(minutes the first time)..."):
+        yield
+
+
 def run_cocotb(
     toplevel: str,
     sources: Sequence[os.PathLike | str],
@@ -379,6 +393,7 @@ def run_cocotb(
     timescale: tuple[str, str] | None = None,
     test_dir: os.PathLike | str | None = None,
     verbose: bool = False,
+    quiet: bool = False,
 ) -> Path:
     """Build *sources* with Verilator (cached) and run cocotb tests on them.
 
@@ -427,6 +442,12 @@ def run_cocotb(
         defaults to the build directory.
     verbose : bool, optional
         Verbose runner output.
+    quiet : bool, optional
+        For commands a user runs (``npu --backend verilator``, ``make demo``): the
+        build's compiler output goes to ``build.log`` in the build directory (named
+        with its last lines when the build fails) while a status line shows on a
+        terminal, and the simulation logs warnings and errors only. What the test
+        module itself prints still reaches the console.
 
     Returns
     -------
@@ -461,19 +482,34 @@ def run_cocotb(
     results_xml = run_path / _results_name(module, testcase)
 
     runner = get_runner("verilator")
-    with _locked(build_path):
-        runner.build(
-            sources=[Path(s).resolve() for s in sources],
-            hdl_toplevel=toplevel,
-            parameters=dict(parameters or {}),
-            defines=dict(defines or {}),
-            build_args=[*DEFAULT_BUILD_ARGS, *build_args],
-            build_dir=build_path,
-            always=False,
-            waves=waves,
-            timescale=timescale,
-            verbose=verbose,
-        )
+    build_log = build_path / "build.log" if quiet else None
+    with _locked(build_path), _build_status(toplevel, quiet):
+        try:
+            runner.build(
+                sources=[Path(s).resolve() for s in sources],
+                hdl_toplevel=toplevel,
+                parameters=dict(parameters or {}),
+                defines=dict(defines or {}),
+                build_args=[*DEFAULT_BUILD_ARGS, *build_args],
+                build_dir=build_path,
+                always=False,
+                waves=waves,
+                timescale=timescale,
+                verbose=verbose,
+                log_file=build_log,
+            )
+        except RuntimeError as exc:
+            if build_log is None:
+                raise
+            tail = build_log.read_text(errors="replace").strip().splitlines()[-10:]
+            raise RuntimeError(f"{toplevel}: the Verilator build failed ({exc}); "
+                               f"log: {build_log}\n  " + "\n  ".join(tail)) from None
+    if quiet:
+        # cocotbext-axi's deprecation warnings under cocotb 2 are the library's to fix
+        extra_env = {"COCOTB_LOG_LEVEL": "WARNING", "GPI_LOG_LEVEL": "WARNING",
+                     "PYTHONWARNINGS": "ignore::DeprecationWarning",
+                     **(extra_env or {})}
+        plusargs = [*plusargs, "+verilator+quiet"]
 
     try:
         results_xml = runner.test(
