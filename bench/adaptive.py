@@ -149,8 +149,7 @@ def scenario(device, config, seed):
         cycles, spec, overhead = [], [], []
         for i in range(0, len(xs), BATCH):
             if pick is not None:
-                rt.variants[BATCH] = pick(phase_of[i])
-                rt._variant_checks[BATCH] = 0
+                rt.batches.use(pick(phase_of[i]))
             for r in rt.run_batch(xs[i:i + BATCH]):
                 assert r.checked
                 cycles.append(r.cycles)
@@ -198,7 +197,7 @@ def _static_bets(graph, config, phase_inputs, cache):
                                  AdaptiveConfig(async_compile=False, warmup=10**9,
                                                 rebet=False, check=False), cache=cache)
             rt.load()
-            rt.variants[BATCH], rt._variant_checks[BATCH] = v, 0
+            rt.batches.use(v)
             cyc = [r.cycles for i in range(0, len(xs) - BATCH + 1, BATCH)
                    for r in rt.run_batch(xs[i:i + BATCH])]
             scored.append((float(np.mean(cyc)), v.name, v))

@@ -16,6 +16,7 @@ from firmware import asm
 from firmware.config import CONFIGS
 from host.adaptive import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.cache import CompileCache
+from host.adaptive.changes import PlanState
 from host.adaptive.faults import corrupt_requant
 from host.adaptive.fusion import locality, refusal
 from host.adaptive.timeline import attach_timeline
@@ -398,13 +399,13 @@ def test_a_fusion_compiled_while_batches_run_lands_and_the_variant_follows(seed)
     rt.run_batch(xs[:8])  # singly: the profile plans a fusion, its compile is held
     assert [e.kind for e in rt.events] == ["fuse-planned"] and pool.jobs
     old = rt.run_batch(xs[8:16])  # the variant of the unfused plan serves this batch
-    assert old[0].plan == ("batch8",) and rt.variants[8].plan == (1, 2)
+    assert old[0].plan == ("batch8",) and rt.batches.variants[8].plan == (1, 2)
     pool.release()
     landing = rt.run_batch(xs[16:24])  # generic runs: the fusion lands and validates
     assert all(r.plan == (1090,) for r in landing[1:]), [r.plan for r in landing]
-    assert rt.validating is None
+    assert rt.changes.state is PlanState.SERVING
     new = rt.run_batch(xs[24:32])
-    assert new[0].plan == ("batch8",) and rt.variants[8].plan == (1090,)
+    assert new[0].plan == ("batch8",) and rt.batches.variants[8].plan == (1090,)
     rebuilt = [e for e in rt.events if e.kind == "specialized"][-1]
     assert rebuilt.detail.endswith("rebuilt: the plan is now [1090]"), rebuilt.detail
     assert all(r.checked for r in old + landing + new)

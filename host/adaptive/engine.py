@@ -19,13 +19,18 @@ A new plan is not trusted at once: its first ``validate_runs`` inferences are
 compared with the reference interpreter. A mismatch swaps the previous plan back
 in, quarantines the unit with the reason, and re-runs the inference on the
 restored plan, so the caller still gets the correct result.
+
+A plan change goes through the states of :mod:`.changes` (serving, compiling,
+ready, staged, validating), one change at a time. Batches go to the runtime's
+:class:`~.batching.BatchServer`; the stream's counts and events are one
+:class:`~.records.StreamLog`, written by both.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..compiler import CompiledModel, compile_model
@@ -35,11 +40,13 @@ from ..driver import NPUDriver
 from ..ir import Graph, Subgraph
 from ..reference import run_reference
 from ..runtime import Inference, MismatchError, Session, run_each
-from .batching import BatchServing
+from .batching import BatchServer
 from .cache import CompileCache
+from .changes import ChangeKind, PlanChange, PlanChanges, PlanState, Validation
 from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
-from .records import AdaptiveInference, RuntimeEvent, mismatch
+from .records import AdaptiveInference, RuntimeEvent, StreamLog, mismatch
+from .resident import ResidentProgram
 from .speculate import Bet, Leaf, SpecCandidate, gate_unit, hoist, leaves
 from .timeline import attach_timeline
 from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
@@ -108,29 +115,7 @@ class AdaptiveConfig:
             raise ValueError("decide_every must be >= 1")
 
 
-@dataclass
-class _Change:
-    kind: str  # "merge" | "speculate" | "split"
-    unit: Unit
-    plan: list[Subgraph]
-    reason: str
-    graph: Graph | None = None  # the graph the plan compiles (None: the current one)
-    bet: Bet | None = None
-    future: Future | None = None
-    model: CompiledModel | None = None
-    error: str | None = None
-    hit: bool = False
-
-
-@dataclass
-class _Validation:
-    change: _Change
-    previous: CompiledModel
-    left: int
-    bet: Bet | None = None  # the bet running before the change
-
-
-class AdaptiveRuntime(BatchServing):
+class AdaptiveRuntime:
     """A model served on one NPU by the adaptive loop (see the module text).
 
     Parameters
@@ -158,11 +143,11 @@ class AdaptiveRuntime(BatchServing):
         self.driver, self.config = driver, config or AdaptiveConfig()
         self.hw = driver.config
         self.cache = cache if cache is not None else CompileCache(None)
-        self.on_event, self.fault = on_event, fault
+        self.fault = fault
+        self.log = StreamLog(on_event)
         self.graph, self.simplify_log = simplify(graph)
         self.spec_threshold = self.config.spec_threshold
         self.bet: Bet | None = None
-        self.bets_total = self.misspeculations = 0
         self.break_even: dict[Leaf, float] = {}  # measured, from bets that stopped paying
         self.warm_cycles: dict[int, float] = {}  # region -> decayed mean of warm runs
         self.lost_at: dict[Leaf, int] = {}  # when a bet on a branch was last split
@@ -175,20 +160,17 @@ class AdaptiveRuntime(BatchServing):
         self.cost = CostModel(self.hw)
         self.cost.calibrate(base)
         self._cost_prior = dict(self.cost.coef)  # what the runtime knew before running
-        self.events: list[RuntimeEvent] = []
         self.refused: dict[frozenset, str] = {}
-        self.n = 0
-        self.swaps = self.rollbacks = self.compiles_started = 0
         self.restored: list[int] = []  # the plan a warm start began with (no swap)
-        self.pending: _Change | None = None
-        self.validating: _Validation | None = None
+        self.changes = PlanChanges()
         self.swapped_at: dict[int, int] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="npu-compile") \
             if self.config.async_compile else None
-        self._fresh: list[RuntimeEvent] = []
         if state is not None:
             self._restore(state)
-        self._init_batching()
+        self.resident = ResidentProgram(driver, self.session)
+        self.batches = BatchServer(self.config, self.graph, self.hw, self.cache, self,
+                                   self.resident, self.profiler, self.log)
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
@@ -196,10 +178,35 @@ class AdaptiveRuntime(BatchServing):
         """The plan the NPU runs now."""
         return self.session.model
 
+    @property
+    def n(self) -> int:
+        """Inferences served so far."""
+        return self.log.inferences
+
+    @property
+    def events(self) -> list[RuntimeEvent]:
+        """Every event so far."""
+        return self.log.events
+
+    @property
+    def swaps(self) -> int:
+        """Plans landed by a swap (or installed between runs)."""
+        return self.log.swaps
+
+    @property
+    def rollbacks(self) -> int:
+        """Plans and batch variants that failed validation."""
+        return self.log.rollbacks
+
+    @property
+    def misspeculations(self) -> int:
+        """Speculative runs and routed inputs whose bet lost."""
+        return self.log.misspeculations
+
     def load(self) -> None:
         """Write constants and the initial plan to the NPU."""
         self.session.load()
-        self._on_device = self.model
+        self.resident.generic_installed()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -209,28 +216,29 @@ class AdaptiveRuntime(BatchServing):
     def run(self, inputs: dict) -> AdaptiveInference:
         """One inference; the runtime profiles it and may re-plan around it."""
         t0 = time.perf_counter()
-        self.n += 1
-        self._fresh = []
-        staged = self._ready_change()
+        self.log.inferences += 1
+        self.log.begin_call()
+        ready = self._ready_change()
         stage = None
-        if staged is not None:
+        if ready is not None:
             def stage():
-                self.session.stage(staged.model)
-        self._restore_generic()
-        self._ran_on = self.model
+                self.session.stage(ready.model)
+                self.changes.stage()
+        self.resident.to_generic()
+        started_on = self.model
         t_dev = time.perf_counter()
         res = self.session.run(inputs, while_running=stage)
         device_seconds = time.perf_counter() - t_dev
-        if staged is not None:
-            self._landed(staged)
-        res = self._checked(inputs, res)
+        if ready is not None:
+            self._landed(ready)
+        res, ran_on = self._checked(inputs, res, started_on)
         outcome = self._learn(res)
         if self.n >= self.config.warmup and self.n % self.config.decide_every == 0:
             self._decide()
         out = AdaptiveInference(res.outputs, res.cycles, res.counters, res.trace,
                                 res.checked, res.scalars, index=self.n,
-                                plan=tuple(u.id for u in self._ran_on.units),
-                                model=self._ran_on, events=self._fresh,
+                                plan=tuple(u.id for u in ran_on.units),
+                                model=ran_on, events=self.log.fresh,
                                 speculation=outcome)
         out.host_seconds = time.perf_counter() - t0
         out.overhead_seconds = out.host_seconds - device_seconds
@@ -240,11 +248,25 @@ class AdaptiveRuntime(BatchServing):
         """Serve inferences one after another (``progress`` called after each)."""
         return run_each(self.run, batch, progress)
 
+    def run_batch(self, inputs_list: list[dict]) -> list[AdaptiveInference]:
+        """Serve several inferences at once, on a batch variant when there is one
+        (:mod:`.batching`)."""
+        return self.batches.run(inputs_list)
+
+    def changing(self) -> bool:
+        """Whether a compiled plan change waits to land, or a landed one is in
+        validation (both happen only on runs of the generic plan)."""
+        return self.changes.waiting_to_land()
+
     # ---- checking and rollback ----------------------------------------------------------
-    def _checked(self, inputs: dict, res: Inference) -> Inference:
-        v = self.validating
+    def _checked(self, inputs: dict, res: Inference, ran_on: CompiledModel
+                 ) -> tuple[Inference, CompiledModel]:
+        """The inference checked against the reference when asked to (always while
+        validating), and the plan that answered it: ``ran_on``, or the previous plan
+        after a rollback."""
+        v = self.changes.validation
         if v is None and not self.config.check:
-            return res
+            return res, ran_on
         expected = run_reference(self.graph, inputs)
         bad = mismatch(res.outputs, expected)
         if bad is None:
@@ -252,37 +274,36 @@ class AdaptiveRuntime(BatchServing):
             if v is not None:
                 v.left -= 1
                 if v.left <= 0:
-                    self.validating = None
+                    self.changes.validated()
                     u = v.change.unit
-                    self._event(v.change.kind + "-validated", (u.id,),
-                                f"{self.config.validate_runs} inferences equal the reference")
+                    self.log.emit(v.change.kind.validated_event, (u.id,),
+                                   f"{self.config.validate_runs} inferences equal the reference")
                     u.record(self.n, "validated", f"{self.config.validate_runs} runs equal "
                              "the reference interpreter")
-            return res
+            return res, ran_on
         if v is None:
             raise MismatchError(f"inference {self.n}: {bad} (plan {self._plan_ids()})")
         # The new plan is wrong: back to the previous one, and answer from it.
-        self.validating = None
+        self.changes.rolled_back()
         u = v.change.unit
         reason = f"shadow validation failed at inference {self.n}: {bad}"
         self.session.install(v.previous)
-        self._on_device = v.previous
-        self.rollbacks += 1
+        self.resident.generic_installed()
+        self.log.rollbacks += 1
         self.units.adopt(v.previous.units, self.n, "rollback")
         self.bet = v.bet
-        if v.change.kind != "split":
+        if v.change.kind is not ChangeKind.SPLIT:
             self.units.quarantine(u.id, self.n, reason)
             self.refused[frozenset(u.nodes)] = f"unit {u.id} is quarantined"
         else:
             self.refused[frozenset(("split", u.id))] = reason
-        self._event("rollback", (u.id,), reason)
-        self._ran_on = v.previous
+        self.log.emit("rollback", (u.id,), reason)
         res = self.session.run(inputs)
         bad = mismatch(res.outputs, expected)
         if bad is not None:
             raise MismatchError(f"inference {self.n} after rollback: {bad}")
         res.checked = True
-        return res
+        return res, v.previous
 
     # ---- learning ------------------------------------------------------------------------
     def _learn(self, res: Inference) -> str:
@@ -305,8 +326,8 @@ class AdaptiveRuntime(BatchServing):
                 b.hit_cycles = c if b.hit_cycles is None else d * b.hit_cycles + (1 - d) * c
             b.total += 1
             b.lost += lost
-            self.bets_total += 1
-            self.misspeculations += lost
+            self.log.bets += 1
+            self.log.misspeculations += lost
         d = self.config.profiler.decay
         for rec in res.trace:
             if not rec.tag_misses:  # warm runs only: what a unit costs in steady state
@@ -335,7 +356,7 @@ class AdaptiveRuntime(BatchServing):
 
     # ---- deciding -------------------------------------------------------------------------
     def _decide(self) -> None:
-        if self.pending is not None or self.validating is not None:
+        if self.changes.state is not PlanState.SERVING:
             return
         self.cost.fit()
         for u in self.units.active():
@@ -345,7 +366,7 @@ class AdaptiveRuntime(BatchServing):
             if f < self.config.defuse_threshold and \
                     frozenset(("split", u.id)) not in self.refused:
                 reason = (f"cold: runs {f:.2f}/inference < {self.config.defuse_threshold}")
-                self._submit(_Change("split", u, self.units.plan_without(u), reason))
+                self._submit(PlanChange(ChangeKind.SPLIT, u, self.units.plan_without(u), reason))
                 return
         b = self.bet
         if b is not None and self.n - b.since >= self.config.settle \
@@ -357,8 +378,8 @@ class AdaptiveRuntime(BatchServing):
             reason = (f"bet stops paying: hit rate {100 * b.hit_rate:.0f}% < break-even "
                       f"{100 * b.break_even:.0f}%; speculation threshold {100 * old:.0f}% -> "
                       f"{100 * self.spec_threshold:.0f}%")
-            self._submit(_Change("split", b.unit, self.units.plan_without(b.unit), reason,
-                                 graph=self.graph))
+            self._submit(PlanChange(ChangeKind.SPLIT, b.unit, self.units.plan_without(b.unit),
+                                    reason, graph=self.graph))
             return
         best = self.best_candidate()
         if best is None:
@@ -368,12 +389,13 @@ class AdaptiveRuntime(BatchServing):
             stats = [self.warm_cycles[uid] for uid in best.chain]
             bet = Bet(unit, best.leaf, sum(stats), stats[0], best.waste)
             self.break_even.pop(best.leaf, None)
-            self._submit(_Change("speculate", unit, self.units.plan_with(unit),
-                                 best.describe(), graph=hoist(self.model.graph, best.leaf),
-                                 bet=bet))
+            self._submit(PlanChange(ChangeKind.SPECULATE, unit, self.units.plan_with(unit),
+                                    best.describe(), graph=hoist(self.model.graph, best.leaf),
+                                    bet=bet))
             return
         unit = self.units.merged(best.chain, self.n, best.describe())
-        self._submit(_Change("merge", unit, self.units.plan_with(unit), best.describe()))
+        self._submit(PlanChange(ChangeKind.MERGE, unit, self.units.plan_with(unit),
+                                best.describe()))
 
     def candidates(self) -> list[Candidate]:
         """Feasible fusion candidates above the threshold, best first."""
@@ -399,7 +421,7 @@ class AdaptiveRuntime(BatchServing):
         (at least ``spec_threshold``) and that pay on average: the probability times
         what a hit saves must beat the rest times what a miss wastes (the branch's
         measured cycles, computed for nothing)."""
-        if self.bet is not None or (self.pending and self.pending.kind == "speculate"):
+        if self.bet is not None or self.changes.planned(ChangeKind.SPECULATE):
             return []
         g, out = self.model.graph, []
         active = self.units.active()
@@ -441,12 +463,12 @@ class AdaptiveRuntime(BatchServing):
         return cands[0] if cands else None
 
     # ---- compiling and swapping ----------------------------------------------------------
-    def _submit(self, change: _Change) -> None:
-        kind = {"merge": "fuse", "speculate": "speculate", "split": "defuse"}[change.kind]
-        parts = change.unit.parts if change.kind != "split" else (change.unit.id,)
-        self._event(f"{kind}-planned", parts, change.reason)
-        self.pending = change
-        self.compiles_started += 1
+    def _submit(self, change: PlanChange) -> None:
+        split = change.kind is ChangeKind.SPLIT
+        parts = (change.unit.id,) if split else change.unit.parts
+        self.log.emit(change.kind.planned_event, parts, change.reason)
+        self.changes.plan(change)
+        self.log.compiles += 1
         graph = change.graph if change.graph is not None else self.model.graph
         if self._pool is not None:
             change.future = self._pool.submit(self._compile, change.plan, graph)
@@ -468,36 +490,38 @@ class AdaptiveRuntime(BatchServing):
         # The cost model predicts the plan's units from their golden cycles.
         return attach_timeline(model), hit
 
-    def _finish_compile(self, change: _Change, outcome) -> None:
+    def _finish_compile(self, change: PlanChange, outcome) -> None:
+        """Take a compile's outcome: the change is ready to stage, or refused."""
         result, error = outcome
         u = change.unit
         if error is not None:
-            change.error = error
             self.refused[frozenset(u.nodes)] = f"does not compile: {error}"
             u.record(self.n, "refused", error)
-            self._event("compile-refused", (u.id,), error)
-            self.pending = None
+            self.log.emit("compile-refused", (u.id,), error)
+            self.changes.refused()
             return
         model, hit = result
         change.model, change.hit = model, hit
-        if change.kind == "merge":  # (a bet's worth is its hit rate: measured)
+        if change.kind is ChangeKind.MERGE:  # (a bet's worth is its hit rate: measured)
             why = self._no_gain(model, u)
             if why:
                 self.refused[frozenset(u.nodes)] = why
                 u.record(self.n, "refused", why)
-                self._event("fuse-refused", (u.id,), why)
-                self.pending = None
+                self.log.emit("fuse-refused", (u.id,), why)
+                self.changes.refused()
                 return
-        if change.kind != "split" and self.fault is not None:
+        if change.kind is not ChangeKind.SPLIT and self.fault is not None:
             change.model = self.fault(model, u.id)
         self._note_resources(model)
         u.record(self.n, "compiled", "cache hit" if hit else "compiled")
-        self._event("compiled", (u.id,), f"{'cache hit' if hit else 'compiled'}: "
-                    f"{len(model.program)} instructions, {len(model.units)} units")
+        self.log.emit("compiled", (u.id,), f"{'cache hit' if hit else 'compiled'}: "
+                       f"{len(model.program)} instructions, {len(model.units)} units")
+        self.changes.compiled()
 
-    def _ready_change(self) -> _Change | None:
-        """The pending change, once compiled and good to stage (None otherwise)."""
-        c = self.pending
+    def _ready_change(self) -> PlanChange | None:
+        """The planned change, once compiled and good to stage during the next run
+        (None otherwise; a plan with other constants is installed here instead)."""
+        c = self.changes.change
         if c is None:
             return None
         if c.future is not None:
@@ -508,33 +532,34 @@ class AdaptiveRuntime(BatchServing):
                 self._finish_compile(c, (fut.result(), None))
             except CompileError as e:
                 self._finish_compile(c, (None, str(e)))
-        if self.pending is None or c.model is None:
+        if self.changes.state is not PlanState.READY:
             return None
         if c.model.const_image() != self.model.const_image():
             # Different constants: rewrite them between runs (tags invalidated).
             previous = self.model
             self.session.install(c.model, invalidate_tags=True)
+            self.changes.stage()
             self._landed(c, previous, staged=False)
             return None
         return c
 
-    def _landed(self, c: _Change, previous: CompiledModel | None = None,
+    def _landed(self, c: PlanChange, previous: CompiledModel | None = None,
                 staged: bool = True) -> None:
+        """The change is the running plan: adopt its units, start its validation."""
         previous = previous or self.model
         if staged and not self.session.confirm():
             raise RuntimeError("the staged plan did not land at the run boundary")
-        self._on_device = self.session.model
-        self.pending = None
-        self.swaps += 1
+        self.resident.generic_installed()
+        self.log.swaps += 1
         for u, _ in self.units.adopt(c.plan, self.n, c.reason):
             if u.state == ACTIVE:
                 self.swapped_at[u.id] = self.n
         self.profiler.forget([i for i in self._plan_ids_of(previous)
                               if i not in {s.id for s in c.plan}])
-        self._event("swapped-in", (c.unit.id,),
-                    f"bank version {self.session.version}, plan {self._plan_ids()}")
+        self.log.emit("swapped-in", (c.unit.id,),
+                       f"bank version {self.session.version}, plan {self._plan_ids()}")
         before = self.bet
-        if c.kind == "speculate":
+        if c.kind is ChangeKind.SPECULATE:
             c.bet.since = self.n
             top_nodes = {n.name for n in self.model.graph.nodes}
             c.bet.top = frozenset(s.id for s in self.model.units
@@ -542,8 +567,8 @@ class AdaptiveRuntime(BatchServing):
             self.bet = c.bet
         elif self.bet is not None and c.unit.id == self.bet.unit.id:
             self.bet = None
-        if self.config.validate_runs:
-            self.validating = _Validation(c, previous, self.config.validate_runs, before)
+        self.changes.land(Validation(c, previous, self.config.validate_runs, before)
+                          if self.config.validate_runs else None)
 
     def _no_gain(self, model: CompiledModel, u: Unit) -> str | None:
         """Why a compiled merge is not worth swapping in (cost model), or None."""
@@ -590,7 +615,7 @@ class AdaptiveRuntime(BatchServing):
             ("timing", timing_key(), "another hardware timing revision"),
         ) if state.get(key) != want]
         if mismatch:
-            self._event("state-ignored", (), "saved for " + ", ".join(mismatch))
+            self.log.emit("state-ignored", (), "saved for " + ", ".join(mismatch))
             return
         self.profiler = Profiler.from_dict(state["profiler"])
         plan_units = []
@@ -598,7 +623,7 @@ class AdaptiveRuntime(BatchServing):
             try:
                 u = self.units.merged(tuple(chain), 0, "restored from the saved state")
             except (KeyError, ValueError) as e:
-                self._event("state-ignored", tuple(chain), f"unit not restorable: {e}")
+                self.log.emit("state-ignored", tuple(chain), f"unit not restorable: {e}")
                 continue
             plan_units.append(u)
         if not plan_units:
@@ -612,7 +637,7 @@ class AdaptiveRuntime(BatchServing):
         try:
             model, hit = self._compile(plan)
         except CompileError as e:
-            self._event("state-ignored", (), f"the saved plan does not compile: {e}")
+            self.log.emit("state-ignored", (), f"the saved plan does not compile: {e}")
             return
         # Not a swap: the run starts on this plan (the first install, not a hot swap).
         self.units.adopt(plan, 0, "restored from the saved state", came="restored",
@@ -620,9 +645,9 @@ class AdaptiveRuntime(BatchServing):
         self.restored = [s.id for s in plan]
         self.session = Session(self.driver, model, check=False)
         self._note_resources(model)
-        self._event("restored", tuple(s.id for s in plan),
-                    f"plan of an earlier run ({'cache hit' if hit else 'compiled'}), profile "
-                    f"of {state.get('inferences', 0)} inferences")
+        self.log.emit("restored", tuple(s.id for s in plan),
+                       f"plan of an earlier run ({'cache hit' if hit else 'compiled'}), profile "
+                       f"of {state.get('inferences', 0)} inferences")
 
     # ---- reporting -----------------------------------------------------------------------
     def _plan_ids(self) -> list[int]:
@@ -632,16 +657,9 @@ class AdaptiveRuntime(BatchServing):
     def _plan_ids_of(model: CompiledModel) -> list[int]:
         return [u.id for u in model.units]
 
-    def _event(self, kind: str, units, detail: str = "") -> None:
-        ev = RuntimeEvent(self.n, kind, tuple(units), detail)
-        self.events.append(ev)
-        self._fresh.append(ev)
-        if self.on_event is not None:
-            self.on_event(ev)
-
     def wait_idle(self) -> None:
         """Block until a pending compile finishes (tests and benchmarks)."""
-        c = self.pending
+        c = self.changes.change
         if c is not None and c.future is not None:
             c.future.exception()
 
@@ -653,11 +671,12 @@ class AdaptiveRuntime(BatchServing):
             "profile": self.hw.as_dict(),
             "inferences": self.n,
             "plan": self._plan_ids(),
-            "swaps": self.swaps,
+            "swaps": self.log.swaps,
             "restored_plan": self.restored,
-            "rollbacks": self.rollbacks,
-            "compiles": self.compiles_started,
-            "speculation": {"bets": self.bets_total, "misspeculations": self.misspeculations,
+            "rollbacks": self.log.rollbacks,
+            "compiles": self.log.compiles,
+            "speculation": {"bets": self.log.bets,
+                            "misspeculations": self.log.misspeculations,
                             "threshold": self.spec_threshold,
                             "active": None if self.bet is None else {
                                 "unit": self.bet.unit.id, "branch": self.bet.leaf.describe(),
@@ -667,10 +686,7 @@ class AdaptiveRuntime(BatchServing):
                                 "waste_per_miss": self.bet.waste}},
             "cache": self.cache.stats(),
             "cost_model_error": {"profile": before, "refit": after},
-            "batch_sizes": {str(b): n for b, n in sorted(self.batch_sizes.items())},
-            "batch_variants": {str(b): "refused" if v is None else f"{v.name}, "
-                               f"{len(v.model.program)} instructions"
-                               for b, v in sorted(self.variants.items())},
+            **self.batches.report(),
             "units": self.units.as_dict()["units"],
             "events": [e.as_dict() for e in self.events],
             "profiler": self.profiler.snapshot(),

@@ -1,7 +1,8 @@
-"""Records the adaptive runtime hands out: events and inferences."""
+"""Records the adaptive runtime hands out: events, inferences, and the log of a stream."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,45 @@ class RuntimeEvent:
     def as_dict(self) -> dict:
         return {"inference": self.inference, "kind": self.kind, "units": list(self.units),
                 "detail": self.detail}
+
+
+class StreamLog:
+    """What happened over the stream a runtime serves: how many inferences, what
+    the runtime did (counts), and its events, stamped with the inference index.
+
+    Single and batched serving write to the same log. ``on_event`` is called with
+    each event as it happens.
+
+    Members
+    -------
+    inferences : inferences served so far (the index the next event is stamped with).
+    swaps, rollbacks, compiles : plans landed, plans (or batch variants) rolled
+        back, plan changes compiled.
+    bets, misspeculations : runs of a speculative unit or inputs of a routed batch,
+        and those the bet lost.
+    events : every event; fresh : the events of the current call.
+    """
+
+    def __init__(self, on_event: Callable[[RuntimeEvent], None] | None = None):
+        self.on_event = on_event
+        self.inferences = 0
+        self.swaps = self.rollbacks = self.compiles = 0
+        self.bets = self.misspeculations = 0
+        self.events: list[RuntimeEvent] = []
+        self.fresh: list[RuntimeEvent] = []
+
+    def begin_call(self) -> None:
+        """A new call to the runtime: its events start here."""
+        self.fresh = []
+
+    def emit(self, kind: str, units, detail: str = "") -> RuntimeEvent:
+        """Record an event at the current inference index (and stream it)."""
+        ev = RuntimeEvent(self.inferences, kind, tuple(units), detail)
+        self.events.append(ev)
+        self.fresh.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+        return ev
 
 
 @dataclass
