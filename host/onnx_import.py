@@ -88,14 +88,14 @@ def _onnx_type(t: Tensor) -> int:
 
 
 @dataclass
-class _T:
-    """An IR tensor."""
+class _TensorRef:
+    """A value held in an IR tensor, by the tensor's name."""
 
     name: str
 
 
 @dataclass
-class _DQ:
+class _DequantTensor:
     """The float view ``scale * (q - zp)`` of the int8 IR tensor ``q`` (zp int8 domain)."""
 
     q: str
@@ -104,14 +104,14 @@ class _DQ:
 
 
 @dataclass
-class _C:
-    """A constant, with its ONNX dtype and values."""
+class _Constant:
+    """A constant known at import time (its array carries the dtype)."""
 
     value: np.ndarray
 
 
 @dataclass
-class _DQC:
+class _DequantConst:
     """``DequantizeLinear`` of a constant integer tensor (weights, biases)."""
 
     q: np.ndarray  # int64, original domain
@@ -135,18 +135,17 @@ def _expand(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
 
 
 @dataclass
-class _P:
-    """A float result of MatMul/Gemm/Conv/Add/Relu/Clip on dequantized inputs that
-    waits for its QuantizeLinear (which turns it into one NPU operator)."""
+class _PendingOp:
+    """A float MatMul/Gemm/Conv/Add/Relu/Clip result awaiting its QuantizeLinear."""
 
     kind: str  # "gemm", "conv", "add", "clip"
     root: onnx.NodeProto  # the operator the NPU node is named after (Conv, not its Relu)
     node: onnx.NodeProto  # outermost ONNX node (for the CPU fallback)
     args: list  # that node's input values
-    x: _DQ | None = None
-    w: _DQC | None = None
-    bias: object = None  # _DQC or _C (float), or None
-    b: _DQ | None = None  # second operand of an add
+    x: _DequantTensor | None = None
+    w: _DequantConst | None = None
+    bias: object = None  # _DequantConst or _Constant (float), or None
+    b: _DequantTensor | None = None  # second operand of an add
     attrs: dict = field(default_factory=dict)
     lo: float = -np.inf  # fused real clamp
     hi: float = np.inf
@@ -333,7 +332,7 @@ class _Importer:
     def import_main(self, g: onnx.GraphProto) -> Graph:
         inits = {t.name for t in g.initializer}
         for t in g.initializer:
-            self.env[t.name] = _C(numpy_helper.to_array(t))
+            self.env[t.name] = _Constant(numpy_helper.to_array(t))
         for t in g.sparse_initializer:
             raise ModelError(f"sparse initializer {t.values.name!r} is not supported")
         for vi in g.input:
@@ -343,7 +342,7 @@ class _Importer:
             shape = self._static_shape(vi)
             self.graph.add_tensor(Tensor(self.fresh(vi.name, True), shape, dtype, io_dtype=io))
             self.graph.inputs.append(vi.name)
-            self.env[vi.name] = _T(vi.name)
+            self.env[vi.name] = _TensorRef(vi.name)
         self.import_nodes(g)
         for vo in g.output:
             name = self.materialize_as(self.lookup(vo.name), vo.name)
@@ -395,20 +394,20 @@ class _Importer:
     # -- values --
     def materialize(self, v) -> str:
         """An IR tensor name holding the value (emits Dequantize / constants / CPU ops)."""
-        if isinstance(v, _T):
+        if isinstance(v, _TensorRef):
             return v.name
-        if isinstance(v, _DQ):
+        if isinstance(v, _DequantTensor):
             key = (v.q, float(v.scale), v.zp)
             if key not in self._dq_cache:
                 node = Dequantize(f"{v.q}:dequantize", [v.q], [], scale=float(v.scale),
                                   zp=v.zp, device="cpu")
                 self._dq_cache[key] = self.emit(node, [f"{v.q}:float"])[0]
             return self._dq_cache[key]
-        if isinstance(v, _C):
+        if isinstance(v, _Constant):
             return self.add_const("const", v.value, _np_to_onnx(v.value.dtype))
-        if isinstance(v, _DQC):
+        if isinstance(v, _DequantConst):
             return self.add_const("const", v.value, TensorProto.FLOAT)
-        if isinstance(v, _P):
+        if isinstance(v, _PendingOp):
             out = self.cpu_node(v.node, v.args, "its float result is never requantized by a "
                                 "QuantizeLinear")
             return out[0].name
@@ -416,7 +415,7 @@ class _Importer:
 
     def materialize_as(self, v, name: str) -> str:
         """Materialize ``v`` as a tensor called ``name`` (graph outputs keep ONNX names)."""
-        if isinstance(v, _DQ) and name not in self._names:
+        if isinstance(v, _DequantTensor) and name not in self._names:
             node = Dequantize(f"{v.q}:dequantize", [v.q], [], scale=float(v.scale), zp=v.zp,
                               device="cpu")
             out = self.emit(node, [name])[0]
@@ -438,7 +437,7 @@ class _Importer:
         vals = [self.lookup(i) if i else None for i in node.input]
         self.cpu_node(node, vals, reason)
 
-    def cpu_node(self, node: onnx.NodeProto, vals: list, reason: str) -> list[_T]:
+    def cpu_node(self, node: onnx.NodeProto, vals: list, reason: str) -> list[_TensorRef]:
         """Run an ONNX node on the CPU (the fallback); binds and returns its outputs."""
         if not self.fallback:
             raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS)
@@ -464,7 +463,7 @@ class _Importer:
             io = "uint8" if et == TensorProto.UINT8 else None
             self.graph.add_tensor(Tensor(o, shape, dtype, io_dtype=io))
         self.graph.nodes.append(cpu)
-        results = [_T(o) for o in outs]
+        results = [_TensorRef(o) for o in outs]
         for name, r in zip(node.output, results, strict=True):
             self.env[name] = r
         return results
@@ -505,9 +504,9 @@ class _Importer:
 
     def const(self, node, v, what: str) -> np.ndarray:
         """A constant input (scale, zero point, weight, shape...)."""
-        if isinstance(v, _C):
+        if isinstance(v, _Constant):
             return v.value
-        if isinstance(v, _DQC):
+        if isinstance(v, _DequantConst):
             return v.value
         raise _NotConst(f"{what} must be a constant (initializer or Constant)")
 
@@ -518,10 +517,11 @@ class _Importer:
 
     def int8_input(self, node, v, what: str) -> Tensor:
         """A raw int8/uint8 IR tensor operand of a QOperator/integer op."""
-        if isinstance(v, _C) and v.value.dtype in (np.int8, np.uint8):
-            v = _T(self.add_const(f"{node.name}:{what}", v.value, _np_to_onnx(v.value.dtype)))
-        if not isinstance(v, _T) or self.tensor(v.name).dtype != "int8":
-            kind = self.tensor(v.name).dtype if isinstance(v, _T) else type(v).__name__
+        if isinstance(v, _Constant) and v.value.dtype in (np.int8, np.uint8):
+            v = _TensorRef(self.add_const(f"{node.name}:{what}", v.value,
+                                          _np_to_onnx(v.value.dtype)))
+        if not isinstance(v, _TensorRef) or self.tensor(v.name).dtype != "int8":
+            kind = self.tensor(v.name).dtype if isinstance(v, _TensorRef) else type(v).__name__
             raise ModelError(f"dtype mismatch: {what} must be an int8 or uint8 tensor, got "
                              f"{kind}", node.name)
         return self.tensor(v.name)
@@ -574,7 +574,7 @@ class _Importer:
             if requant else None
         out = self._emit_linear(node, kind, x.name, weight, bias, zx8, requant, attrs, device,
                                 quant, io, node.output[0])
-        self.bind(node, _T(out))
+        self.bind(node, _TensorRef(out))
 
     def _emit_linear(self, node, kind, x, weight, bias, zx8, requant, attrs, device, quant,
                      io, out_name) -> str:
@@ -703,28 +703,29 @@ class _Importer:
         zp = self._zero_point(node, z, is_u8, "output")
         out = node.output[0]
         quant = QParams(float(scale), zp)
-        if isinstance(x, _P):
+        if isinstance(x, _PendingOp):
             return self._emit_pending(node, x, scale, zp, io)
-        if isinstance(x, _DQ):
+        if isinstance(x, _DequantTensor):
             xt = self.tensor(x.q)
             if float(x.scale) == float(scale) and x.zp == zp:
                 if xt.io_dtype == io:
-                    return self.bind(node, _T(x.q))
+                    return self.bind(node, _TensorRef(x.q))
                 # same int8 values, only the outside view changes
                 name = self.emit(Reshape(node.name, [x.q], [], shape=xt.shape), [out], quant,
                                  io)[0]
-                return self.bind(node, _T(name))
-            return self.bind(node, _T(self._requant_add(node, x, x, 0.0, scale, zp, io)))
-        if isinstance(x, _T) and self.tensor(x.name).dtype == "float32":
+                return self.bind(node, _TensorRef(name))
+            return self.bind(node, _TensorRef(self._requant_add(node, x, x, 0.0, scale, zp, io)))
+        if isinstance(x, _TensorRef) and self.tensor(x.name).dtype == "float32":
             name = self.emit(Quantize(node.name, [x.name], [], scale=float(scale), zp=zp,
                                       device="cpu"), [out], quant, io)[0]
-            return self.bind(node, _T(name))
-        if isinstance(x, _C | _DQC) and np.asarray(self.const(node, x, "x")).dtype.kind == "f":
+            return self.bind(node, _TensorRef(name))
+        if isinstance(x, _Constant | _DequantConst) and \
+                np.asarray(self.const(node, x, "x")).dtype.kind == "f":
             f = np.asarray(self.const(node, x, "x"), dtype=np.float32)
             q = np.clip(np.rint(f / np.float32(scale)) + zp, -128, 127).astype(np.int8)
             t = Tensor(self.fresh(out), q.shape, "int8", quant, data=q, io_dtype=io)
             self.graph.add_tensor(t)
-            return self.bind(node, _T(t.name))
+            return self.bind(node, _TensorRef(t.name))
         raise ModelError("dtype mismatch: QuantizeLinear input must be float", node.name)
 
     def op_DequantizeLinear(self, node, v, attrs):
@@ -738,7 +739,7 @@ class _Importer:
             return self.unsupported(node, "blocked quantization")
         if s.dtype.kind != "f":
             raise ModelError("dtype mismatch: x_scale must be float", node.name)
-        if isinstance(x, _C):
+        if isinstance(x, _Constant):
             q = x.value
             if q.dtype not in (np.int8, np.uint8, np.int32):
                 return self.unsupported(node, f"dequantization of {q.dtype}")
@@ -747,9 +748,9 @@ class _Importer:
                                  node.name)
             zz = np.zeros_like(s, dtype=np.int64) if z is None else z.astype(np.int64)
             axis = attrs.get("axis", 1)
-            return self.bind(node, _DQC(q.astype(np.int64), s, zz, axis + q.ndim
-                                        if axis < 0 else axis))
-        if isinstance(x, _T) and self.tensor(x.name).dtype == "int8":
+            return self.bind(node, _DequantConst(q.astype(np.int64), s, zz, axis + q.ndim
+                                                 if axis < 0 else axis))
+        if isinstance(x, _TensorRef) and self.tensor(x.name).dtype == "int8":
             t = self.tensor(x.name)
             if s.size != 1 or (z is not None and z.size != 1):
                 return self.unsupported(node, "per-axis scales on activations")
@@ -758,50 +759,51 @@ class _Importer:
             zp = self._zero_point(node, z, t.io_dtype == "uint8", "input")
             if t.quant is None and not t.is_const:
                 t.quant = QParams(float(s.reshape(-1)[0]), zp)
-            return self.bind(node, _DQ(x.name, s.reshape(-1)[0], zp))
+            return self.bind(node, _DequantTensor(x.name, s.reshape(-1)[0], zp))
         return self.unsupported(node, "dequantization of a non-int8 runtime tensor")
 
     def op_MatMul(self, node, v, attrs):
         x, w = v
-        if isinstance(x, _DQ) and isinstance(w, _DQC) and w.q.ndim in (2, 3):
-            return self.bind(node, _P("gemm", node, node, v, x=x, w=w))
+        if isinstance(x, _DequantTensor) and isinstance(w, _DequantConst) and w.q.ndim in (2, 3):
+            return self.bind(node, _PendingOp("gemm", node, node, v, x=x, w=w))
         return self.unsupported(node, "MatMul needs a dequantized activation and "
                                 "dequantized constant weights (QDQ)")
 
     def op_Gemm(self, node, v, attrs):
         x, w, c = v[0], v[1], _get(v, 2)
-        if not (isinstance(x, _DQ) and isinstance(w, _DQC) and w.q.ndim == 2
-                and (c is None or isinstance(c, _DQC | _C))):
+        if not (isinstance(x, _DequantTensor) and isinstance(w, _DequantConst) and w.q.ndim == 2
+                and (c is None or isinstance(c, _DequantConst | _Constant))):
             return self.unsupported(node, "Gemm needs a dequantized activation and "
                                     "dequantized constant weights (QDQ)")
         if attrs.get("transA", 0):
             return self.unsupported(node, "transA=1")
         if attrs.get("transB", 0):
             w = dataclasses.replace(w, q=w.q.T, axis=1 - w.axis)
-        p = _P("gemm", node, node, v, x=x, w=w, bias=c,
-               attrs={"alpha": attrs.get("alpha", 1.0), "beta": attrs.get("beta", 1.0)})
+        p = _PendingOp("gemm", node, node, v, x=x, w=w, bias=c,
+                       attrs={"alpha": attrs.get("alpha", 1.0), "beta": attrs.get("beta", 1.0)})
         return self.bind(node, p)
 
     def op_Conv(self, node, v, attrs):
         x, w, b = v[0], v[1], _get(v, 2)
-        if not (isinstance(x, _DQ) and isinstance(w, _DQC) and w.q.ndim == 4
-                and (b is None or isinstance(b, _DQC | _C))):
+        if not (isinstance(x, _DequantTensor) and isinstance(w, _DequantConst) and w.q.ndim == 4
+                and (b is None or isinstance(b, _DequantConst | _Constant))):
             return self.unsupported(node, "Conv needs a dequantized activation and "
                                     "dequantized constant weights (QDQ)")
         self._conv_geometry(node, attrs, self.tensor(x.q).shape, w.q.shape[2:])
-        return self.bind(node, _P("conv", node, node, v, x=x, w=w, bias=b, attrs=attrs))
+        return self.bind(node, _PendingOp("conv", node, node, v, x=x, w=w, bias=b, attrs=attrs))
 
     def op_Add(self, node, v, attrs):
         a, b = v
-        if isinstance(a, _DQ) and isinstance(b, _DQ):
-            return self.bind(node, _P("add", node, node, v, x=a, b=b))
+        if isinstance(a, _DequantTensor) and isinstance(b, _DequantTensor):
+            return self.bind(node, _PendingOp("add", node, node, v, x=a, b=b))
         for p, c in ((a, b), (b, a)):  # MatMul + Add(bias)
-            if isinstance(p, _P) and p.kind == "gemm" and p.bias is None and \
-                    np.isinf(p.lo) and np.isinf(p.hi) and isinstance(c, _DQC | _C) and \
+            if isinstance(p, _PendingOp) and p.kind == "gemm" and p.bias is None and \
+                    np.isinf(p.lo) and np.isinf(p.hi) and \
+                    isinstance(c, _DequantConst | _Constant) and \
                     np.asarray(self.const(node, c, "bias")).dtype.kind == "f" and \
                     np.asarray(self.const(node, c, "bias")).ndim <= 1:
                 return self.bind(node, dataclasses.replace(p, node=node, args=v, bias=c))
-        if isinstance(a, _T) and isinstance(b, _T):
+        if isinstance(a, _TensorRef) and isinstance(b, _TensorRef):
             ta, tb = self.tensor(a.name), self.tensor(b.name)
             if ta.dtype == tb.dtype == "int8":
                 if ta.io_dtype != tb.io_dtype:
@@ -811,8 +813,8 @@ class _Importer:
                 z = -128 if ta.io_dtype == "uint8" else 0
                 ir = QAdd(node.name, [a.name, b.name], [], mul_a=1, mul_b=1, zp_a=z, zp_b=z,
                           shift=0, zp=z)
-                return self.bind(node, _T(self.emit(ir, [node.output[0]], None,
-                                                   ta.io_dtype)[0]))
+                return self.bind(node, _TensorRef(self.emit(ir, [node.output[0]], None,
+                                                           ta.io_dtype)[0]))
         return self.unsupported(node, "Add needs two dequantized int8 tensors (QDQ) or two "
                                 "int8/uint8 tensors of the same shape")
 
@@ -832,7 +834,7 @@ class _Importer:
 
     def _clamp(self, node, v, lo, hi):
         x = v[0]
-        if isinstance(x, _T) and self.tensor(x.name).dtype == "int8":
+        if isinstance(x, _TensorRef) and self.tensor(x.name).dtype == "int8":
             t = self.tensor(x.name)
             shift = 128 if t.io_dtype == "uint8" else 0
 
@@ -850,19 +852,19 @@ class _Importer:
             hi8 = max(hi8, -128)
             lo8 = min(lo8, hi8)  # numpy/ONNX: min > max clamps everything to max
             ir = Clip(node.name, [x.name], [], lo=lo8, hi=hi8)
-            return self.bind(node, _T(self.emit(ir, [node.output[0]], t.quant,
-                                                t.io_dtype)[0]))
+            return self.bind(node, _TensorRef(self.emit(ir, [node.output[0]], t.quant,
+                                                        t.io_dtype)[0]))
         flo = -np.inf if lo is None else float(np.asarray(lo))
         fhi = np.inf if hi is None else float(np.asarray(hi))
-        if isinstance(x, _DQ):
-            return self.bind(node, _P("clip", node, node, v, x=x, lo=flo, hi=fhi))
-        if isinstance(x, _P):
+        if isinstance(x, _DequantTensor):
+            return self.bind(node, _PendingOp("clip", node, node, v, x=x, lo=flo, hi=fhi))
+        if isinstance(x, _PendingOp):
             return self.bind(node, dataclasses.replace(
                 x, node=node, args=v, lo=max(x.lo, flo), hi=min(x.hi, fhi)))
         return self.unsupported(node, f"{node.op_type} of a float tensor (the NPU computes "
                                 "int8: quantize the model)")
 
-    def _emit_pending(self, qnode, p: _P, sy, zy: int, io):
+    def _emit_pending(self, qnode, p: _PendingOp, sy, zy: int, io):
         """QuantizeLinear of a pending float op: one NPU operator with requantization."""
         name = qnode.output[0]
         quant = QParams(float(sy), zy)
@@ -871,12 +873,12 @@ class _Importer:
                 lo, hi = clamp_bounds(zy, clip=(p.lo, p.hi), out_scale=float(sy))
                 out = self.emit(Clip(p.root.name, [p.x.q], [], lo=lo, hi=hi), [name], quant,
                                 io)[0]
-                return self.bind(qnode, _T(out))
-            return self.bind(qnode, _T(self._requant_add(p.root, p.x, p.x, 0.0, sy, zy, io,
-                                                         p.lo, p.hi, name)))
+                return self.bind(qnode, _TensorRef(out))
+            return self.bind(qnode, _TensorRef(self._requant_add(
+                p.root, p.x, p.x, 0.0, sy, zy, io, p.lo, p.hi, name)))
         if p.kind == "add":
-            return self.bind(qnode, _T(self._requant_add(p.root, p.x, p.b, 1.0, sy, zy, io,
-                                                         p.lo, p.hi, name)))
+            return self.bind(qnode, _TensorRef(self._requant_add(
+                p.root, p.x, p.b, 1.0, sy, zy, io, p.lo, p.hi, name)))
         # gemm / conv
         w = p.w
         sx = np.asarray(p.x.scale).reshape(1)
@@ -906,20 +908,21 @@ class _Importer:
             bias = np.broadcast_to(bias, (weight.shape[0], weight.shape[2]))
         out = self._emit_linear(p.root, p.kind, p.x.q, weight, bias, p.x.zp, requant, p.attrs,
                                 "cpu" if wide else "npu", quant, io, name)
-        return self.bind(qnode, _T(out))
+        return self.bind(qnode, _TensorRef(out))
 
-    def _bias_ints(self, p: _P, acc_scale, beta: float):
+    def _bias_ints(self, p: _PendingOp, acc_scale, beta: float):
         """The bias in accumulator units (int32, scale ``s_x * s_w``)."""
         c = p.bias
         if c is None:
             return None
-        if isinstance(c, _DQC) and c.q.dtype.kind == "i" and beta == 1.0 and np.all(c.zp == 0) \
+        if isinstance(c, _DequantConst) and c.q.dtype.kind == "i" and beta == 1.0 \
+                and np.all(c.zp == 0) \
                 and np.unique(c.scale).size == 1 \
                 and np.isclose(float(c.scale.reshape(-1)[0]), float(acc_scale), rtol=1e-6,
                                atol=0):
             ints = c.q  # onnxruntime writes the bias quantized to s_x * s_w
         else:
-            f = c.value if isinstance(c, _DQC) else np.asarray(c.value, dtype=np.float32)
+            f = c.value if isinstance(c, _DequantConst) else np.asarray(c.value, dtype=np.float32)
             ints = np.rint(f.astype(np.float64) * beta / float(acc_scale))
         n = p.w.q.shape[0] if p.kind == "conv" else p.w.q.shape[-1]
         ints = np.broadcast_to(np.asarray(ints).reshape(-1) if np.size(ints) > 1
@@ -928,8 +931,8 @@ class _Importer:
             raise ModelError("bias leaves int32 at the accumulator scale", p.root.name)
         return ints.astype(np.int32)
 
-    def _requant_add(self, node, a: _DQ, b: _DQ, b_weight: float, sy, zy: int, io,
-                     lo=-np.inf, hi=np.inf, out_name=None) -> str:
+    def _requant_add(self, node, a: _DequantTensor, b: _DequantTensor, b_weight: float, sy,
+                     zy: int, io, lo=-np.inf, hi=np.inf, out_name=None) -> str:
         """``vadd`` requantizing ``a + b_weight*b`` to ``(sy, zy)`` with one shared shift."""
         f32 = np.float32
         ra = float(f32(a.scale) / f32(sy))
@@ -951,15 +954,15 @@ class _Importer:
     # ---- shape ops and pooling --------------------------------------------------------------
     def _int8_view(self, node, x, make):
         """Apply an int8 op to a raw int8 tensor or under a dequantized view."""
-        if isinstance(x, _DQ):
+        if isinstance(x, _DequantTensor):
             t = self.tensor(x.q)
             out = self.emit(make(x.q), [f"{node.output[0]}:q"], t.quant, t.io_dtype)[0]
-            self.bind(node, _DQ(out, x.scale, x.zp))
+            self.bind(node, _DequantTensor(out, x.scale, x.zp))
             return True
-        if isinstance(x, _T) and self.tensor(x.name).dtype == "int8":
+        if isinstance(x, _TensorRef) and self.tensor(x.name).dtype == "int8":
             t = self.tensor(x.name)
-            self.bind(node, _T(self.emit(make(x.name), [node.output[0]], t.quant,
-                                         t.io_dtype)[0]))
+            self.bind(node, _TensorRef(self.emit(make(x.name), [node.output[0]], t.quant,
+                                                 t.io_dtype)[0]))
             return True
         return None
 
@@ -971,8 +974,8 @@ class _Importer:
             return self.unsupported(node, "ceil_mode, storage_order or dilations")
         k = tuple(attrs.get("kernel_shape", ()))
         x = v[0]
-        xt = self.tensor(x.q if isinstance(x, _DQ) else x.name) if isinstance(x, _DQ | _T) \
-            else None
+        xt = self.tensor(x.q if isinstance(x, _DequantTensor) else x.name) \
+            if isinstance(x, _DequantTensor | _TensorRef) else None
         if len(k) != 2 or xt is None or len(xt.shape) != 4:
             return self.unsupported(node, "only 2-D pooling of int8 NCHW tensors")
         strides = tuple(attrs.get("strides", [1, 1]))
@@ -984,10 +987,10 @@ class _Importer:
 
     def op_Flatten(self, node, v, attrs):
         axis = attrs.get("axis", 1)
-        if isinstance(v[0], _C):
+        if isinstance(v[0], _Constant):
             x = v[0].value
             ax = axis + x.ndim if axis < 0 else axis
-            return self.bind(node, _C(x.reshape(int(np.prod(x.shape[:ax])), -1)))
+            return self.bind(node, _Constant(x.reshape(int(np.prod(x.shape[:ax])), -1)))
         if self._int8_view(node, v[0], lambda i: Flatten(node.name, [i], [], axis=axis)) is None:
             self.unsupported(node, "Flatten of a float tensor")
 
@@ -997,15 +1000,15 @@ class _Importer:
         except _NotConst as e:
             return self.unsupported(node, str(e))
         x = v[0]
-        if isinstance(x, _C):
+        if isinstance(x, _Constant):
             src = x.value.shape
-        elif isinstance(x, _DQ | _T):
-            src = self.tensor(x.q if isinstance(x, _DQ) else x.name).shape
+        elif isinstance(x, _DequantTensor | _TensorRef):
+            src = self.tensor(x.q if isinstance(x, _DequantTensor) else x.name).shape
         else:
             return self.unsupported(node, "Reshape of a float result")
         target = _resolve_shape(node, src, shape, attrs.get("allowzero", 0))
-        if isinstance(x, _C):
-            return self.bind(node, _C(x.value.reshape(target)))
+        if isinstance(x, _Constant):
+            return self.bind(node, _Constant(x.value.reshape(target)))
         if self._int8_view(node, x, lambda i: Reshape(node.name, [i], [], shape=target)) is None:
             self.unsupported(node, "Reshape of a float tensor")
 
@@ -1013,19 +1016,20 @@ class _Importer:
         if attrs.get("select_last_index", 0):
             return self.unsupported(node, "select_last_index=1 (vargmax returns the first)")
         x = v[0]
-        src = x.q if isinstance(x, _DQ) else x.name if isinstance(x, _T) else None
+        src = x.q if isinstance(x, _DequantTensor) else \
+            x.name if isinstance(x, _TensorRef) else None
         # a positive scale keeps the order, so argmax of the int8 values is the same
         if src is None or self.tensor(src).dtype != "int8":
             return self.unsupported(node, "ArgMax of a float tensor")
         ir = ArgMax(node.name, [src], [], axis=attrs.get("axis", 0),
                     keepdims=bool(attrs.get("keepdims", 1)))
-        self.bind(node, _T(self.emit(ir, [node.output[0]])[0]))
+        self.bind(node, _TensorRef(self.emit(ir, [node.output[0]])[0]))
 
     def op_Equal(self, node, v, attrs):
         a, b = v
-        if isinstance(a, _C) and isinstance(b, _T):
+        if isinstance(a, _Constant) and isinstance(b, _TensorRef):
             a, b = b, a
-        if isinstance(a, _T) and isinstance(b, _C) and b.value.size == 1 and \
+        if isinstance(a, _TensorRef) and isinstance(b, _Constant) and b.value.size == 1 and \
                 b.value.dtype.kind in "iu":
             t = self.tensor(a.name)
             if t.dtype not in ("int8", "int32", "int64"):
@@ -1035,9 +1039,9 @@ class _Importer:
                                  f"{b.value.dtype}", node.name)
             value = int(b.value.reshape(-1)[0]) - (128 if t.io_dtype == "uint8" else 0)
             ir = Equal(node.name, [a.name], [], value=value)
-            return self.bind(node, _T(self.emit(ir, [node.output[0]])[0]))
-        if isinstance(a, _C) and isinstance(b, _C):
-            return self.bind(node, _C(np.equal(a.value, b.value)))
+            return self.bind(node, _TensorRef(self.emit(ir, [node.output[0]])[0]))
+        if isinstance(a, _Constant) and isinstance(b, _Constant):
+            return self.bind(node, _Constant(np.equal(a.value, b.value)))
         return self.unsupported(node, "Equal needs an integer tensor and a constant")
 
     def op_Constant(self, node, v, attrs):
@@ -1050,20 +1054,20 @@ class _Importer:
             value = np.asarray(attrs[a.name], dtype=np.int64)
         else:
             return self.unsupported(node, f"Constant {a.name}")
-        self.bind(node, _C(value))
+        self.bind(node, _Constant(value))
 
     def op_Identity(self, node, v, attrs):
         self.bind(node, v[0])
 
     def op_If(self, node, v, attrs):
         c = v[0]
-        if isinstance(c, _C):  # constant condition: the taken branch, inline
+        if isinstance(c, _Constant):  # constant condition: the taken branch, inline
             body = attrs["then_branch" if bool(c.value.reshape(-1)[0]) else "else_branch"]
             sub = self._branch(body, body.name)
             sub.graph = self.graph
             sub.import_nodes(body)
             return self.bind(node, *[sub.lookup(o.name) for o in body.output])
-        if not isinstance(c, _T) or self.tensor(c.name).dtype != "bool":
+        if not isinstance(c, _TensorRef) or self.tensor(c.name).dtype != "bool":
             raise ModelError("dtype mismatch: the If condition must be a bool tensor",
                              node.name)
         subs, vals = [], []
@@ -1079,9 +1083,9 @@ class _Importer:
         results, outs = [], []
         for i, (tv, ev) in enumerate(zip(*vals, strict=True)):
             # both branches dequantize alike: keep the int8 values, stay lazy outside
-            keep_dq = isinstance(tv, _DQ) and isinstance(ev, _DQ) and \
+            keep_dq = isinstance(tv, _DequantTensor) and isinstance(ev, _DequantTensor) and \
                 float(tv.scale) == float(ev.scale) and tv.zp == ev.zp
-            names = [sub.materialize(_T(val.q) if keep_dq else val)
+            names = [sub.materialize(_TensorRef(val.q) if keep_dq else val)
                      for sub, val in zip(subs, (tv, ev), strict=True)]
             tt, te = (sub.tensor(n) for sub, n in zip(subs, names, strict=True))
             if (tt.shape, tt.dtype, tt.io_dtype) != (te.shape, te.dtype, te.io_dtype):
@@ -1096,7 +1100,8 @@ class _Importer:
                          io_dtype=tt.io_dtype)
             self.graph.add_tensor(out)
             outs.append(out.name)
-            results.append(_DQ(out.name, tv.scale, tv.zp) if keep_dq else _T(out.name))
+            results.append(_DequantTensor(out.name, tv.scale, tv.zp) if keep_dq
+                           else _TensorRef(out.name))
         ir = If(self.fresh_node(node.name), [c.name], outs, then_graph=subs[0].graph,
                 else_graph=subs[1].graph)
         ir.check()
@@ -1106,7 +1111,7 @@ class _Importer:
     def _branch(self, body: onnx.GraphProto, name: str) -> _Importer:
         sub = _Importer(name, self.opset, self.fallback, self.dims, parent=self)
         for t in body.initializer:
-            sub.env[t.name] = _C(numpy_helper.to_array(t))
+            sub.env[t.name] = _Constant(numpy_helper.to_array(t))
         return sub
 
 
