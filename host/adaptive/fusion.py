@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ..compiler import CompiledModel
 from ..compiler.cost import CostModel
 from ..compiler.lower import is_alias, scope_tensors
+from ..ir import If
 from .units import ACTIVE, QUARANTINED, UnitGraph
 
 COMPLEMENT_BONUS = 1.25
@@ -89,9 +90,9 @@ def _consumers(model: CompiledModel) -> dict[str, list[str]]:
             continue
         for t in n.inputs:
             readers.setdefault(root(t), []).append(n.name)
-        for branch in (getattr(n, "then_graph", None), getattr(n, "else_graph", None)):
-            if branch is not None:
-                for o in branch.outputs:
+        if isinstance(n, If):  # a branch's outputs are read outside it
+            for branch in (n.then_graph, n.else_graph):
+                for o in branch.outputs if branch is not None else ():
                     readers.setdefault(root(o), []).append("@out")
     for o in model.graph.outputs:
         readers.setdefault(root(o), []).append("@out")

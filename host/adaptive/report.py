@@ -43,14 +43,15 @@ def load_state(path: Path) -> dict | None:
 
 
 def stream_figures(results) -> dict:
-    """Per-inference figures of an adaptive run (JSON-ready lists and summaries)."""
+    """Per-inference figures of an adaptive run (its :class:`~.records.AdaptiveInference`
+    results; JSON-ready lists and summaries)."""
     cycles = [int(r.cycles) for r in results]
     half = len(cycles) // 2
     # The baseline: inferences on the plan the stream started with (warm ones:
     # the first run fills the tags), measured in the same run.
     first = results[0].plan if results else ()
     base = [c for r, c in zip(results[1:], cycles[1:], strict=True) if r.plan == first]
-    spec = [r.speculation for r in results if getattr(r, "speculation", "")]
+    spec = [r.speculation for r in results if r.speculation]
     return {
         "initial_plan_cycles": float(np.mean(base)) if base else None,
         "speedup_second_half_over_initial": (float(np.mean(base) / np.mean(cycles[half:]))
