@@ -47,7 +47,7 @@ from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
 from .records import AdaptiveInference, RuntimeEvent, StreamLog, mismatch
 from .resident import ResidentProgram
-from .speculate import Bet, Leaf, SpecCandidate, gate_unit, hoist, leaves
+from .speculate import Bet, SpecCandidate, Speculation, gate_unit, hoist, leaves
 from .timeline import attach_timeline
 from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
 
@@ -146,11 +146,9 @@ class AdaptiveRuntime:
         self.fault = fault
         self.log = StreamLog(on_event)
         self.graph, self.simplify_log = simplify(graph)
-        self.spec_threshold = self.config.spec_threshold
-        self.bet: Bet | None = None
-        self.break_even: dict[Leaf, float] = {}  # measured, from bets that stopped paying
+        self.speculation = Speculation(self.config.spec_threshold, self.config.spec_step,
+                                       self.config.profiler.decay)
         self.warm_cycles: dict[int, float] = {}  # region -> decayed mean of warm runs
-        self.lost_at: dict[Leaf, int] = {}  # when a bet on a branch was last split
         base, _ = self._compile([Subgraph(i + 1, list(u))
                                  for i, u in enumerate(initial_units(self.graph))])
         self.units = UnitGraph(base)
@@ -291,7 +289,7 @@ class AdaptiveRuntime:
         self.resident.generic_installed()
         self.log.rollbacks += 1
         self.units.adopt(v.previous.units, self.n, "rollback")
-        self.bet = v.bet
+        self.speculation.bet = v.bet
         if v.change.kind is not ChangeKind.SPLIT:
             self.units.quarantine(u.id, self.n, reason)
             self.refused[frozenset(u.nodes)] = f"unit {u.id} is quarantined"
@@ -311,23 +309,10 @@ class AdaptiveRuntime:
         ids = [r.region for r in res.trace]
         features = {"route": tuple(sorted(res.scalars.items()))} if res.scalars else None
         self.profiler.observe(ids, res.trace, features)
-        b = self.bet
-        if b is not None and b.unit.id in ids:
-            lost = any(i not in b.top for i in ids)
-            d = self.config.profiler.decay
-            b.bets, b.losses = b.bets * d + 1, b.losses * d + lost
-            recs = [r for r in res.trace if r.region == b.unit.id]
-            c = sum(r.cycles for r in recs)
-            if any(r.tag_misses for r in recs):
-                pass  # a cold run (tags refilling after a swap) is not the bet's cost
-            elif lost:
-                b.miss_cycles = c if b.miss_cycles is None else d * b.miss_cycles + (1 - d) * c
-            else:
-                b.hit_cycles = c if b.hit_cycles is None else d * b.hit_cycles + (1 - d) * c
-            b.total += 1
-            b.lost += lost
+        outcome = self.speculation.observe(ids, res.trace)
+        if outcome:
             self.log.bets += 1
-            self.log.misspeculations += lost
+            self.log.misspeculations += outcome == "miss"
         d = self.config.profiler.decay
         for rec in res.trace:
             if not rec.tag_misses:  # warm runs only: what a unit costs in steady state
@@ -343,9 +328,7 @@ class AdaptiveRuntime:
             if work is not None:
                 self.cost.observe(work, rec.cycles, cold=bool(rec.tag_misses))
         del self.cost.samples[:-COST_SAMPLES]
-        if b is not None and b.unit.id in ids:
-            return "miss" if lost else "hit"
-        return ""
+        return outcome
 
     def cost_error(self) -> tuple[float, float]:
         """(error of what the runtime knew before running: golden timelines and the
@@ -368,16 +351,9 @@ class AdaptiveRuntime:
                 reason = (f"cold: runs {f:.2f}/inference < {self.config.defuse_threshold}")
                 self._submit(PlanChange(ChangeKind.SPLIT, u, self.units.plan_without(u), reason))
                 return
-        b = self.bet
-        if b is not None and self.n - b.since >= self.config.settle \
-                and b.hit_rate < b.break_even:
-            old = self.spec_threshold
-            self.spec_threshold = min(0.95, old + self.config.spec_step)
-            self.break_even[b.leaf] = b.break_even
-            self.lost_at[b.leaf] = self.n
-            reason = (f"bet stops paying: hit rate {100 * b.hit_rate:.0f}% < break-even "
-                      f"{100 * b.break_even:.0f}%; speculation threshold {100 * old:.0f}% -> "
-                      f"{100 * self.spec_threshold:.0f}%")
+        if self.speculation.stops_paying(self.n, self.config.settle):
+            b = self.speculation.bet
+            reason = self.speculation.give_up(self.n)
             self._submit(PlanChange(ChangeKind.SPLIT, b.unit, self.units.plan_without(b.unit),
                                     reason, graph=self.graph))
             return
@@ -388,7 +364,7 @@ class AdaptiveRuntime:
             unit = self.units.merged(best.chain, self.n, best.describe(), kind=SPECULATIVE)
             stats = [self.warm_cycles[uid] for uid in best.chain]
             bet = Bet(unit, best.leaf, sum(stats), stats[0], best.waste)
-            self.break_even.pop(best.leaf, None)
+            self.speculation.placed(best.leaf)
             self._submit(PlanChange(ChangeKind.SPECULATE, unit, self.units.plan_with(unit),
                                     best.describe(), graph=hoist(self.model.graph, best.leaf),
                                     bet=bet))
@@ -418,10 +394,10 @@ class AdaptiveRuntime:
 
     def speculative_candidates(self, bounds=None) -> list[SpecCandidate]:
         """Bets on a branch body that the profiler sees follow its gate often enough
-        (at least ``spec_threshold``) and that pay on average: the probability times
+        (at least the speculation threshold) and that pay on average: the probability times
         what a hit saves must beat the rest times what a miss wastes (the branch's
         measured cycles, computed for nothing)."""
-        if self.bet is not None or self.changes.planned(ChangeKind.SPECULATE):
+        if self.speculation.bet is not None or self.changes.planned(ChangeKind.SPECULATE):
             return []
         g, out = self.model.graph, []
         active = self.units.active()
@@ -435,12 +411,10 @@ class AdaptiveRuntime:
             key = frozenset(n for uid in chain for n in self.units[uid].nodes)
             if key in self.refused or any(u.kind == SPECULATIVE for u in body):
                 continue
-            if self.n - self.lost_at.get(leaf, -10**9) < 2 * self.config.settle:
+            if self.speculation.cooling(leaf, self.n, self.config.settle):
                 continue  # a bet that just stopped paying: observe before betting again
             p = self.profiler.edge_probability(gate.id, body[0].id)
-            # A branch whose bet lost needs a margin over its measured break-even.
-            floor = self.break_even[leaf] + 0.05 if leaf in self.break_even else 0.0
-            if p < max(self.spec_threshold, floor):
+            if p < self.speculation.needed(leaf):
                 continue
             if any(uid not in self.warm_cycles for uid in chain):
                 continue  # not measured warm yet
@@ -558,15 +532,8 @@ class AdaptiveRuntime:
                               if i not in {s.id for s in c.plan}])
         self.log.emit("swapped-in", (c.unit.id,),
                        f"bank version {self.session.version}, plan {self._plan_ids()}")
-        before = self.bet
-        if c.kind is ChangeKind.SPECULATE:
-            c.bet.since = self.n
-            top_nodes = {n.name for n in self.model.graph.nodes}
-            c.bet.top = frozenset(s.id for s in self.model.units
-                                  if set(s.nodes) <= top_nodes)
-            self.bet = c.bet
-        elif self.bet is not None and c.unit.id == self.bet.unit.id:
-            self.bet = None
+        before = self.speculation.swapped_in(c.unit.id, c.bet, self.model.graph,
+                                             self.model.units, self.n)
         self.changes.land(Validation(c, previous, self.config.validate_runs, before)
                           if self.config.validate_runs else None)
 
@@ -677,13 +644,8 @@ class AdaptiveRuntime:
             "compiles": self.log.compiles,
             "speculation": {"bets": self.log.bets,
                             "misspeculations": self.log.misspeculations,
-                            "threshold": self.spec_threshold,
-                            "active": None if self.bet is None else {
-                                "unit": self.bet.unit.id, "branch": self.bet.leaf.describe(),
-                                "hit_rate": self.bet.hit_rate,
-                                "break_even": self.bet.break_even,
-                                "gain_per_hit": self.bet.gain,
-                                "waste_per_miss": self.bet.waste}},
+                            "threshold": self.speculation.threshold,
+                            "active": self.speculation.report()},
             "cache": self.cache.stats(),
             "cost_model_error": {"profile": before, "refit": after},
             **self.batches.report(),

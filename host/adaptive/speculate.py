@@ -157,6 +157,101 @@ class Bet:
         return self.waste / (self.waste + gain)
 
 
+class Speculation:
+    """The runtime's speculative merges: the running bet (at most one), the branch
+    probability a new bet needs, and what the bets that stopped paying measured.
+
+    Members
+    -------
+    bet : the running bet, or None.
+    threshold : the branch probability a bet needs (raised by ``step`` each time a
+        bet stops paying, up to 0.95).
+    break_even : per branch, the break-even hit rate its lost bet measured (a later
+        bet on it needs a margin over that).
+    lost_at : per branch, the inference its last bet was given up at.
+    """
+
+    def __init__(self, threshold: float, step: float, decay: float):
+        self.threshold, self.step, self.decay = threshold, step, decay
+        self.bet: Bet | None = None
+        self.break_even: dict[Leaf, float] = {}
+        self.lost_at: dict[Leaf, int] = {}
+
+    def observe(self, ids: list[int], trace) -> str:
+        """Count a run (its region ids and trace) for the running bet: ``"hit"`` or
+        ``"miss"`` when the bet's unit ran, ``""`` otherwise."""
+        b = self.bet
+        if b is None or b.unit.id not in ids:
+            return ""
+        lost = any(i not in b.top for i in ids)
+        d = self.decay
+        b.bets, b.losses = b.bets * d + 1, b.losses * d + lost
+        recs = [r for r in trace if r.region == b.unit.id]
+        c = sum(r.cycles for r in recs)
+        if any(r.tag_misses for r in recs):
+            pass  # a cold run (tags refilling after a swap) is not the bet's cost
+        elif lost:
+            b.miss_cycles = c if b.miss_cycles is None else d * b.miss_cycles + (1 - d) * c
+        else:
+            b.hit_cycles = c if b.hit_cycles is None else d * b.hit_cycles + (1 - d) * c
+        b.total += 1
+        b.lost += lost
+        return "miss" if lost else "hit"
+
+    def stops_paying(self, n: int, settle: int) -> bool:
+        """Whether the running bet, settled, hits less often than its break-even."""
+        b = self.bet
+        return b is not None and n - b.since >= settle and b.hit_rate < b.break_even
+
+    def give_up(self, n: int) -> str:
+        """Learn from the running bet that stops paying (the threshold rises, its
+        branch keeps the measured break-even); the reason to split it."""
+        b = self.bet
+        old = self.threshold
+        self.threshold = min(0.95, old + self.step)
+        self.break_even[b.leaf] = b.break_even
+        self.lost_at[b.leaf] = n
+        return (f"bet stops paying: hit rate {100 * b.hit_rate:.0f}% < break-even "
+                f"{100 * b.break_even:.0f}%; speculation threshold {100 * old:.0f}% -> "
+                f"{100 * self.threshold:.0f}%")
+
+    def cooling(self, leaf: Leaf, n: int, settle: int) -> bool:
+        """Whether a bet on ``leaf`` was given up too recently to bet again."""
+        return n - self.lost_at.get(leaf, -10**9) < 2 * settle
+
+    def needed(self, leaf: Leaf) -> float:
+        """The probability a bet on ``leaf`` needs: the threshold, and a margin over
+        the break-even its lost bet measured."""
+        floor = self.break_even[leaf] + 0.05 if leaf in self.break_even else 0.0
+        return max(self.threshold, floor)
+
+    def placed(self, leaf: Leaf) -> None:
+        """A new bet on ``leaf`` is planned: its measured break-even is dropped."""
+        self.break_even.pop(leaf, None)
+
+    def swapped_in(self, unit_id: int, bet: Bet | None, graph: Graph, units, n: int
+                   ) -> Bet | None:
+        """A plan change landed: ``bet`` (a speculative merge's, on ``graph`` with
+        ``units``) runs from now, or the change splits the running bet's unit
+        ``unit_id``. Returns the bet that ran before."""
+        before = self.bet
+        if bet is not None:
+            bet.since = n
+            top_nodes = {node.name for node in graph.nodes}
+            bet.top = frozenset(s.id for s in units if set(s.nodes) <= top_nodes)
+            self.bet = bet
+        elif self.bet is not None and unit_id == self.bet.unit.id:
+            self.bet = None
+        return before
+
+    def report(self) -> dict | None:
+        """The running bet (JSON-ready), or None."""
+        b = self.bet
+        return None if b is None else {
+            "unit": b.unit.id, "branch": b.leaf.describe(), "hit_rate": b.hit_rate,
+            "break_even": b.break_even, "gain_per_hit": b.gain, "waste_per_miss": b.waste}
+
+
 @dataclass
 class SpecCandidate(Candidate):
     """A speculative merge: the gate's unit and the predicted branch's units.
