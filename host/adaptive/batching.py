@@ -22,7 +22,7 @@ mismatch drops it.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from firmware.config import NPUConfig
 
@@ -35,6 +35,9 @@ from .records import AdaptiveInference, StreamLog, mismatch
 from .resident import ResidentProgram
 from .routed import RoutedVariant, branch_leaves, routed_variant
 from .specialize import BatchVariant, SpecializationError, batch_graph
+
+if TYPE_CHECKING:
+    from .engine import AdaptiveConfig
 
 
 class GenericPlan(Protocol):
@@ -66,7 +69,7 @@ class BatchServer:
     log : the stream's counts and events, shared with the runtime.
     """
 
-    def __init__(self, config, graph: Graph, hw: NPUConfig, cache: CompileCache,
+    def __init__(self, config: AdaptiveConfig, graph: Graph, hw: NPUConfig, cache: CompileCache,
                  generic: GenericPlan, resident: ResidentProgram, profiler: Profiler,
                  log: StreamLog):
         self.config, self.graph, self.hw, self.cache = config, graph, hw, cache
