@@ -133,6 +133,15 @@ class AdaptiveRuntime:
         the profiler's knowledge; a state of another model, profile or hardware
         timing (:func:`~host.profiles.timing_key`) is ignored (event
         ``state-ignored``, which says why).
+
+    Members
+    -------
+    changes : the plan change under way and its state (:mod:`.changes`).
+    speculation : the running bet and what lost bets measured.
+    batches : serves :meth:`run_batch` on batch variants (:mod:`.batching`).
+    resident : which program the NPU holds, the plan's or a variant's.
+    log : the stream's inference count, counters and events (both serving paths).
+    units, profiler, cost : every unit made, the execution profile, the cost model.
     """
 
     def __init__(self, driver: NPUDriver, graph: Graph, config: AdaptiveConfig | None = None,
