@@ -13,6 +13,7 @@ torch nor onnxruntime.
 ::
 
     python -m verif.zoo             # regenerate tests/zoo/ (needs the models extra)
+    python -m verif.zoo --status    # what host.onnx_import makes of every zoo file
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m verif.zoo``: regenerate the zoo."""
+"""``python -m verif.zoo``: regenerate the zoo, or ``--status``: what the importer makes of it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from . import MODEL_NAMES, ZOO_DIR
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verif.zoo", description=__doc__)
+    ap.add_argument("--status", action="store_true",
+                    help="import every zoo file, run it on the reference interpreter "
+                         "and compare with the oracle (no torch needed)")
     ap.add_argument("--out", type=Path, default=ZOO_DIR, help="where to write the zoo")
     ap.add_argument("models", nargs="*", metavar="MODEL",
                     help=f"models to regenerate (default: all of {', '.join(MODEL_NAMES)})")
@@ -19,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(opts.models) - set(MODEL_NAMES)
     if unknown:
         ap.error(f"unknown models {sorted(unknown)} (the zoo has {', '.join(MODEL_NAMES)})")
+    if opts.status:
+        from .status import print_status
+
+        return print_status(opts.out)
     missing = [m for m in ("torch", "skl2onnx", "onnxruntime")
                if importlib.util.find_spec(m) is None]
     if missing:
