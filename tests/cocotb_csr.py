@@ -1,11 +1,12 @@
 """cocotb side of the CSR block tests (run by ``tests/test_csr.py`` under Verilator).
 
 The host side is cocotbext-axi's ``AxiLiteMaster``. Addresses, access modes and
-bit positions all come from ``firmware.regs``; :class:`CsrModel` is a plain-Python
-model of what the register map says, used as the scoreboard of the random test.
-``CSR_CONFIG`` names the ``firmware.config.CONFIGS`` entry the DUT was built for,
-``CSR_SEED`` seeds the stimulus (printed on failure) and ``CSR_OPS`` sets the
-length of the random test.
+bit positions all come from ``firmware.regs``; the scoreboard of the random test is
+``firmware.csrmodel.CSRModel``, the model the golden device serves registers with,
+wired to :class:`PortModel` (the ports the testbench drives and the pulses and
+writes the DUT must emit). ``CSR_CONFIG`` names the ``firmware.config.CONFIGS``
+entry the DUT was built for, ``CSR_SEED`` seeds the stimulus (printed on failure)
+and ``CSR_OPS`` sets the length of the random test.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from cocotb.triggers import ClockCycles, FallingEdge
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster, AxiResp
 
 from firmware.config import CONFIGS, NPUConfig
+from firmware.csrmodel import CSRModel, NPUSide, RunState, state_mask
 from firmware.isa import ISA_VERSION
 from firmware.regs import (
     HW_VERSION,
@@ -31,7 +33,9 @@ from firmware.regs import (
     Access,
     caps_to_config,
     counter_names,
+    pack_fields,
     registers,
+    unpack_fields,
 )
 
 CONFIG_NAME = os.environ.get("CSR_CONFIG", "default")
@@ -53,182 +57,60 @@ def rng_for(test: str) -> random.Random:
     return random.Random(f"{SEED}:{test}")
 
 
-def field(reg, name):
-    return next(f for f in reg.fields if f.name == name)
-
-
-def fmask(reg) -> int:
-    """Bits of a register that hold state (all 32 when it has no fields)."""
-    if not reg.fields:
-        return M32
-    return sum(((1 << f.bits) - 1) << f.lo for f in reg.fields)
-
-
 def get_f(reg, name, word) -> int:
-    f = field(reg, name)
-    return (word >> f.lo) & ((1 << f.bits) - 1)
+    return unpack_fields(reg.name, word)[name]
 
 
 def put_f(reg, values: dict) -> int:
-    word = 0
-    for name, v in values.items():
-        f = field(reg, name)
-        word |= (int(v) & ((1 << f.bits) - 1)) << f.lo
-    return word
-
-
-def byte_mask(strb: int) -> int:
-    return sum(0xFF << (8 * i) for i in range(4) if strb >> i & 1)
+    return pack_fields(reg.name, **values)
 
 
 # ---- reference model ---------------------------------------------------------------------
 
 
-class CsrModel:
-    """What firmware/regs.py and the CSRBlock contract say each register does.
+class PortModel(NPUSide):
+    """The DUT's ports as the reference model sees them.
 
-    ``inputs`` mirrors the DUT's input ports; ``events`` collects the pulses and
-    port writes the DUT must emit, in order.
+    ``inputs`` mirrors the input ports the testbench drives; ``events`` collects the
+    pulses and port writes the DUT must emit, in order, in the monitor's format.
     """
 
     def __init__(self, config: NPUConfig):
-        self.cfg = config
-        self.regs = {r.name: r for r in registers(config)}
-        self.by_addr = {r.addr: r for r in registers(config)}
-        self.counters = counter_names(config)
         self.inputs = {n: 0 for n in (*STATUS_INPUTS, "error_code", "error_pc", "error_addr",
                                       "trace_count")}
         self.head = {f: 0 for f in TRACE_FIELDS}
         self.rvals = [0] * 16
-        self.cvals = [0] * len(self.counters)
-        self.state = {"IRQ_ENABLE": 0, "CYCLE_BUDGET": 0, "BANK_VERSION0": 0,
-                      "BANK_VERSION1": 0, "IMEM_ADDR": 0, "PT_SELECT": 0,
-                      **{f"ARG{i}": 0 for i in range(7)}}
-        self.irq_status = 0
-        self.trace_ovf = 0
-        self.imem_lo = 0
-        self.pt_base_stage = 0
+        self.cvals = [0] * len(counter_names(config))
         self.table: dict[tuple, tuple[int, int]] = {}
-        self.latch: tuple[int, int] | None = None  # (counter index, high half)
         self.events: list[tuple] = []
 
-    def expected_read_value(self, name: str) -> int:
-        r, cfg, inp = self.regs[name], self.cfg, self.inputs
-        if r.access in (Access.WO, Access.W1S):
-            return 0
-        if name == "ID":
-            return ID_MAGIC
-        if name == "VERSION":
-            return put_f(r, {"hw": HW_VERSION, "isa": ISA_VERSION})
-        if name.startswith("CAPS_"):
-            return getattr(cfg, name[5:].lower())
-        if name == "STATUS":
-            return put_f(r, {**{n: inp[n] for n in STATUS_INPUTS},
-                             "refused": get_f(self.regs["IRQ_STATUS"], "refused",
-                                              self.irq_status),
-                             "trace_overflow": self.trace_ovf})
-        if name in ("ERROR", "ERROR_PC", "ERROR_ADDR"):
-            return inp[{"ERROR": "error_code", "ERROR_PC": "error_pc",
-                        "ERROR_ADDR": "error_addr"}[name]]
-        if name == "IRQ_STATUS":
-            return self.irq_status
-        if name in self.state:
-            return self.state[name]
-        if name in ("PT_BASE", "PT_SIZE"):
-            entry = self.table.get(self._pt_key(), (0, 0))
-            return entry[0] if name == "PT_BASE" else entry[1]
-        if name == "TRACE_COUNT":
-            return inp["trace_count"]
-        if name.startswith("TRACE_"):
-            return self.head[name[6:].lower()] if inp["trace_count"] else 0
-        if name.startswith("R") and name[1:].isdigit():
-            return self.rvals[int(name[1:])]
-        if name.startswith("CNT_"):
-            i = self.counters.index(name[4:-3].lower())
-            if name.endswith("_LO"):
-                return self.cvals[i] & M32
-            if self.latch is not None and self.latch[0] == i:
-                return self.latch[1]
-            return self.cvals[i] >> 32
-        raise AssertionError(f"model has no read rule for {name}")
+    def run_state(self) -> RunState:
+        return RunState(**{n: v for n, v in self.inputs.items() if n != "trace_count"})
 
-    def read(self, addr: int) -> tuple[int, int]:
-        r = self.by_addr.get(addr & ~3)
-        if r is None:
-            return 0, AxiResp.SLVERR
-        value = self.expected_read_value(r.name)
-        if r.name.startswith("CNT_") and r.name.endswith("_LO"):
-            i = self.counters.index(r.name[4:-3].lower())
-            self.latch = (i, self.cvals[i] >> 32)
-        return value, AxiResp.OKAY
+    def trace_count(self) -> int:
+        return self.inputs["trace_count"]
 
-    def _pt_key(self):
-        sel = self.regs["PT_SELECT"]
-        w = self.state["PT_SELECT"]
-        return (get_f(sel, "bank", w), get_f(sel, "set", w), get_f(sel, "partition", w))
+    def trace_head(self, field: str) -> int:
+        return self.head[field]
 
-    def _live(self, bank: int) -> bool:
-        return bank == self.inputs["active_bank"] or bool(self.inputs["swap_pending"])
+    def scalar(self, index: int) -> int:
+        return self.rvals[index]
 
-    def _refuse(self):
-        self.irq_status |= put_f(self.regs["IRQ_STATUS"], {"refused": 1})
+    def counter(self, index: int) -> int:
+        return self.cvals[index]
 
-    def write(self, addr: int, data: int, strb: int = 0xF) -> int:
-        r = self.by_addr.get(addr & ~3)
-        if r is None:
-            return AxiResp.SLVERR
-        mask = byte_mask(strb)
-        ones = data & mask
-        name = r.name
+    def pt_entry(self, bank: int, pt_set: int, partition: int) -> tuple[int, int]:
+        return self.table.get((bank, pt_set, partition), (0, 0))
 
-        def merged(old):
-            return ((old & ~mask) | (data & mask)) & fmask(r)
+    def commands(self, names: tuple[str, ...]) -> None:
+        self.events += [(n,) for n in names]
 
-        if name == "CTRL":
-            for f in r.fields:
-                if get_f(r, f.name, ones):
-                    self.events.append((f.name,))
-            if get_f(r, "counter_reset", ones) or get_f(r, "trace_clear", ones):
-                self.trace_ovf = 0
-        elif name == "TRACE_POP":
-            if ones & 1:
-                self.events.append(("trace_pop",))
-        elif name == "IRQ_STATUS":
-            self.irq_status &= ~ones
-        elif name in ("BANK_VERSION0", "BANK_VERSION1"):
-            if self._live(int(name[-1])):
-                self._refuse()
-            else:
-                self.state[name] = merged(self.state[name])
-        elif name in self.state:
-            self.state[name] = merged(self.state[name])
-        elif name == "IMEM_DATA_LO":
-            self.imem_lo = merged(self.imem_lo)
-        elif name == "IMEM_DATA_HI":
-            ia = self.regs["IMEM_ADDR"]
-            bank = get_f(ia, "bank", self.state["IMEM_ADDR"])
-            index = get_f(ia, "index", self.state["IMEM_ADDR"])
-            if self._live(bank):
-                self._refuse()
-            elif index >= self.cfg.imem_depth:
-                return AxiResp.SLVERR
-            else:
-                self.events.append(("imem", bank, index, (data & mask) << 32 | self.imem_lo))
-                self.state["IMEM_ADDR"] = put_f(ia, {"bank": bank, "index": (index + 1) & 0xFFFF})
-        elif name == "PT_BASE":
-            self.pt_base_stage = merged(self.pt_base_stage)
-        elif name == "PT_SIZE":
-            bank, pt_set, part = key = self._pt_key()
-            if self._live(bank):
-                self._refuse()
-            elif pt_set >= self.cfg.pt_sets or part >= self.cfg.partitions:
-                return AxiResp.SLVERR
-            else:
-                size = merged(self.table.get(key, (0, 0))[1])
-                self.table[key] = (self.pt_base_stage, size)
-                self.events.append(("pt", bank, pt_set, part, self.pt_base_stage, size))
-        # read-only registers ignore writes
-        return AxiResp.OKAY
+    def imem_write(self, bank: int, index: int, word: int) -> None:
+        self.events.append(("imem", bank, index, word))
+
+    def pt_write(self, bank: int, pt_set: int, partition: int, base: int, size: int) -> None:
+        self.table[(bank, pt_set, partition)] = (base, size)
+        self.events.append(("pt", bank, pt_set, partition, base, size))
 
 
 # ---- testbench -----------------------------------------------------------------------------
@@ -244,7 +126,8 @@ class TB:
         self.regs = {r.name: r for r in self.map}
         self.addr = {r.name: r.addr for r in self.map}
         self.counters = counter_names(config)
-        self.model = CsrModel(config)
+        self.ports = PortModel(config)
+        self.model = CSRModel(config, self.ports)
         self.events: list[tuple] = []
         self.cycle = 0
         self.counter_fn = None  # cycle -> list of counter values, driven every cycle
@@ -325,15 +208,16 @@ class TB:
     def drive(self, **inputs):
         for name, v in inputs.items():
             getattr(self.dut, name).value = int(v)
-            if name in self.model.inputs:
-                self.model.inputs[name] = int(v)
+            if name in self.ports.inputs:
+                self.ports.inputs[name] = int(v)
 
     async def pulse(self, name: str):
-        """Raise a 1-bit input for exactly one cycle."""
+        """Raise a 1-bit input for exactly one cycle (the model takes the same pulse)."""
         await FallingEdge(self.dut.clk)
         getattr(self.dut, name).value = 1
         await FallingEdge(self.dut.clk)
         getattr(self.dut, name).value = 0
+        self.model.pulse(name)
 
     def set_pauses(self, rng: random.Random | None):
         """Random stalls on every channel (valid gaps on AW/W/AR, ready gaps on B/R)."""
@@ -374,7 +258,7 @@ async def reset_values(dut):
         if r.name == "ID":
             want = ID_MAGIC
         elif r.name == "VERSION":
-            want = ISA_VERSION << field(r, "isa").lo | HW_VERSION << field(r, "hw").lo
+            want = put_f(r, {"isa": ISA_VERSION, "hw": HW_VERSION})
         elif r.name.startswith("CAPS_"):
             caps[r.name] = got
             want = getattr(tb.cfg, r.name[5:].lower())
@@ -407,7 +291,7 @@ async def access_modes(dut):
         if r.access == Access.RO:
             assert got == before, f"RO {r.name} changed: {before:#x} -> {got:#x}"
         elif r.access == Access.RW:
-            assert got == value & fmask(r), f"RW {r.name}: wrote {value:#x}, read {got:#x}"
+            assert got == value & state_mask(r), f"RW {r.name}: wrote {value:#x}, read {got:#x}"
         else:
             assert got == 0, f"{r.access.value} {r.name} reads {got:#x}, not 0"
     # the RW registers drive their output ports
@@ -750,17 +634,17 @@ async def unmapped_slverr(dut):
 
 
 async def _random_traffic(tb: TB, rng: random.Random, ops: int):
-    """Random reads/writes (mapped and not, partial strobes) against :class:`CsrModel`."""
-    model = tb.model
+    """Random reads/writes (mapped and not, partial strobes) against the CSR model."""
+    model, ports = tb.model, tb.ports
     dut = tb.dut
     head = {f: rng.getrandbits(32) for f in TRACE_FIELDS}
-    model.head = head
+    ports.head = head
     dut.trace_head.value = sum(v << (32 * i) for i, v in enumerate(head.values()))
-    model.rvals = [rng.getrandbits(32) for _ in range(16)]
-    for i, v in enumerate(model.rvals):
+    ports.rvals = [rng.getrandbits(32) for _ in range(16)]
+    for i, v in enumerate(ports.rvals):
         getattr(dut, f"regs__{i}").value = v
-    model.cvals = [rng.getrandbits(64) for _ in tb.counters]
-    for i, v in enumerate(model.cvals):
+    ports.cvals = [rng.getrandbits(64) for _ in tb.counters]
+    for i, v in enumerate(ports.cvals):
         getattr(dut, f"counters__{i}").value = v
     writable = [r for r in tb.map if r.access != Access.RO] + [tb.regs["IMEM_DATA_HI"]] * 4
     mapped = [r.addr for r in tb.map]
@@ -773,10 +657,16 @@ async def _random_traffic(tb: TB, rng: random.Random, ops: int):
                      error_code=rng.getrandbits(8))
             await tb.settle(1)
             continue
+        if kind < 0.06:  # a run event or trace overflow; the interrupt line follows
+            await tb.pulse(rng.choice(("run_done", "run_error", "trace_overflow")))
+            await tb.settle(1)
+            assert u(dut.irq) == model.irq, f"seed {SEED}, op {op}: irq {u(dut.irq)}"
+            continue
         if kind < 0.5:
             addr = rng.choice(mapped) if rng.random() < 0.95 else rng.randrange(1 << 10) * 4
             got = await tb.read(addr)
-            want = model.read(addr)
+            value, resp = model.read(addr)
+            want = value, AxiResp(resp)
             assert got == want, (f"seed {SEED}, op {op}: read {addr:#05x} -> "
                                  f"{got[0]:#x}/{got[1]!r}, model {want[0]:#x}/{want[1]!r}")
             stats["read"] += 1
@@ -793,21 +683,21 @@ async def _random_traffic(tb: TB, rng: random.Random, ops: int):
             length = 4 - offset if rng.random() < 0.7 else rng.randrange(1, 5 - offset)
             strb = ((1 << length) - 1) << offset
             got = await tb.write(addr, value, offset=offset, length=length)
-            want = model.write(addr, value, strb)
+            want = AxiResp(model.write(addr, value, strb))
             assert got == want, (f"seed {SEED}, op {op}: write {addr:#05x}={value:#x} "
                                  f"strb {strb:#x} -> {got!r}, model {want!r}")
             stats["write"] += 1
     await tb.settle()
     events = tb.take_events()
-    assert events == model.events, (f"seed {SEED}: port events differ\nDUT   {events}\n"
-                                    f"model {model.events}")
-    model.events = []
-    assert u(tb.dut.cycle_budget) == model.state["CYCLE_BUDGET"]
+    assert events == ports.events, (f"seed {SEED}: port events differ\nDUT   {events}\n"
+                                    f"model {ports.events}")
+    ports.events = []
+    assert u(tb.dut.cycle_budget) == model.rw["CYCLE_BUDGET"]
     for i in range(7):
-        assert u(getattr(dut, f"args__{i}")) == model.state[f"ARG{i}"]
+        assert u(getattr(dut, f"args__{i}")) == model.rw[f"ARG{i}"]
     for b in range(2):
         assert (u(getattr(dut, f"bank_version__{b}"))
-                == model.state[f"BANK_VERSION{b}"])
+                == model.rw[f"BANK_VERSION{b}"])
     return stats
 
 
