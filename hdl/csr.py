@@ -2,8 +2,10 @@
 
 Every address, access mode and bit position comes from
 :func:`firmware.regs.registers`; this module only says what each named register
-*does*. A register name it does not know is a construction error, so the map and
-the RTL cannot drift apart silently.
+*does*, one rule per register for reads and one for writes. A register without a
+rule is a construction error, so the map and the RTL cannot drift apart silently.
+The transaction-level model the block is checked against (tests/cocotb_csr.py),
+and that the golden device serves, is :class:`firmware.csrmodel.CSRModel`.
 """
 
 from __future__ import annotations
@@ -147,132 +149,206 @@ class CSRBlock(wiring.Component):
             "regs": In(32).array(16),
             "counters": In(64).array(len(self.counter_names)),
         })
+        self._fields = _Fields(self.map)
+        self._reads = self._read_rules()
+        self._writes = self._write_rules()
+        self._counter_regs = {f"CNT_{n.upper()}_{half}" for n in self.counter_names
+                              for half in ("LO", "HI")}
         # Fail at construction, not deep in elaboration, if regs.py grew a register
         # this block has no behaviour for.
-        known = self._known_names()
-        unknown = [r.name for r in self.map if r.name not in known]
+        unknown = [r.name for r in self.map if r.name not in self._counter_regs
+                   and ((r.access in (Access.RO, Access.RW, Access.W1C)
+                         and r.name not in self._reads)
+                        or (r.access != Access.RO and r.name not in self._writes))]
         if unknown:
             self._MustUse__silence = True
             raise ValueError(f"CSRBlock has no behaviour for registers {unknown}")
-        # The read path indexes the counters by address bits: CNT_x_LO/HI of counter i
-        # must be words base + 2i and base + 2i + 1, base aligned to the counter block.
+        self._check_counter_block()
+
+    def _check_counter_block(self):
+        """The read path indexes the counters by address bits: CNT_x_LO/HI of counter i
+        must be words base + 2i and base + 2i + 1, base aligned to the counter block."""
         words = {r.name: r.addr >> 2 for r in self.map}
         n = len(self.counter_names)
         self._counter_bits = k = max(1, ceil_log2(2 * n))
         self._counter_base = base = words[f"CNT_{self.counter_names[0].upper()}_LO"]
-        self._counter_regs = set()
         for i, name in enumerate(self.counter_names):
             for half, offset in (("LO", 0), ("HI", 1)):
                 reg = f"CNT_{name.upper()}_{half}"
-                self._counter_regs.add(reg)
                 if words[reg] != base + 2 * i + offset or base % (1 << k):
                     self._MustUse__silence = True
                     raise ValueError(f"{reg} is not at word {base + 2 * i + offset} of an "
                                      f"aligned counter block")
 
-    def _known_names(self):
-        cfg = self.config
-        names = {"ID", "VERSION", "CTRL", "STATUS", "ERROR", "ERROR_PC", "ERROR_ADDR",
-                 "IRQ_ENABLE", "IRQ_STATUS", "CYCLE_BUDGET", "BANK_VERSION0",
-                 "BANK_VERSION1", "IMEM_ADDR", "IMEM_DATA_LO", "IMEM_DATA_HI",
-                 "PT_SELECT", "PT_BASE", "PT_SIZE", "TRACE_COUNT", "TRACE_POP"}
-        names |= {f"CAPS_{f.name.upper()}" for f in dataclasses.fields(NPUConfig)}
-        names |= {f"ARG{i}" for i in range(7)}
-        names |= {f"TRACE_{n.upper()}" for n in TRACE_FIELDS}
-        names |= {f"R{i}" for i in range(16)}
-        for n in counter_names(cfg):
-            names |= {f"CNT_{n.upper()}_LO", f"CNT_{n.upper()}_HI"}
-        return names
+    # ---- what each register shows and does ------------------------------------------------
+    def _read_rules(self):
+        """Register name -> ``rule(m, state)``, the value a read returns (RO/RW/W1C)."""
+        cfg, f = self.config, self._fields
+        rules = {
+            "ID": lambda m, s: ID_MAGIC,
+            "VERSION": lambda m, s: f.const("VERSION", hw=HW_VERSION, isa=ISA_VERSION),
+            "STATUS": lambda m, s: f.pack(m, "STATUS", {
+                "busy": self.busy, "active_bank": self.active_bank,
+                "swap_pending": self.swap_pending, "error": self.error,
+                "refused": s.irq_st["refused"], "trace_overflow": s.trace_ovf,
+            }),
+            "ERROR": lambda m, s: self.error_code,
+            "ERROR_PC": lambda m, s: self.error_pc,
+            "ERROR_ADDR": lambda m, s: self.error_addr,
+            "IRQ_ENABLE": lambda m, s: f.pack(m, "IRQ_ENABLE", s.irq_en),
+            "IRQ_STATUS": lambda m, s: f.pack(m, "IRQ_STATUS", s.irq_st),
+            "CYCLE_BUDGET": lambda m, s: self.cycle_budget,
+            "BANK_VERSION0": lambda m, s: self.bank_version[0],
+            "BANK_VERSION1": lambda m, s: self.bank_version[1],
+            "IMEM_ADDR": lambda m, s: f.pack(m, "IMEM_ADDR", {"index": s.imem_sel_index,
+                                                             "bank": s.imem_sel_bank}),
+            "PT_SELECT": lambda m, s: f.pack(m, "PT_SELECT", s.pt_sel),
+            "PT_BASE": lambda m, s: self.pt_rd_base,
+            "PT_SIZE": lambda m, s: self.pt_rd_size,
+            "TRACE_COUNT": lambda m, s: self.trace_count,
+        }
+        for fl in dataclasses.fields(NPUConfig):
+            value = getattr(cfg, fl.name)
+            rules[f"CAPS_{fl.name.upper()}"] = lambda m, s, value=value: value
+        for i in range(7):
+            rules[f"ARG{i}"] = lambda m, s, i=i: self.args[i]
+        for name in TRACE_FIELDS:
+            rules[f"TRACE_{name.upper()}"] = lambda m, s, name=name: Mux(
+                self.trace_count != 0, getattr(self.trace_head, name), 0)
+        for i in range(16):
+            rules[f"R{i}"] = lambda m, s, i=i: self.regs[i]
+        return rules
 
+    def _write_rules(self):
+        """Register name -> ``rule(m, state, write)``, the commit-cycle behaviour of a write.
+
+        Registers without a rule are read-only: the write is ignored (OKAY).
+        """
+        rules = {
+            "CTRL": self._write_ctrl,
+            "IRQ_ENABLE": self._write_irq_enable,
+            "IRQ_STATUS": self._write_irq_status,
+            "CYCLE_BUDGET": self._write_cycle_budget,
+            "BANK_VERSION0": functools.partial(self._write_bank_version, 0),
+            "BANK_VERSION1": functools.partial(self._write_bank_version, 1),
+            "IMEM_ADDR": self._write_imem_addr,
+            "IMEM_DATA_LO": self._write_imem_lo,
+            "IMEM_DATA_HI": self._write_imem_hi,
+            "PT_SELECT": self._write_pt_select,
+            "PT_BASE": self._write_pt_base,
+            "PT_SIZE": self._write_pt_size,
+            "TRACE_POP": self._write_trace_pop,
+        }
+        for i in range(7):
+            rules[f"ARG{i}"] = functools.partial(self._write_arg, i)
+        return rules
+
+    def _live(self, bank):
+        """A bank that is live or about to be: writes to it are refused."""
+        return (bank == self.active_bank) | self.swap_pending
+
+    def _write_ctrl(self, m, s, w):
+        for name in s.ctrl_fields:
+            m.d.sync += getattr(self, name).eq(self._fields.bits(w.set_bits, "CTRL", name))
+        m.d.comb += s.ovf_clear.eq(self._fields.bits(w.set_bits, "CTRL", "counter_reset")
+                                   | self._fields.bits(w.set_bits, "CTRL", "trace_clear"))
+
+    def _write_irq_enable(self, m, s, w):
+        word = w.merged(s.read_value["IRQ_ENABLE"])
+        m.d.sync += [s.irq_en[n].eq(self._fields.bits(word, "IRQ_ENABLE", n)) for n in s.irq_en]
+
+    def _write_irq_status(self, m, s, w):
+        m.d.comb += [s.irq_clear[n].eq(self._fields.bits(w.set_bits, "IRQ_STATUS", n))
+                     for n in s.irq_clear]
+
+    def _write_cycle_budget(self, m, s, w):
+        m.d.sync += self.cycle_budget.eq(w.merged(self.cycle_budget))
+
+    def _write_bank_version(self, b, m, s, w):
+        with m.If(self._live(b)):
+            m.d.comb += s.refuse.eq(1)
+        with m.Else():
+            m.d.sync += self.bank_version[b].eq(w.merged(self.bank_version[b]))
+
+    def _write_arg(self, i, m, s, w):
+        m.d.sync += self.args[i].eq(w.merged(self.args[i]))
+
+    def _write_imem_addr(self, m, s, w):
+        word = w.merged(s.read_value["IMEM_ADDR"])
+        m.d.sync += [s.imem_sel_index.eq(self._fields.bits(word, "IMEM_ADDR", "index")),
+                     s.imem_sel_bank.eq(self._fields.bits(word, "IMEM_ADDR", "bank"))]
+
+    def _write_imem_lo(self, m, s, w):
+        m.d.sync += s.imem_lo.eq(w.merged(s.imem_lo))
+
+    def _write_imem_hi(self, m, s, w):
+        with m.If(self._live(s.imem_sel_bank)):
+            m.d.comb += s.refuse.eq(1)
+        with m.Elif(s.imem_sel_index >= self.config.imem_depth):
+            m.d.sync += self.bus.bresp.eq(RESP_SLVERR)
+        with m.Else():
+            m.d.sync += [
+                self.imem_we.eq(1),
+                self.imem_bank.eq(s.imem_sel_bank),
+                self.imem_index.eq(s.imem_sel_index),
+                self.imem_data.eq(Cat(s.imem_lo, w.merged(0))),
+                s.imem_sel_index.eq(s.imem_sel_index + 1),
+            ]
+
+    def _write_pt_select(self, m, s, w):
+        word = w.merged(s.read_value["PT_SELECT"])
+        m.d.sync += [s.pt_sel[n].eq(self._fields.bits(word, "PT_SELECT", n)) for n in s.pt_sel]
+
+    def _write_pt_base(self, m, s, w):
+        m.d.sync += s.pt_base_stage.eq(w.merged(s.pt_base_stage))
+
+    def _write_pt_size(self, m, s, w):
+        cfg, sel = self.config, s.pt_sel
+        with m.If(self._live(sel["bank"])):
+            m.d.comb += s.refuse.eq(1)
+        with m.Elif((sel["set"] >= cfg.pt_sets) | (sel["partition"] >= cfg.partitions)):
+            m.d.sync += self.bus.bresp.eq(RESP_SLVERR)
+        with m.Else():
+            m.d.sync += [
+                self.pt_we.eq(1),
+                self.pt_bank.eq(sel["bank"]),
+                self.pt_set.eq(sel["set"]),
+                self.pt_part.eq(sel["partition"]),
+                self.pt_base.eq(s.pt_base_stage),
+                self.pt_size.eq(w.merged(self.pt_rd_size)),
+            ]
+
+    def _write_trace_pop(self, m, s, w):
+        m.d.sync += self.trace_pop.eq(w.set_bits[0])
+
+    # ---- elaboration ------------------------------------------------------------------------
     def elaborate(self, platform):
         m = Module()
-        cfg = self.config
-        bus = self.bus
-        regs = {r.name: r for r in self.map}
-
-        def field(reg, name):
-            for f in regs[reg].fields:
-                if f.name == name:
-                    return f
-            raise KeyError(f"{reg}.{name} is not in firmware/regs.py")
-
-        def pack(reg, values):
-            """Place field values into a 32-bit word (fields not given read 0)."""
-            word = Signal(32, name=f"{reg.lower()}_word")
-            for name, value in values.items():
-                f = field(reg, name)
-                m.d.comb += word[f.lo:f.lo + f.bits].eq(value)
-            return word
-
-        def bits(word, reg, name):
-            f = field(reg, name)
-            return word[f.lo:f.lo + f.bits]
-
-        # ---- state ---------------------------------------------------------------
-        irq_en = {n: Signal(name=f"irq_en_{n}") for n in ("done", "error")}
-        irq_st = {n: Signal(name=f"irq_st_{n}") for n in ("done", "error", "refused")}
-        trace_ovf = Signal()
-        imem_sel_index = Signal(16)
-        imem_sel_bank = Signal()
-        imem_lo = Signal(32)
-        pt_sel = {"partition": Signal(3), "set": Signal(2), "bank": Signal()}
-        pt_base_stage = Signal(32)
-        cnt_hi = Signal(32)
-        cnt_sel = Signal(range(len(self.counter_names)))
-        cnt_latched = Signal()
-
+        s = _State(self)
         m.d.comb += [
-            self.irq.eq((irq_en["done"] & irq_st["done"]) | (irq_en["error"] & irq_st["error"])),
-            self.pt_rd_bank.eq(pt_sel["bank"]),
-            self.pt_rd_set.eq(pt_sel["set"]),
-            self.pt_rd_part.eq(pt_sel["partition"]),
+            self.irq.eq((s.irq_en["done"] & s.irq_st["done"])
+                        | (s.irq_en["error"] & s.irq_st["error"])),
+            self.pt_rd_bank.eq(s.pt_sel["bank"]),
+            self.pt_rd_set.eq(s.pt_sel["set"]),
+            self.pt_rd_part.eq(s.pt_sel["partition"]),
         ]
+        s.read_value = {name: rule(m, s) for name, rule in self._reads.items()}
+        self._read_channel(m, s)
+        self._write_channel(m, s)
+        self._sticky_status(m, s)
+        return m
 
-        # ---- read values, by register name ----------------------------------------
-        def vfield(reg, name, value):
-            f = field(reg, name)
-            return (value & ((1 << f.bits) - 1)) << f.lo
+    def _decode_mapped(self, m, word, name):
+        """A signal that is high when ``word`` (an address's bits 11:2) names a register."""
+        mapped = Signal(name=name)
+        with m.Switch(word):
+            with m.Case(*(r.addr >> 2 for r in self.map)):
+                m.d.comb += mapped.eq(1)
+        return mapped
 
-        status = pack("STATUS", {
-            "busy": self.busy, "active_bank": self.active_bank,
-            "swap_pending": self.swap_pending, "error": self.error,
-            "refused": irq_st["refused"], "trace_overflow": trace_ovf,
-        })
-        irq_enable_word = pack("IRQ_ENABLE", irq_en)
-        irq_status_word = pack("IRQ_STATUS", irq_st)
-        imem_addr_word = pack("IMEM_ADDR", {"index": imem_sel_index, "bank": imem_sel_bank})
-        pt_select_word = pack("PT_SELECT", pt_sel)
-        head_valid = self.trace_count != 0
-
-        read_value: dict[str, Value | int] = {
-            "ID": ID_MAGIC,
-            "VERSION": vfield("VERSION", "hw", HW_VERSION) | vfield("VERSION", "isa", ISA_VERSION),
-            "STATUS": status,
-            "ERROR": self.error_code,
-            "ERROR_PC": self.error_pc,
-            "ERROR_ADDR": self.error_addr,
-            "IRQ_ENABLE": irq_enable_word,
-            "IRQ_STATUS": irq_status_word,
-            "CYCLE_BUDGET": self.cycle_budget,
-            "BANK_VERSION0": self.bank_version[0],
-            "BANK_VERSION1": self.bank_version[1],
-            "IMEM_ADDR": imem_addr_word,
-            "PT_SELECT": pt_select_word,
-            "PT_BASE": self.pt_rd_base,
-            "PT_SIZE": self.pt_rd_size,
-            "TRACE_COUNT": self.trace_count,
-        }
-        for f in dataclasses.fields(NPUConfig):
-            read_value[f"CAPS_{f.name.upper()}"] = getattr(cfg, f.name)
-        for i in range(7):
-            read_value[f"ARG{i}"] = self.args[i]
-        for name in TRACE_FIELDS:
-            read_value[f"TRACE_{name.upper()}"] = Mux(head_valid, getattr(self.trace_head, name),
-                                                      0)
-        for i in range(16):
-            read_value[f"R{i}"] = self.regs[i]
-
-        # ---- read channel: AR accepted -> sample -> select -> R held until rready -----
+    def _read_channel(self, m, s):
+        """AR accepted -> sample -> select -> R held until rready."""
+        bus = self.bus
         ar_held = Signal()  # sampling cycle
         r_select = Signal()  # selecting cycle
         ar_word = Signal(ADDR_WIDTH - 2)
@@ -282,33 +358,58 @@ class CSRBlock(wiring.Component):
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += bus.rvalid.eq(0)
 
-        def word32(value):
-            value = Value.cast(value)
-            return Cat(value, Const(0, 32 - len(value))) if len(value) < 32 else value
+        words = self._sample_registers(m, s, ar_word)
+        counter = self._sample_counters(m, s, ar_word)
+        words += counter.words
+        r_data = Signal(32)
+        m.d.comb += r_data.eq(functools.reduce(operator.or_, words))
 
-        # The cycle after AR is accepted every register is sampled into a first level
-        # (registered every cycle, from ar_word): per block of 16 words the word the low
-        # address bits name, and whether the block is the one addressed; per group of 4
-        # counters the one the low index bits name, both halves. The cycle after, R is
-        # selected from those registers alone (ar_word still holds the address).
+        r_mapped = Signal()
+        mapped_now = self._decode_mapped(m, ar_word, "mapped_now")
+        m.d.sync += r_mapped.eq(mapped_now)
+
+        with m.If(ar_held):
+            m.d.sync += [ar_held.eq(0), r_select.eq(1)]
+        with m.If(r_select):
+            m.d.sync += [r_select.eq(0), bus.rvalid.eq(1), bus.rdata.eq(r_data),
+                         bus.rresp.eq(Mux(r_mapped, RESP_OKAY, RESP_SLVERR))]
+            # a LO read latches the high half sampled with it
+            with m.If(counter.use_lo):
+                m.d.sync += [s.cnt_hi.eq(counter.sample[32:]), s.cnt_sel.eq(counter.index),
+                             s.cnt_latched.eq(1)]
+
+    def _sample_registers(self, m, s, ar_word):
+        """The first read level for every register but the counters.
+
+        The cycle after AR is accepted every register is sampled (registered every
+        cycle, from ``ar_word``): per block of 16 words the word the low address bits
+        name, and whether the block is the one addressed. The cycle after, R is
+        selected from those registers alone (``ar_word`` still holds the address).
+        Returns the per-block words, zero unless addressed.
+        """
         blocks: dict[int, list] = {}
         for r in self.map:
             if r.name in self._counter_regs:
                 continue
             word = r.addr >> 2
-            value = 0 if r.access in (Access.WO, Access.W1S) else read_value[r.name]
+            value = 0 if r.access in (Access.WO, Access.W1S) else s.read_value[r.name]
             blocks.setdefault(word >> 4, [0] * 16)[word & 15] = value
         words = []
         for b, entries in sorted(blocks.items()):
             sample = Signal(32, name=f"rd_block{b:x}")
             hit = Signal(name=f"rd_block{b:x}_hit")
             m.d.sync += [
-                sample.eq(Cat(*(word32(v) for v in entries)).word_select(ar_word[:4], 32)),
+                sample.eq(Cat(*(_word32(v) for v in entries)).word_select(ar_word[:4], 32)),
                 hit.eq(ar_word[4:] == b),
             ]
             words.append(Mux(hit, sample, 0))
+        return words
 
-        # Counters: CNT_x_LO/HI are words base + 2x / base + 2x + 1 (checked at construction)
+    def _sample_counters(self, m, s, ar_word):
+        """The first read level of the counters, per group of 4 counters the one the low
+        index bits name, both halves; and which half R returns: LO, live HI, or the HI
+        latched by the last LO read. CNT_x_LO/HI are words base + 2x / base + 2x + 1
+        (checked at construction)."""
         base, k = self._counter_base, self._counter_bits
         n = len(self.counter_names)
         cnt_index = ar_word[1:k]
@@ -321,38 +422,22 @@ class CSRBlock(wiring.Component):
         cnt_sample = Signal(64)  # the addressed counter
         m.d.comb += cnt_sample.eq(Cat(*groups).word_select(cnt_index[2:], 64)
                                   if len(groups) > 1 else groups[0])
-        # which half R returns: LO, live HI, or the HI latched by the last LO read
-        use_lo, use_live, use_latch = Signal(), Signal(), Signal()
-        latched = cnt_latched & (cnt_sel == cnt_index)
+        use_lo, use_live, use_latch = (Signal(name=n) for n in ("use_lo", "use_live",
+                                                                "use_latch"))
+        latched = s.cnt_latched & (s.cnt_sel == cnt_index)
         hi_read = ar_word[0]
         m.d.sync += [
             use_lo.eq(is_counter & ~hi_read),
             use_live.eq(is_counter & hi_read & ~latched),
             use_latch.eq(is_counter & hi_read & latched),
         ]
-        words += [Mux(use_lo, cnt_sample[:32], 0), Mux(use_live, cnt_sample[32:], 0),
-                  Mux(use_latch, cnt_hi, 0)]
-        r_data = Signal(32)
-        m.d.comb += r_data.eq(functools.reduce(operator.or_, words))
+        words = [Mux(use_lo, cnt_sample[:32], 0), Mux(use_live, cnt_sample[32:], 0),
+                 Mux(use_latch, s.cnt_hi, 0)]
+        return _CounterRead(words=words, use_lo=use_lo, sample=cnt_sample, index=cnt_index)
 
-        r_mapped = Signal()
-        mapped_now = Signal()
-        with m.Switch(ar_word):
-            with m.Case(*(r.addr >> 2 for r in self.map)):
-                m.d.comb += mapped_now.eq(1)
-        m.d.sync += r_mapped.eq(mapped_now)
-
-        with m.If(ar_held):
-            m.d.sync += [ar_held.eq(0), r_select.eq(1)]
-        with m.If(r_select):
-            m.d.sync += [r_select.eq(0), bus.rvalid.eq(1), bus.rdata.eq(r_data),
-                         bus.rresp.eq(Mux(r_mapped, RESP_OKAY, RESP_SLVERR))]
-            # a LO read latches the high half sampled with it
-            with m.If(use_lo):
-                m.d.sync += [cnt_hi.eq(cnt_sample[32:]), cnt_sel.eq(cnt_index),
-                             cnt_latched.eq(1)]
-
-        # ---- write channel: AW and W held independently, committed together --------
+    def _write_channel(self, m, s):
+        """AW and W held independently, committed together when B is free."""
+        bus = self.bus
         aw_held = Signal()
         aw_word = Signal(ADDR_WIDTH - 2)
         w_held = Signal()
@@ -368,115 +453,123 @@ class CSRBlock(wiring.Component):
 
         commit = Signal()
         m.d.comb += commit.eq(aw_held & w_held & ~bus.bvalid)
-        mask = Cat(b.replicate(8) for b in w_strb)
-        set_bits = w_data & mask  # W1S / W1C: only strobed ones act
-
-        def merged(old):
-            return (old & ~mask) | (w_data & mask)
-
-        def live(bank):
-            """A bank that is live or about to be: writes to it are refused."""
-            return (bank == self.active_bank) | self.swap_pending
+        w = _Write(w_data, Cat(b.replicate(8) for b in w_strb))
 
         # Command and write-port outputs are one-cycle registered pulses.
-        ctrl_fields = [f.name for f in regs["CTRL"].fields]
-        pulses = [getattr(self, n) for n in ctrl_fields] + [self.trace_pop, self.imem_we,
-                                                              self.pt_we]
+        pulses = [getattr(self, n) for n in s.ctrl_fields] + [self.trace_pop, self.imem_we,
+                                                                self.pt_we]
         for p in pulses:
             m.d.sync += p.eq(0)
-        refuse = Signal()
-        irq_clear = {n: Signal(name=f"irq_clear_{n}") for n in irq_st}
-        ovf_clear = Signal()
-
-        def write(name):
-            """Emit the commit-cycle behaviour of a write to register ``name``."""
-            if name == "CTRL":
-                for f in ctrl_fields:
-                    m.d.sync += getattr(self, f).eq(bits(set_bits, name, f))
-                m.d.comb += ovf_clear.eq(bits(set_bits, name, "counter_reset")
-                                         | bits(set_bits, name, "trace_clear"))
-            elif name == "IRQ_ENABLE":
-                word = merged(read_value[name])
-                m.d.sync += [irq_en[n].eq(bits(word, name, n)) for n in irq_en]
-            elif name == "IRQ_STATUS":
-                m.d.comb += [irq_clear[n].eq(bits(set_bits, name, n)) for n in irq_clear]
-            elif name == "CYCLE_BUDGET":
-                m.d.sync += self.cycle_budget.eq(merged(self.cycle_budget))
-            elif name in ("BANK_VERSION0", "BANK_VERSION1"):
-                b = int(name[-1])
-                with m.If(live(b)):
-                    m.d.comb += refuse.eq(1)
-                with m.Else():
-                    m.d.sync += self.bank_version[b].eq(merged(self.bank_version[b]))
-            elif name.startswith("ARG"):
-                i = int(name[3:])
-                m.d.sync += self.args[i].eq(merged(self.args[i]))
-            elif name == "IMEM_ADDR":
-                word = merged(read_value[name])
-                m.d.sync += [imem_sel_index.eq(bits(word, name, "index")),
-                             imem_sel_bank.eq(bits(word, name, "bank"))]
-            elif name == "IMEM_DATA_LO":
-                m.d.sync += imem_lo.eq(merged(imem_lo))
-            elif name == "IMEM_DATA_HI":
-                with m.If(live(imem_sel_bank)):
-                    m.d.comb += refuse.eq(1)
-                with m.Elif(imem_sel_index >= cfg.imem_depth):
-                    m.d.sync += bus.bresp.eq(RESP_SLVERR)
-                with m.Else():
-                    m.d.sync += [
-                        self.imem_we.eq(1),
-                        self.imem_bank.eq(imem_sel_bank),
-                        self.imem_index.eq(imem_sel_index),
-                        self.imem_data.eq(Cat(imem_lo, merged(0))),
-                        imem_sel_index.eq(imem_sel_index + 1),
-                    ]
-            elif name == "PT_SELECT":
-                word = merged(read_value[name])
-                m.d.sync += [pt_sel[n].eq(bits(word, name, n)) for n in pt_sel]
-            elif name == "PT_BASE":
-                m.d.sync += pt_base_stage.eq(merged(pt_base_stage))
-            elif name == "PT_SIZE":
-                with m.If(live(pt_sel["bank"])):
-                    m.d.comb += refuse.eq(1)
-                with m.Elif((pt_sel["set"] >= cfg.pt_sets)
-                            | (pt_sel["partition"] >= cfg.partitions)):
-                    m.d.sync += bus.bresp.eq(RESP_SLVERR)
-                with m.Else():
-                    m.d.sync += [
-                        self.pt_we.eq(1),
-                        self.pt_bank.eq(pt_sel["bank"]),
-                        self.pt_set.eq(pt_sel["set"]),
-                        self.pt_part.eq(pt_sel["partition"]),
-                        self.pt_base.eq(pt_base_stage),
-                        self.pt_size.eq(merged(self.pt_rd_size)),
-                    ]
-            elif name == "TRACE_POP":
-                m.d.sync += self.trace_pop.eq(set_bits[0])
-            # Everything else is read-only: the write is ignored (OKAY).
 
         # One decoder for "is mapped", one compare per register that acts on writes:
         # far less logic (and Verilator C++) than a case statement per written signal.
-        w_mapped = Signal()
-        with m.Switch(aw_word):
-            with m.Case(*(r.addr >> 2 for r in self.map)):
-                m.d.comb += w_mapped.eq(1)
+        w_mapped = self._decode_mapped(m, aw_word, "w_mapped")
         with m.If(commit):
             m.d.sync += [aw_held.eq(0), w_held.eq(0), bus.bvalid.eq(1),
                          bus.bresp.eq(Mux(w_mapped, RESP_OKAY, RESP_SLVERR))]
             for r in self.map:
                 if r.access != Access.RO:
                     with m.If(aw_word == r.addr >> 2):
-                        write(r.name)
+                        self._writes[r.name](m, s, w)
 
-        # ---- sticky status -----------------------------------------------------------
+    def _sticky_status(self, m, s):
+        """IRQ_STATUS causes and STATUS.trace_overflow: an event in the cycle of its
+        clear wins."""
         for n, event in (("done", self.run_done), ("error", self.run_error),
-                         ("refused", refuse)):
+                         ("refused", s.refuse)):
             with m.If(event):
-                m.d.sync += irq_st[n].eq(1)
-            with m.Elif(irq_clear[n]):
-                m.d.sync += irq_st[n].eq(0)
+                m.d.sync += s.irq_st[n].eq(1)
+            with m.Elif(s.irq_clear[n]):
+                m.d.sync += s.irq_st[n].eq(0)
         with m.If(self.trace_overflow):
-            m.d.sync += trace_ovf.eq(1)
-        with m.Elif(ovf_clear):
-            m.d.sync += trace_ovf.eq(0)
-        return m
+            m.d.sync += s.trace_ovf.eq(1)
+        with m.Elif(s.ovf_clear):
+            m.d.sync += s.trace_ovf.eq(0)
+
+
+class _Fields:
+    """Bit positions of the map's fields, applied to Amaranth values."""
+
+    def __init__(self, registers):
+        self.regs = {r.name: r for r in registers}
+
+    def field(self, reg, name):
+        for f in self.regs[reg].fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"{reg}.{name} is not in firmware/regs.py")
+
+    def pack(self, m, reg, values):
+        """Place field values into a 32-bit word (fields not given read 0)."""
+        word = Signal(32, name=f"{reg.lower()}_word")
+        for name, value in values.items():
+            f = self.field(reg, name)
+            m.d.comb += word[f.lo:f.lo + f.bits].eq(value)
+        return word
+
+    def const(self, reg, **values):
+        """The constant word of ``reg`` with the named fields set."""
+        word = 0
+        for name, value in values.items():
+            f = self.field(reg, name)
+            word |= (value & ((1 << f.bits) - 1)) << f.lo
+        return word
+
+    def bits(self, word, reg, name):
+        f = self.field(reg, name)
+        return word[f.lo:f.lo + f.bits]
+
+
+class _State:
+    """The block's own registers, and the combinational signals the write rules drive
+    for the sticky bits (``refuse``, ``irq_clear``, ``ovf_clear``)."""
+
+    def __init__(self, block: CSRBlock):
+        self.ctrl_fields = [f.name for f in block._fields.regs["CTRL"].fields]
+        self.irq_en = {n: Signal(name=f"irq_en_{n}") for n in ("done", "error")}
+        self.irq_st = {n: Signal(name=f"irq_st_{n}") for n in ("done", "error", "refused")}
+        self.trace_ovf = Signal(name="trace_ovf")
+        self.imem_sel_index = Signal(16, name="imem_sel_index")
+        self.imem_sel_bank = Signal(name="imem_sel_bank")
+        self.imem_lo = Signal(32, name="imem_lo")
+        self.pt_sel = {"partition": Signal(3, name="pt_sel_partition"),
+                       "set": Signal(2, name="pt_sel_set"),
+                       "bank": Signal(name="pt_sel_bank")}
+        self.pt_base_stage = Signal(32, name="pt_base_stage")
+        self.cnt_hi = Signal(32, name="cnt_hi")
+        self.cnt_sel = Signal(range(len(block.counter_names)), name="cnt_sel")
+        self.cnt_latched = Signal(name="cnt_latched")
+        self.refuse = Signal(name="refuse")
+        self.irq_clear = {n: Signal(name=f"irq_clear_{n}") for n in self.irq_st}
+        self.ovf_clear = Signal(name="ovf_clear")
+        self.read_value: dict[str, Value | int] = {}
+
+
+@dataclasses.dataclass
+class _Write:
+    """The write being committed: its data and its byte-lane mask."""
+
+    data: Value
+    mask: Value
+
+    @property
+    def set_bits(self):
+        """The strobed ones (what W1S / W1C registers act on)."""
+        return self.data & self.mask
+
+    def merged(self, old):
+        """``old`` with the strobed bytes replaced by the written ones."""
+        return (old & ~self.mask) | (self.data & self.mask)
+
+
+@dataclasses.dataclass
+class _CounterRead:
+    words: list
+    use_lo: Value
+    sample: Value
+    index: Value
+
+
+def _word32(value):
+    value = Value.cast(value)
+    return Cat(value, Const(0, 32 - len(value))) if len(value) < 32 else value
