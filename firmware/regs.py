@@ -1,7 +1,9 @@
 """The NPU's CSR map (AXI4-Lite, 32-bit registers): the one definition.
 
-The RTL's CSR block, the host driver's register constants and docs/registers.md
-all come from `registers()` in firmware/regs.py (`make docs` writes the doc).
+The RTL's CSR block, the CSR model that the golden device and the CSR testbench
+share (firmware/csrmodel.py), the host driver's register constants and
+docs/registers.md all come from `registers()` in firmware/regs.py (`make docs`
+writes the doc).
 Counters are 64 bits wide and appear as `_LO`/`_HI` pairs; reading `_LO`
 latches `_HI` so a pair reads atomically.
 """
