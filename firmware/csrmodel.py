@@ -36,7 +36,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import NPUConfig
 from .isa import ISA_VERSION
@@ -54,8 +54,7 @@ WORDS = 1 << 10
 """The block decodes byte-address bits 11:2: 1024 words, the 4 KiB window."""
 
 
-@dataclass(frozen=True)
-class RunState:
+class RunState(NamedTuple):
     """The run state the NPU shows in STATUS and ERROR* (CSRBlock's input ports)."""
 
     busy: int = 0
@@ -121,9 +120,8 @@ def state_mask(reg: Register) -> int:
     return sum(((1 << f.bits) - 1) << f.lo for f in reg.fields)
 
 
-def byte_mask(strb: int) -> int:
-    """Return the 32-bit mask of the byte lanes ``strb`` selects."""
-    return sum(0xFF << (8 * i) for i in range(4) if strb >> i & 1)
+_LANES = tuple(sum(0xFF << (8 * i) for i in range(4) if strb >> i & 1) for strb in range(16))
+"""The 32-bit mask of the byte lanes each 4-bit strobe selects."""
 
 
 class CSRModel:
@@ -161,7 +159,8 @@ class CSRModel:
         self.map = registers(config)
         self.counter_names = counter_names(config)
         self._regs = {r.name: r for r in self.map}
-        self._by_word = {r.addr >> 2: r for r in self.map}
+        self._fields = {(r.name, f.name): (f.lo, (1 << f.bits) - 1)
+                        for r in self.map for f in r.fields}
         # PT_BASE and PT_SIZE are windows onto the table, not stored words
         self.rw = {r.name: 0 for r in self.map
                    if r.access == Access.RW and r.name not in ("PT_BASE", "PT_SIZE")}
@@ -177,24 +176,24 @@ class CSRModel:
                    or (r.access == Access.WO and r.name not in self._writers)]
         if missing:
             raise ValueError(f"CSRModel has no behaviour for registers {missing}")
+        # by word address; a read-only register's write is ignored
+        self._read_at = {r.addr >> 2: self._readers[r.name] for r in self.map}
+        self._write_at = {r.addr >> 2: self._writers.get(r.name, _ignore) for r in self.map}
 
     # ---- the bus ---------------------------------------------------------------------
     def read(self, addr: int) -> tuple[int, int]:
         """Read the register at byte address ``addr``: ``(value, response)``."""
-        reg = self._by_word.get((addr >> 2) % WORDS)
-        if reg is None:
+        rule = self._read_at.get((addr >> 2) % WORDS)
+        if rule is None:
             return 0, SLVERR
-        return self._readers[reg.name]() & M32, OKAY
+        return rule() & M32, OKAY
 
     def write(self, addr: int, data: int, strb: int = 0xF) -> int:
         """Write ``data`` to the byte lanes ``strb`` of the register at ``addr``; the response."""
-        reg = self._by_word.get((addr >> 2) % WORDS)
-        if reg is None:
+        rule = self._write_at.get((addr >> 2) % WORDS)
+        if rule is None:
             return SLVERR
-        rule = self._writers.get(reg.name)
-        if rule is None:  # read-only: ignored
-            return OKAY
-        return rule(data & M32, byte_mask(strb))
+        return rule(data & M32, _LANES[strb & 0xF])
 
     def pulse(self, name: str) -> None:
         """Take an input pulse: ``run_done``, ``run_error`` or ``trace_overflow``."""
@@ -216,22 +215,22 @@ class CSRModel:
     # ---- fields ------------------------------------------------------------------------
     def get(self, register: str, field: str, word: int) -> int:
         """Return field ``field`` of ``register`` read out of ``word``."""
-        f = self._field(register, field)
-        return (word >> f.lo) & ((1 << f.bits) - 1)
+        lo, mask = self._field(register, field)
+        return (word >> lo) & mask
 
     def put(self, register: str, **values: int) -> int:
         """Return the word of ``register`` with the named fields set (others zero)."""
         word = 0
         for name, value in values.items():
-            f = self._field(register, name)
-            word |= (int(value) & ((1 << f.bits) - 1)) << f.lo
+            lo, mask = self._field(register, name)
+            word |= (int(value) & mask) << lo
         return word
 
     def _field(self, register, name):
-        for f in self._regs[register].fields:
-            if f.name == name:
-                return f
-        raise KeyError(f"{register} has no field {name!r}")
+        try:
+            return self._fields[register, name]
+        except KeyError:
+            raise KeyError(f"{register} has no field {name!r}") from None
 
     # ---- reads ----------------------------------------------------------------------------
     def _read_rules(self) -> dict[str, Callable[[], int]]:
@@ -370,3 +369,7 @@ class CSRModel:
         size = (self.npu.pt_entry(*entry)[1] & ~mask) | (data & mask)
         self.npu.pt_write(bank, pt_set, part, self.pt_base, size)
         return OKAY
+
+
+def _ignore(data: int, mask: int) -> int:
+    return OKAY

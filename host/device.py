@@ -71,16 +71,14 @@ class GoldenDevice(Device):
         self._mapped = {r.addr for r in self.csr.map}
 
     def read_reg(self, addr: int) -> int:
-        self._check_reg(addr)
+        if addr not in self._mapped:
+            raise ValueError(f"no CSR at {addr:#x}")
         return self.csr.read(addr)[0]
 
     def write_reg(self, addr: int, value: int) -> None:
-        self._check_reg(addr)
-        self.csr.write(addr, value)
-
-    def _check_reg(self, addr):
         if addr not in self._mapped:
             raise ValueError(f"no CSR at {addr:#x}")
+        self.csr.write(addr, value)
 
     # ---- memory and interrupt --------------------------------------------------------
     def read_mem(self, addr: int, size: int) -> bytes:
