@@ -633,6 +633,15 @@ async def unmapped_slverr(dut):
     assert tb.take_events() == []
 
 
+def _random_value(rng: random.Random, name: str) -> int:
+    """A value to write to register ``name``: few commands, selects mostly in range."""
+    if name == "CTRL":
+        return rng.getrandbits(5) & rng.getrandbits(5)
+    if name in ("IMEM_ADDR", "PT_SELECT") and rng.random() < 0.8:
+        return rng.getrandbits(32) & (0x8000_0000 | 0x0303 | 0x3F)
+    return rng.getrandbits(32)
+
+
 async def _random_traffic(tb: TB, rng: random.Random, ops: int):
     """Random reads/writes (mapped and not, partial strobes) against the CSR model."""
     model, ports = tb.model, tb.ports
@@ -673,12 +682,7 @@ async def _random_traffic(tb: TB, rng: random.Random, ops: int):
         else:
             r = rng.choice(writable)
             addr = r.addr if rng.random() < 0.95 else rng.randrange(1 << 10) * 4
-            if r.name == "CTRL":
-                value = rng.getrandbits(5) & rng.getrandbits(5)
-            elif r.name in ("IMEM_ADDR", "PT_SELECT") and rng.random() < 0.8:
-                value = rng.getrandbits(32) & (0x8000_0000 | 0x0303 | 0x3F)  # mostly in range
-            else:
-                value = rng.getrandbits(32)
+            value = _random_value(rng, r.name)
             offset = rng.choice((0, 0, 0, 0, 1, 2, 3))
             length = 4 - offset if rng.random() < 0.7 else rng.randrange(1, 5 - offset)
             strb = ((1 << length) - 1) << offset

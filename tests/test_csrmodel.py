@@ -129,6 +129,8 @@ def test_refusal_and_bounds(csr):
         assert csr.wr(f"BANK_VERSION{bank}", 5) == OKAY and csr.rd(f"BANK_VERSION{bank}") == 0
         status = unpack_fields("STATUS", csr.rd("STATUS"))
         assert status["refused"] == 1 and csr.rd("IMEM_ADDR") & 0xFFFF == 3
+        csr.wr("IRQ_STATUS", pack_fields("IRQ_STATUS", done=1, error=1))  # not refused
+        assert unpack_fields("STATUS", csr.rd("STATUS"))["refused"] == 1
         csr.wr("IRQ_STATUS", pack_fields("IRQ_STATUS", refused=1))
         assert unpack_fields("STATUS", csr.rd("STATUS"))["refused"] == 0
     # partition table: PT_SIZE commits the staged base; missing entries answer SLVERR
