@@ -28,16 +28,19 @@ class UnsupportedOpError(ModelError):
     op_type : the ONNX operator type.
     node : name of the node.
     alternatives : the supported operators a model can use instead.
+    domain : the operator's domain (``"ai.onnx"`` for the default one).
     """
 
     def __init__(self, op_type: str, node: str, reason: str = "",
-                 alternatives: tuple[str, ...] = ()):
-        what = f"unsupported operator {op_type}"
+                 alternatives: tuple[str, ...] = (), domain: str = ""):
+        domain = domain or "ai.onnx"
+        what = f"unsupported operator {op_type} (domain {domain})"
         if reason:
-            what += f" ({reason})"
+            what += f": {reason}"
         if alternatives:
             what += "; supported: " + ", ".join(alternatives)
         what += "; or import with allow_cpu_fallback=True to run it on the CPU"
         super().__init__(what, node)
         self.op_type = op_type
+        self.domain = domain
         self.alternatives = tuple(alternatives)

@@ -506,15 +506,17 @@ class CpuOp(Node):
     onnx_node : the serialized ``onnx.NodeProto``.
     onnx_in_types, onnx_out_types : ONNX element types of its inputs and outputs
         (``uint8`` values are converted from/to the int8 domain around the call).
-    out_specs : ``(shape, dtype)`` of each output, from ONNX shape inference.
-    opset : ONNX opset version the node was written for.
+    out_specs : ``(shape, dtype)`` of each output, from ONNX shape inference (or,
+        where it cannot type the node, from onnxruntime running it once).
+    opsets : the ``(domain, version)`` opset imports of the model the node came
+        from, every domain (``ai.onnx.ml``, ``com.microsoft``, ...).
     """
 
     onnx_node: bytes = b""
     onnx_in_types: tuple[int, ...] = ()
     onnx_out_types: tuple[int, ...] = ()
     out_specs: tuple[tuple[Shape, str], ...] = ()
-    opset: int = 17
+    opsets: tuple[tuple[str, int], ...] = (("", 17),)
     op: ClassVar[str] = "CpuOp"
     arity: ClassVar[tuple[int, int]] = (-1, -1)
 

@@ -35,6 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from firmware.quant import quantize_multipliers_shared
 
 from .builder import clamp_bounds, fold_bias, requant_for
+from .cpu_fallback import infer_outputs, single_node_model
 from .errors import ModelError, UnsupportedOpError
 from .ir import (
     ArgMax,
@@ -200,7 +201,9 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise ModelError("the model does not import the default ONNX opset")
-    imp = _Importer(proto.graph.name or "model", opset, allow_cpu_fallback, dims or {})
+    opsets = tuple(sorted((o.domain, o.version) for o in proto.opset_import))
+    imp = _Importer(proto.graph.name or "model", opset, allow_cpu_fallback, dims or {},
+                    opsets=opsets)
     imp._reserved.update(_value_names(proto.graph))
     graph = imp.import_main(proto.graph)
     return graph.validate()
@@ -253,9 +256,10 @@ def _check_references(g: onnx.GraphProto, outer: set[str]):
 
 class _Importer:
     def __init__(self, name: str, opset: int, fallback: bool, dims: dict,
-                 parent: _Importer | None = None):
+                 parent: _Importer | None = None, opsets: tuple = ()):
         self.graph = Graph(name)
         self.opset, self.fallback, self.dims, self.parent = opset, fallback, dims, parent
+        self.opsets = parent.opsets if parent else (opsets or (("", opset),))
         self.env: dict[str, object] = {}
         self._names = parent._names if parent else set()  # tensor names in use
         self._node_names = parent._node_names if parent else set()
@@ -381,15 +385,20 @@ class _Importer:
         for k, node in enumerate(g.node):
             if not node.name:
                 node.name = f"{node.op_type}#{k}"
-            if node.domain not in ("", "ai.onnx"):
-                self.unsupported(node, f"domain {node.domain!r}")
-                continue
-            handler = getattr(self, "op_" + node.op_type, None)
+            handler = self._handler(node)
             if handler is None:
-                self.unsupported(node, "")
+                self.unsupported(node, "no NPU mapping")
                 continue
-            handler(node, [self.lookup(i) if i else None for i in node.input],
-                   _attrs(node))
+            try:
+                handler(node, [self.lookup(i) if i else None for i in node.input],
+                        _attrs(node))
+            except _NotOnNpu as e:
+                self.unsupported(node, e.reason)
+
+    def _handler(self, node: onnx.NodeProto):
+        """The ``op_*`` method that maps ``node`` to NPU operators, or None."""
+        prefix = {"": "op_", "ai.onnx": "op_", "com.microsoft": "op_ms_"}.get(node.domain)
+        return getattr(self, prefix + node.op_type, None) if prefix else None
 
     # -- values --
     def materialize(self, v) -> str:
@@ -432,15 +441,18 @@ class _Importer:
         return out
 
     def unsupported(self, node: onnx.NodeProto, reason: str):
+        """Run ``node`` on the CPU under fallback; else refuse it naming the reason."""
         if not self.fallback:
-            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS)
+            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS,
+                                     node.domain)
         vals = [self.lookup(i) if i else None for i in node.input]
         self.cpu_node(node, vals, reason)
 
     def cpu_node(self, node: onnx.NodeProto, vals: list, reason: str) -> list[_TensorRef]:
         """Run an ONNX node on the CPU (the fallback); binds and returns its outputs."""
         if not self.fallback:
-            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS)
+            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS,
+                                     node.domain)
         ins = [self.materialize(v) for v in vals if v is not None]
         in_t = [self.tensor(i) for i in ins]
         proto = onnx.NodeProto.FromString(node.SerializeToString())
@@ -456,7 +468,7 @@ class _Importer:
                     onnx_in_types=tuple(_onnx_type(t) for t in in_t),
                     onnx_out_types=tuple(et for et, _, _ in specs),
                     out_specs=tuple((shape, dtype) for _, shape, dtype in specs),
-                    opset=self.opset)
+                    opsets=self.opsets)
         cpu.name = self.fresh_node(node.name)
         cpu.outputs = outs
         for o, (et, shape, dtype) in zip(outs, specs, strict=True):
@@ -469,7 +481,8 @@ class _Importer:
         return results
 
     def _infer_cpu(self, proto: onnx.NodeProto, ins: list[Tensor], where: str):
-        vis, inits, seen = [], [], set()
+        """``(element type, shape, IR dtype)`` of each output of a CPU-fallback node."""
+        inputs, inits, seen = [], [], set()
         for t in ins:
             if t.name in seen:
                 continue
@@ -478,29 +491,12 @@ class _Importer:
                 value = t.data.astype(np.int16) + 128 if t.io_dtype == "uint8" else t.data
                 arr = value.astype(np.uint8) if t.io_dtype == "uint8" else value
                 inits.append(numpy_helper.from_array(arr, t.name))
-            vis.append(helper.make_tensor_value_info(t.name, _onnx_type(t), t.shape))
-        outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
-                for o in proto.output]
-        model = helper.make_model(
-            helper.make_graph([proto], "cpu", vis, outs, initializer=inits),
-            opset_imports=[helper.make_opsetid("", self.opset)])
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True,
-                                                         data_prop=True)
-        except Exception as e:
-            raise ModelError(f"cannot infer the CPU fallback's outputs: {e}", where) from None
-        by_name = {v.name: v for v in inferred.graph.output}
-        by_name.update({v.name: v for v in inferred.graph.value_info})
-        specs = []
-        for o in proto.output:
-            tt = by_name[o].type.tensor_type if o in by_name else None
-            if tt is None or not tt.HasField("shape") or any(
-                    not d.HasField("dim_value") for d in tt.shape.dim):
-                raise ModelError(f"cannot infer a static shape for output {o!r} of the CPU "
-                                 "fallback", where)
-            dtype, _ = _ir_type(tt.elem_type, o, where)
-            specs.append((tt.elem_type, tuple(d.dim_value for d in tt.shape.dim), dtype))
-        return specs
+            inputs.append((t.name, _onnx_type(t), t.shape))
+        model = single_node_model(proto, inputs, [TensorProto.UNDEFINED] * len(proto.output),
+                                  self.opsets, inits)
+        return [(et, shape, _ir_type(et, o, where)[0])
+                for o, (et, shape) in zip(proto.output, infer_outputs(model, where),
+                                          strict=True)]
 
     def const(self, node, v, what: str) -> np.ndarray:
         """A constant input (scale, zero point, weight, shape...)."""
@@ -597,12 +593,11 @@ class _Importer:
 
     def _conv_geometry(self, node, attrs, xshape, kshape):
         if attrs.get("group", 1) != 1:
-            raise UnsupportedOpError(node.op_type, node.name, "group != 1", SUPPORTED_OPS)
+            raise _NotOnNpu("group != 1 (grouped or depthwise convolution)")
         if any(d != 1 for d in attrs.get("dilations", [1, 1])):
-            raise UnsupportedOpError(node.op_type, node.name, "dilations != 1", SUPPORTED_OPS)
+            raise _NotOnNpu("dilations != 1")
         if len(kshape) != 2 or len(xshape) != 4:
-            raise UnsupportedOpError(node.op_type, node.name, "only 2-D NCHW is supported",
-                                     SUPPORTED_OPS)
+            raise _NotOnNpu("only 2-D NCHW convolutions")
         if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(kshape):
             raise ModelError(f"shape mismatch: kernel_shape {attrs['kernel_shape']} vs "
                              f"weights {tuple(kshape)}", node.name)
@@ -619,8 +614,7 @@ class _Importer:
                              f"{what} is {'uint8' if is_uint8 else 'int8'}", node.name)
         flat = np.unique(z.reshape(-1))
         if flat.size != 1:
-            raise UnsupportedOpError(node.op_type, node.name,
-                                     f"per-axis {what} zero points", SUPPORTED_OPS)
+            raise _NotOnNpu(f"per-axis {what} zero points")
         return int(flat[0]) - (128 if is_uint8 else 0)
 
     def _weights(self, node, w: np.ndarray, zw, kind: str) -> tuple[np.ndarray, bool]:
@@ -661,8 +655,7 @@ class _Importer:
                 raise ModelError(f"dtype mismatch: {what} scale must be a float tensor",
                                  node.name)
             if np.unique(s.reshape(-1)).size != 1:
-                raise UnsupportedOpError(node.op_type, node.name, f"per-axis {what} scales",
-                                         SUPPORTED_OPS)
+                raise _NotOnNpu(f"per-axis {what} scales")
             if not s.reshape(-1)[0] > 0:
                 raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name)
         one = lambda s: s.reshape(-1)[:1]  # noqa: E731 - keeps the float type
@@ -704,7 +697,10 @@ class _Importer:
         out = node.output[0]
         quant = QParams(float(scale), zp)
         if isinstance(x, _PendingOp):
-            return self._emit_pending(node, x, scale, zp, io)
+            try:
+                return self._emit_pending(node, x, scale, zp, io)
+            except _NotOnNpu as e:
+                x = self._pending_on_cpu(x, e.reason)
         if isinstance(x, _DequantTensor):
             xt = self.tensor(x.q)
             if float(x.scale) == float(scale) and x.zp == zp:
@@ -864,6 +860,13 @@ class _Importer:
         return self.unsupported(node, f"{node.op_type} of a float tensor (the NPU computes "
                                 "int8: quantize the model)")
 
+    def _pending_on_cpu(self, p: _PendingOp, reason: str) -> _TensorRef:
+        """The float chain of ``p`` on the CPU (its QuantizeLinear follows there too)."""
+        if not self.fallback:
+            raise UnsupportedOpError(p.root.op_type, p.root.name, reason, SUPPORTED_OPS,
+                                     p.root.domain)
+        return _TensorRef(self.materialize(p))
+
     def _emit_pending(self, qnode, p: _PendingOp, sy, zy: int, io):
         """QuantizeLinear of a pending float op: one NPU operator with requantization."""
         name = qnode.output[0]
@@ -884,8 +887,7 @@ class _Importer:
         sx = np.asarray(p.x.scale).reshape(1)
         sw = np.asarray(w.scale).reshape(-1)
         if np.unique(sw).size != 1:
-            raise UnsupportedOpError(p.root.op_type, p.root.name, "per-channel weight scales",
-                                     SUPPORTED_OPS)
+            raise _NotOnNpu("per-channel weight scales (the NPU requantizes per tensor)")
         zw = w.zp.reshape(-1)
         if zw.size > 1:
             if p.kind == "conv" and w.axis == 0:
@@ -893,9 +895,7 @@ class _Importer:
             elif p.kind == "gemm" and w.axis == w.q.ndim - 1:
                 zw = zw.reshape(-1)
             else:
-                raise UnsupportedOpError(p.root.op_type, p.root.name,
-                                         "per-axis weight zero points on this axis",
-                                         SUPPORTED_OPS)
+                raise _NotOnNpu("per-axis weight zero points on this axis")
         else:
             zw = zw.reshape(())
         weight, wide = self._fit_int8(p.root, w.q - zw)
@@ -945,8 +945,7 @@ class _Importer:
         lo8, hi8 = clamp_bounds(zy, clip=clip, out_scale=float(sy))
         ta, tb = self.tensor(a.q), self.tensor(b.q)
         if ta.shape != tb.shape:
-            raise UnsupportedOpError(node.op_type, node.name,
-                                     f"broadcasting {ta.shape} + {tb.shape}", SUPPORTED_OPS)
+            raise _NotOnNpu(f"broadcasting {ta.shape} + {tb.shape}")
         ir = QAdd(node.name, [a.q, b.q], [], mul_a=ma, mul_b=mb, zp_a=a.zp, zp_b=b.zp,
                   shift=shift, zp=zy, lo=lo8, hi=hi8)
         return self.emit(ir, [out_name or node.output[0]], QParams(float(sy), zy), io)[0]
@@ -1117,6 +1116,15 @@ class _Importer:
 
 class _NotConst(Exception):
     pass
+
+
+class _NotOnNpu(Exception):
+    """A well-formed construct the NPU cannot run: the node falls back to the CPU
+    (or, without fallback, is refused naming ``reason``)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 # ---- helpers -----------------------------------------------------------------------------

@@ -181,28 +181,25 @@ def maxpool2d(x: np.ndarray, kernel, strides, pads) -> np.ndarray:
 
 
 def _run_cpu_op(node: CpuOp, xs: list) -> list[np.ndarray]:
+    """Run a CPU-fallback node (:mod:`host.cpu_fallback` picks onnx or onnxruntime)."""
     import onnx
-    from onnx import helper
-    from onnx.reference import ReferenceEvaluator
+
+    from .cpu_fallback import run_node, single_node_model
 
     proto = onnx.NodeProto()
     proto.ParseFromString(node.onnx_node)
-    feeds, vis = {}, []
+    feeds, inputs = {}, []
     names = [n for n in proto.input if n]  # "" marks an omitted optional input
     for name, value, et in zip(names, xs, node.onnx_in_types, strict=True):
         if et == onnx.TensorProto.UINT8:
             value = (value.astype(np.int16) + 128).astype(np.uint8)
         if name not in feeds:
-            vis.append(helper.make_tensor_value_info(name, et, value.shape))
+            inputs.append((name, et, value.shape))
         feeds[name] = value
-    outs = [helper.make_tensor_value_info(o, et, None)
-            for o, et in zip(proto.output, node.onnx_out_types, strict=True)]
-    model = helper.make_model(helper.make_graph([proto], "cpu_op", vis, outs),
-                              opset_imports=[helper.make_opsetid("", node.opset)])
-    results = ReferenceEvaluator(model).run(None, feeds)
+    model = single_node_model(proto, inputs, list(node.onnx_out_types), node.opsets)
     converted = []
-    for value, et, (_, dtype) in zip(results, node.onnx_out_types, node.out_specs, strict=True):
-        value = np.asarray(value)
+    for value, et, (_, dtype) in zip(run_node(model, feeds), node.onnx_out_types,
+                                     node.out_specs, strict=True):
         if et == onnx.TensorProto.UINT8:
             value = (value.astype(np.int16) - 128).astype(np.int8)
         converted.append(value.astype(DTYPES[dtype]))
