@@ -58,7 +58,7 @@ from .ir import (
     Tensor,
 )
 
-__all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS"]
+__all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS"]
 
 SUPPORTED_OPS = (
     "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger",
@@ -66,6 +66,9 @@ SUPPORTED_OPS = (
     "MaxPool", "Flatten", "Reshape", "ArgMax", "Equal", "If", "Constant", "Identity",
 )
 """ONNX operators (default domain) the importer maps to NPU operators."""
+
+SUPPORTED_CONTRIB_OPS = ("QGemm", "QLinearAdd")
+"""onnxruntime's ``com.microsoft`` operators the importer maps to NPU operators."""
 
 # ONNX element type -> (IR dtype, io_dtype)
 _ONNX_TYPES = {
@@ -537,6 +540,65 @@ class _Importer:
     def op_ConvInteger(self, node, v, a):
         self._linear_q(node, v[0], (None, _get(v, 2)), v[1], (None, _get(v, 3)), None, None,
                        "conv", a)
+
+    # ---- onnxruntime's com.microsoft QOperator ops ------------------------------------------
+    def op_ms_QGemm(self, node, v, a):
+        """``Y = alpha * A' B' + C``, C int32 at scale ``alpha * a_scale * b_scale``: a
+        QLinearMatMul with a bias where ``alpha = 1``, A untransposed and Y quantized."""
+        if a.get("transA", 0):
+            raise _NotOnNpu("transA=1")
+        if a.get("alpha", 1.0) != 1.0:
+            raise _NotOnNpu(f"alpha={a['alpha']} (the NPU takes alpha = 1)")
+        if _get(v, 7) is None:
+            raise _NotOnNpu("float output (no y_scale)")
+        wv = v[3]
+        if a.get("transB", 0) and isinstance(wv, _Constant):
+            wv = _Constant(wv.value.T)
+        self._linear_q(node, v[0], v[1:3], wv, v[4:6], (v[7], _get(v, 8)),
+                       self._row_bias(_get(v, 6)), "gemm", a)
+
+    @staticmethod
+    def _row_bias(c):
+        """QGemm's C as the per-column bias the NPU adds (None, or broadcast rows refused)."""
+        if c is None or not isinstance(c, _Constant):
+            return c
+        if c.value.ndim == 2 and c.value.shape[0] == 1 or c.value.ndim == 1:
+            return _Constant(c.value.reshape(-1))
+        raise _NotOnNpu(f"a bias C of shape {c.value.shape} (the NPU adds one per column)")
+
+    def op_ms_QLinearAdd(self, node, v, a):
+        """``C = (sa (A - za) + sb (B - zb)) / sc + zc`` as the NPU's ``vadd``."""
+        if isinstance(v[0], _Constant) or isinstance(v[3], _Constant):
+            raise _NotOnNpu("a constant operand")
+        ta, tb = self.int8_input(node, v[0], "A"), self.int8_input(node, v[3], "B")
+        try:
+            sa, sb, sc = (self.const(node, v[i], "scales") for i in (1, 4, 6))
+            za, zb, zc = (None if _get(v, i) is None else self.const(node, v[i], "zero points")
+                          for i in (2, 5, 7))
+        except _NotConst as e:
+            raise _NotOnNpu(str(e)) from None
+        io = ta.io_dtype
+        if tb.io_dtype != io:
+            raise ModelError(f"dtype mismatch: QLinearAdd of {io or 'int8'} and "
+                             f"{tb.io_dtype or 'int8'}", node.name)
+        u8 = io == "uint8"
+        dq_a = _DequantTensor(ta.name, self._one_scale(node, sa, "A"),
+                              self._zero_point(node, za, u8, "A"))
+        dq_b = _DequantTensor(tb.name, self._one_scale(node, sb, "B"),
+                              self._zero_point(node, zb, u8, "B"))
+        out = self._requant_add(node, dq_a, dq_b, 1.0, self._one_scale(node, sc, "C"),
+                                self._zero_point(node, zc, u8, "C"), io)
+        self.bind(node, _TensorRef(out))
+
+    def _one_scale(self, node, s: np.ndarray, what: str) -> np.floating:
+        """A positive per-tensor float scale (its own float type kept)."""
+        if s.dtype.kind != "f":
+            raise ModelError(f"dtype mismatch: {what} scale must be a float tensor", node.name)
+        if s.size != 1:
+            raise _NotOnNpu(f"per-axis {what} scales")
+        if not s.reshape(-1)[0] > 0:
+            raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name)
+        return s.reshape(-1)[0]
 
     def _linear_q(self, node, xv, xq, wv, wq, yq, bias_v, kind, attrs):
         """QLinearMatMul/QLinearConv (``yq`` given) and MatMulInteger/ConvInteger."""
