@@ -73,6 +73,19 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.split('; supported: ')[0]}"
 
 
+def run_on_golden(graph, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """Each graph output over ``inputs`` (one inference per row, stacked), run by a
+    golden-model :class:`Session` with ``check=True`` (a difference from the
+    reference interpreter raises ``MismatchError``)."""
+    drv = NPUDriver(GoldenDevice(CONFIGS["default"]))
+    session = Session(drv, compile_model(graph, drv.config), check=True)
+    session.load()
+    name = graph.inputs[0]
+    shape = graph.tensors[name].shape
+    runs = [session.run({name: x.reshape(shape)}).outputs for x in inputs]
+    return {out: np.stack([r[out] for r in runs]) for out in runs[0]}
+
+
 def file_status(path: Path, inputs: np.ndarray, expected: dict[str, np.ndarray]) -> str:
     """The status line's verdict for one zoo file."""
     try:
@@ -80,21 +93,16 @@ def file_status(path: Path, inputs: np.ndarray, expected: dict[str, np.ndarray])
     except Exception as e:
         return f"refused: {_first_line(e)}"
     try:
-        drv = NPUDriver(GoldenDevice(CONFIGS["default"]))
-        session = Session(drv, compile_model(graph, drv.config), check=True)
-        session.load()
-        name = graph.inputs[0]
-        shape = graph.tensors[name].shape
-        runs = [session.run({name: x.reshape(shape)}).outputs for x in inputs]
+        got = run_on_golden(graph, inputs)
     except Exception as e:
         return f"fails: {_first_line(e)}"
     scales = output_scales(onnx.load(str(path)))
     problems = []
     for out, want in expected.items():
-        if out not in runs[0]:
+        if out not in got:
             problems.append(f"{out}: not an output of the imported graph")
             continue
-        diff = compare(np.stack([r[out] for r in runs]), want, scales.get(out))
+        diff = compare(got[out], want, scales.get(out))
         if diff:
             problems.append(f"{out}: {diff}")
     return "mismatch: " + "; ".join(problems) if problems else "exact"
