@@ -9,8 +9,13 @@ Accepted forms (see docs/compiler.md for the full table):
   ``DequantizeLinear`` around ``MatMul``/``Gemm``/``Conv``/``Add``/``Relu``/
   ``Clip``/``MaxPool`` (and the shape ops), weights and int32 biases as
   ``DequantizeLinear`` of constants, per-tensor scales.
+* onnxruntime's ``com.microsoft`` ``QGemm`` and ``QLinearAdd``.
 * ``Equal`` of an integer tensor against a constant feeding ``If``; both branch
   bodies are imported recursively.
+
+With ``allow_cpu_fallback=True`` whatever the NPU cannot run (any op of any
+domain, or a form the NPU lacks: grouped convolutions, per-channel weight
+scales, ...) runs on the CPU (:mod:`host.cpu_fallback`) instead of aborting.
 
 The importer reads the graph in order and keeps each ONNX value as a lazy
 abstract value (an IR tensor, the dequantized view of one, a constant, or a
@@ -190,8 +195,9 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
 
     Raises
     ------
-    UnsupportedOpError : an operator or form the NPU does not support, naming the
-        op type, the node and the supported alternatives.
+    UnsupportedOpError : (without fallback) an operator or form the NPU does not
+        support, naming the node, the op type, its domain, the supported
+        alternatives and ``allow_cpu_fallback=True``.
     ModelError : a malformed model (checker failure, missing initializer,
         dangling input) or a shape/dtype/range problem, naming the node.
     """
