@@ -22,6 +22,11 @@ store instructions are *resolved* (registers read, defaults applied, partition
 offsets translated to absolute scratchpad addresses) and dispatched into the three
 decoupled queues (:mod:`hdl.queues`).
 
+The hardware loop stack, the region marks with their meters and trace records, and
+the dispatch-time token counts are sub-components (:mod:`hdl.seq`):
+:class:`~hdl.seq.loops.LoopStack`, :class:`~hdl.seq.regions.RegionMeters` and
+:class:`~hdl.seq.tokens.TokenCounters`.
+
 Every check the golden model makes on an instruction happens here, at dispatch, in
 the golden model's order: illegal encodings, operands out of range, partition and
 accumulator bounds, token pops that can never be satisfied (the dispatch-time count
@@ -41,13 +46,12 @@ import operator
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from firmware import isa
 from firmware.config import NPUConfig
-from firmware.isa import CfgField, Cond, ErrorCode, Token
+from firmware.isa import CfgField, Cond, ErrorCode
 
 from .partition import pt_check_signature
 from .ports import ArrayOp, VectorOp
@@ -58,13 +62,15 @@ from .queues import (
     load_entry_layout,
     store_entry_layout,
 )
+from .seq.loops import LoopStack
+from .seq.regions import TRACE_WORDS, RegionMeters
+from .seq.tokens import TokenCounters
 
 DEC = isa.decoder_constants()
 OPC = DEC["opcodes"]
 NUM_CHECKS = 3
 QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
              "vargmax")
-TRACE_WORDS = 10  # firmware.regs.TRACE_FIELDS
 # The register-reading fields of each instruction, numbered in field order: (mnemonic,
 # field) -> read slot. ``rd`` fields are written, never read.
 SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
@@ -171,6 +177,10 @@ class Sequencer(wiring.Component):
         cfg = self.config
         depth = cfg.imem_depth
 
+        m.submodules.loops = loops = LoopStack(depth=cfg.loop_depth, pc_bits=PC_BITS)
+        m.submodules.regions = regions = RegionMeters(depth=cfg.region_depth)
+        m.submodules.tokens = tokens = TokenCounters()
+
         # The instruction in flight: latched from the fetch port in OPERANDS.
         word = Signal(64)
         opcode = word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]
@@ -190,9 +200,6 @@ class Sequencer(wiring.Component):
         for i in range(isa.NUM_REGS):
             m.d.comb += self.regs[i].eq(regs[i])
 
-        # Dispatch-time token counts per channel (pushes - pops dispatched so far).
-        chan = {name: Signal(16, name="disp_" + name.replace(">", "_"))
-                for name in isa.TOKEN_CHANNELS}
         # Weight-tile shapes of the two weight buffers, and which one is active.
         wk = Array(Signal(range(cfg.rows + 1), name=f"wk{i}") for i in range(2))
         wn = Array(Signal(range(cfg.cols + 1), name=f"wn{i}") for i in range(2))
@@ -208,55 +215,6 @@ class Sequencer(wiring.Component):
         }
         cfg_zero = {fld: Signal(name=f"cfg_{fld.name.lower()}_zero",
                                 init=isa.CFG_RESET[fld] == 0) for fld in shadow_cfg}
-
-        # Hardware loop stack.
-        ld = cfg.loop_depth
-        loop_start = Array(Signal(PC_BITS, name=f"loop_start{i}") for i in range(ld))
-        loop_end = Array(Signal(PC_BITS, name=f"loop_end{i}") for i in range(ld))
-        loop_rem = Array(Signal(32, name=f"loop_rem{i}") for i in range(ld))
-        loop_sp = Signal(range(ld + 1))
-        top = Signal(range(ld))
-        m.d.comb += top.eq(loop_sp - 1)
-        in_loop = loop_sp != 0
-
-        # Region stack and the meters region records are computed from.
-        rd_ = cfg.region_depth
-        meters = {n: Signal(32, name=f"meter_{n}") for n in (
-            "instructions", "macs", "dram_read_bytes", "dram_write_bytes",
-            "tag_hits", "tag_misses", "stall_cycles")}
-        reg_id = Array(Signal(16, name=f"region_id{i}") for i in range(rd_))
-        reg_sp = Signal(range(rd_ + 1))
-        rtop = Signal(range(rd_))  # the innermost open region
-        m.d.comb += rtop.eq(reg_sp - 1)
-        # Each open region's snapshot (its start cycle and the meters): written by the
-        # begin, read by the end, one slot at a time, so a memory read asynchronously
-        # (LUT RAM on the ECP5) instead of flip-flops behind a multiplexer.
-        snap_names = ("start", *meters)
-        m.submodules.region_snaps = snaps = Memory(
-            shape=32 * len(snap_names), depth=rd_, init=[])
-        snap_w = snaps.write_port()
-        snap_r = snaps.read_port(domain="comb")
-        m.d.comb += snap_r.addr.eq(rtop)
-        reg_snap = {n: snap_r.data[32 * i: 32 * i + 32] for i, n in enumerate(snap_names)}
-        # A region.begin's snapshot is written the cycle after its fire (the write
-        # enable comes from a register), from the meters and cycle count as they were
-        # at the fire.
-        snap_en = Signal()
-        snap_slot = Signal(range(rd_))
-        meters_then = {n: Signal(32, name=f"meter_{n}_then") for n in meters}
-        cycles_then = Signal(32)
-        m.d.sync += [snap_en.eq(0), cycles_then.eq(run_cycles)]
-        # The stall meter counts its event a cycle late (the event is the deepest logic
-        # of the dispatch, so it is registered before the adder); the meter as of now
-        # adds the event in flight.
-        stall_q = Signal()
-        meters_now = dict(meters, stall_cycles=meters["stall_cycles"] + stall_q)
-        m.d.sync += [meters_then[n].eq(meter) for n, meter in meters_now.items()]
-        m.d.comb += [
-            snap_w.en.eq(snap_en),
-            snap_w.addr.eq(snap_slot),
-            snap_w.data.eq(Cat(cycles_then, *(meters_then[n] for n in meters))),
-        ]
 
         # The scalar write of the instruction in flight (resolved in CHECK, done at fire).
         wb_en = Signal()
@@ -306,15 +264,17 @@ class Sequencer(wiring.Component):
         m.d.comb += self.flush.eq(flushing)
 
         # Meters run for every run; they wrap, and records hold differences.
-        m.d.sync += [
-            meters["macs"].eq(meters["macs"] + self.ev_macs),
-            meters["dram_read_bytes"].eq(meters["dram_read_bytes"] + self.ev_read_bytes),
-            meters["dram_write_bytes"].eq(meters["dram_write_bytes"] + self.ev_write_bytes),
-            meters["tag_hits"].eq(meters["tag_hits"] + self.ev_hit),
-            meters["tag_misses"].eq(meters["tag_misses"] + self.ev_miss),
-            meters["instructions"].eq(meters["instructions"] + fire),
-            stall_q.eq(self.ev_stall),
-            meters["stall_cycles"].eq(meters["stall_cycles"] + stall_q),
+        m.d.comb += [
+            regions.cycles.eq(run_cycles),
+            regions.macs.eq(self.ev_macs),
+            regions.dram_read_bytes.eq(self.ev_read_bytes),
+            regions.dram_write_bytes.eq(self.ev_write_bytes),
+            regions.tag_hits.eq(self.ev_hit),
+            regions.tag_misses.eq(self.ev_miss),
+            regions.instructions.eq(fire),
+            regions.stall_cycles.eq(self.ev_stall),
+            self.trace_valid.eq(regions.trace_valid),
+            *[self.trace_record[i].eq(regions.trace_record[i]) for i in range(TRACE_WORDS)],
         ]
 
         clear_pending = Mux(self.rd_we, 1 << self.rd_index, 0)
@@ -360,9 +320,8 @@ class Sequencer(wiring.Component):
                     m.d.sync += [
                         pc.eq(0), pending.eq(0), run_cycles.eq(0), pt_set.eq(0),
                         stage.eq(1 << OPERANDS), timeout.eq(0),
-                        w_active.eq(0), loop_sp.eq(0), reg_sp.eq(0), flushing.eq(0),
+                        w_active.eq(0), flushing.eq(0),
                         cur_code.eq(0), cur_pc.eq(0), cur_addr.eq(0),
-                        *[c.eq(0) for c in chan.values()],
                         *[wk[i].eq(0) for i in range(2)], *[wn[i].eq(0) for i in range(2)],
                         *[s.eq(isa.CFG_RESET[k]) for k, s in shadow_cfg.items()],
                         *[z.eq(isa.CFG_RESET[k] == 0) for k, z in cfg_zero.items()],
@@ -453,38 +412,32 @@ class Sequencer(wiring.Component):
         def R(mn, name):
             return opnd[SLOT_OF[(mn, name)]]
 
+        resolving = running & stage[CHECK]
+        for sub in (loops, regions, tokens):
+            m.d.comb += sub.clear.eq(self.run_start)
+        m.d.comb += [
+            loops.pc.eq(pc), loops.resolve.eq(resolving), loops.fire.eq(fire),
+            regions.id.eq(field(word, "region", "id")),
+            tokens.flags.eq(toks), tokens.resolve.eq(resolving), tokens.fire.eq(fire),
+        ]
+
         # ---- next pc, loops ------------------------------------------------------------
-        seq_next = pc + 1
-        advance = Signal(PC_BITS)
-        loop_back = in_loop & (seq_next == loop_end[top])
-        m.d.comb += advance.eq(Mux(loop_back & (loop_rem[top] > 1), loop_start[top], seq_next))
+        advance = loops.advance
 
         # Which of the three next pcs an instruction takes (a branch's target, a loop's
         # end, else ``advance``) is latched with the word, decoded from the fetched
         # opcode: the next pc is the fetch address, and selected by the opcode in CHECK
         # it made a path from the word register through the decode into the memory.
-        pc_br, pc_loop, pc_loopi = Signal(), Signal(), Signal()
+        pc_br = Signal()  # a branch: its target when taken
+        pc_loop = Signal()  # a loop: its end when the count is 0
+        pc_loopi = Signal()  # a loop with an immediate count
         with m.If(latch_word):
             m.d.sync += [pc_br.eq(live_opcode == OPC["br"]),
                          pc_loop.eq((live_opcode == OPC["loop"]) | (live_opcode == OPC["loopr"])),
                          pc_loopi.eq(live_opcode == OPC["loop"])]
 
-        # The loop stack's update at a fire is decided in CHECK, from the instruction's
-        # case (which sets these), and registered: the fire only applies it. Each case
-        # wrote the stack under its own `fire` before, and that decode behind `fire`
-        # was a routed board build's slowest path (the enables of `loop_rem`).
-        advances = Signal()  # goes on to `advance` (not a taken branch, loop or end)
-        loop_push = Signal()  # a loop with a nonzero count: push it
-        br_leaves = Signal()  # a taken branch out of the innermost loop: pop it
-        loop_dec_q, loop_pop_q, loop_push_q = Signal(), Signal(), Signal()
-        with m.If(running & stage[CHECK]):
-            more = loop_rem[top] > 1
-            m.d.sync += [loop_dec_q.eq(advances & loop_back & more),
-                         loop_pop_q.eq((advances & loop_back & ~more) | br_leaves),
-                         loop_push_q.eq(loop_push)]
-
         def do_advance():
-            m.d.comb += advances.eq(1)
+            m.d.comb += loops.advances.eq(1)
 
         # ---- partition checks ------------------------------------------------------------
         # Each check's byte span is a * b + add (+ the pooling window's extent): SPANS
@@ -577,7 +530,6 @@ class Sequencer(wiring.Component):
         entry_l = Signal(load_entry_layout(cfg))
         entry_c = Signal(compute_entry_layout(cfg))
         entry_s = Signal(store_entry_layout(cfg))
-        resolving = running & stage[CHECK]
         with m.If(resolving):
             m.d.sync += [q.eq(needs[n]) for n, q in needs_q.items()]
             m.d.sync += [is_end_q.eq(is_end), wb_en.eq(0)]  # an ALU case sets wb_en
@@ -586,35 +538,19 @@ class Sequencer(wiring.Component):
         acc_rows = cfg.acc_rows
         acc_over = Signal()  # the accumulator rows run past acc_rows (decided in SPANS)
 
-        def token_checks(mn, queue):
-            """TOKEN_DEADLOCK for pops with no dispatched push; update counts on fire."""
-            conds = []
-            for flag in (Token.POP_PREV, Token.POP_NEXT):
-                if DEC["legal_tokens"][mn] & flag:
-                    ch = chan[isa.token_channel(queue, flag)]
-                    has = (toks & flag) != 0
-                    conds.append(has & (ch == 0))
-            for cond in conds:
-                fail(cond, ErrorCode.TOKEN_DEADLOCK)
-            with m.If(resolving):
-                for flag in Token:
-                    if DEC["legal_tokens"][mn] & flag:
-                        name = isa.token_channel(queue, flag)
-                        has = (toks & flag) != 0
-                        delta = -1 if flag in (Token.POP_PREV, Token.POP_NEXT) else 1
-                        with m.If(has):
-                            m.d.sync += chan_after[name].eq(chan[name] + delta)
+        def token_checks(queue):
+            """TOKEN_DEADLOCK for pops with no dispatched push; count the tokens."""
+            fail(getattr(tokens.deadlock, queue.value), ErrorCode.TOKEN_DEADLOCK)
+            m.d.comb += getattr(tokens.queue, queue.value).eq(1)
 
-        # The counts as the instruction in flight leaves them, worked out in CHECK (no
-        # other fire comes between) and taken at its fire: through the opcode's case
-        # and an adder, `fire` was four LUTs from the counts (a routed board build's
-        # slowest paths). Several flags of one instruction touch different channels
-        # (prev/next), so the sync assignments above never collide.
-        chan_after = {name: Signal.like(c, name=f"{c.name}_after") for name, c in chan.items()}
-        with m.If(resolving):
-            m.d.sync += [chan_after[name].eq(c) for name, c in chan.items()]
-        with m.If(fire):
-            m.d.sync += [c.eq(chan_after[name]) for name, c in chan.items()]
+        # The count (the loop instruction's, or its register's) and the end of a loop.
+        end = field(word, "loop", "end")
+        count = Mux(pc_loopi, field(word, "loop", "count"), R("loopr", "rs"))
+        m.d.comb += [loops.end.eq(end), loops.count.eq(count)]
+        # A branch's target and its condition, registered in SPANS.
+        target = field(word, "br", "target")
+        taken_q = Signal()
+        m.d.comb += loops.target.eq(target)
 
         with m.Switch(opcode):
             # -- sequencer instructions --------------------------------------------------
@@ -623,7 +559,7 @@ class Sequencer(wiring.Component):
                 m.d.comb += self.ev_misspec.eq(fire & (opcode == OPC["misspec"]))
             with case("end"):
                 m.d.comb += [needs["idle"].eq(1), is_end.eq(1)]
-                fail(reg_sp != 0, ErrorCode.REGION)
+                fail(regions.open, ErrorCode.REGION)
             with case("li", "addi", "add", "sub", "mul", "cmp"):
                 result = Signal(32)
                 result_q = Signal(32)
@@ -658,60 +594,36 @@ class Sequencer(wiring.Component):
             with case("br"):
                 # The condition and the loop-range compares are registered in SPANS (the
                 # loop stack changes only at a fire) and hold through FIRE.
-                target = field(word, "br", "target")
                 taken = _cond(field(word, "br", "cond"), R("br", "rs1"), R("br", "rs2"))
-                inside = (target >= loop_start[top]) & (target < loop_end[top])
-                inside2 = ((target >= loop_start[top - 1]) & (target < loop_end[top - 1]))
-                taken_q, leaves_q, outside2_q = Signal(), Signal(), Signal()
                 with m.If(spanning):
-                    m.d.sync += [taken_q.eq(taken), leaves_q.eq(in_loop & ~inside),
-                                 outside2_q.eq((loop_sp > 1) & ~inside2)]
+                    m.d.sync += taken_q.eq(taken)
+                m.d.comb += loops.sample.eq(spanning)
                 fail(taken_q & wbad, ErrorCode.PC_BOUNDS)  # the target is past the end
-                fail(taken_q & leaves_q & outside2_q, ErrorCode.LOOP)
+                fail(taken_q & loops.leaves & loops.leaves_two, ErrorCode.LOOP)
                 with m.If(taken_q):
-                    m.d.comb += br_leaves.eq(leaves_q)
+                    m.d.comb += loops.pop.eq(loops.leaves)
                 with m.Else():
                     do_advance()
             with case("loop", "loopr"):
-                end = field(word, "loop", "end")
-                count = Mux(pc_loopi, field(word, "loop", "count"), R("loopr", "rs"))
                 fail(wbad, ErrorCode.PC_BOUNDS)  # the end is past the end
                 fail(end <= pc + 1, ErrorCode.LOOP)
-                fail(in_loop & (end >= loop_end[top]), ErrorCode.LOOP)
-                fail(loop_sp >= ld, ErrorCode.LOOP)
-                push_at = loop_sp[:max(1, ceil_log2(ld))]  # the free stack entry
-                m.d.comb += loop_push.eq(count != 0)
-                with m.If(fire & loop_push_q):
-                    m.d.sync += [
-                        loop_start[push_at].eq(pc + 1),
-                        loop_end[push_at].eq(end),
-                        loop_rem[push_at].eq(count),
-                    ]
+                fail(loops.nests_badly, ErrorCode.LOOP)
+                fail(loops.full, ErrorCode.LOOP)
+                m.d.comb += loops.push.eq(count != 0)
             with case("sync"):
                 m.d.comb += needs["idle"].eq(1)
                 do_advance()
             with case("region"):
                 m.d.comb += needs["idle"].eq(1)
-                rid = field(word, "region", "id")
                 is_begin = field(word, "region", "op") == isa.RegionOp.BEGIN
-                fail(is_begin & (reg_sp >= rd_), ErrorCode.REGION)
-                fail(~is_begin & ((reg_sp == 0) | (reg_id[rtop] != rid)), ErrorCode.REGION)
-                slot = reg_sp[:max(1, ceil_log2(rd_))]
+                fail(is_begin & regions.full, ErrorCode.REGION)
+                fail(~is_begin & regions.mismatch, ErrorCode.REGION)
                 do_advance()
                 with m.If(fire):
                     with m.If(is_begin):
-                        m.d.comb += self.ev_region.eq(1)
-                        m.d.sync += [reg_id[slot].eq(rid), reg_sp.eq(reg_sp + 1),
-                                     snap_en.eq(1), snap_slot.eq(slot)]
+                        m.d.comb += [self.ev_region.eq(1), regions.begin.eq(1)]
                     with m.Else():
-                        m.d.sync += reg_sp.eq(reg_sp - 1)
-                        rec = self.trace_record
-                        m.d.comb += [
-                            self.trace_valid.eq(1),
-                            rec[0].eq(rid), rec[1].eq(reg_snap["start"]), rec[2].eq(run_cycles),
-                        ]
-                        for i, n in enumerate(meters):  # in the record's order
-                            m.d.comb += rec[3 + i].eq(meters_now[n] - reg_snap[n])
+                        m.d.comb += regions.end.eq(1)
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
                 fail(wbad, ErrorCode.BAD_OPERAND)  # no such set
@@ -731,7 +643,7 @@ class Sequencer(wiring.Component):
             for mn, queue, entry, port in (("load", isa.Queue.LOAD, entry_l, self.load),
                                            ("store", isa.Queue.STORE, entry_s, self.store)):
                 with case(mn):
-                    token_checks(mn, queue)
+                    token_checks(queue)
                     rows, nb = field(word, mn, "rows"), field(word, mn, "bytes")
                     stride_r = field(word, mn, "stride")
                     offset = (R(mn, "sp") + field(word, mn, "off"))[:32]
@@ -756,7 +668,7 @@ class Sequencer(wiring.Component):
             # -- compute -------------------------------------------------------------------
             for mn in QUEUE_OPS[2:]:
                 with case(mn):
-                    token_checks(mn, isa.Queue.COMPUTE)
+                    token_checks(isa.Queue.COMPUTE)
                     self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
                                   w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending,
                                   spanning, acc_over, wbad)
@@ -767,16 +679,6 @@ class Sequencer(wiring.Component):
                     do_advance()
                     with m.If(fire):
                         m.d.comb += self.compute.valid.eq(1)
-
-        # The loop stack at a fire, as CHECK decided (a push and a pop or decrement
-        # never come together: a loop does not advance).
-        with m.If(fire):
-            with m.If(loop_push_q):
-                m.d.sync += loop_sp.eq(loop_sp + 1)
-            with m.Elif(loop_pop_q):
-                m.d.sync += loop_sp.eq(loop_sp - 1)
-            with m.If(loop_dec_q):
-                m.d.sync += loop_rem[top].eq(loop_rem[top] - 1)
 
         # (An end or a faulting instruction fetches ``advance``, which nothing reads.)
         m.d.comb += next_pc.eq(Mux(pc_br & taken_q, target,
