@@ -22,10 +22,13 @@ store instructions are *resolved* (registers read, defaults applied, partition
 offsets translated to absolute scratchpad addresses) and dispatched into the three
 decoupled queues (:mod:`hdl.queues`).
 
-The hardware loop stack, the region marks with their meters and trace records, and
-the dispatch-time token counts are sub-components (:mod:`hdl.seq`):
-:class:`~hdl.seq.loops.LoopStack`, :class:`~hdl.seq.regions.RegionMeters` and
-:class:`~hdl.seq.tokens.TokenCounters`.
+The core here (the run's state machine, the steps, the register file, the decode of
+each instruction and the choice of its fault) drives the sub-components of
+:mod:`hdl.seq`: :class:`~hdl.seq.loops.LoopStack`, :class:`~hdl.seq.regions.RegionMeters`
+(region stack, meters and trace records), :class:`~hdl.seq.tokens.TokenCounters`,
+:class:`~hdl.seq.bounds.BoundsConfig` (the cfg registers the checks read),
+:class:`~hdl.seq.spans.SpanChecker` (the partition checks' spans) and
+:class:`~hdl.seq.dispatch.Dispatch` (the FIRE step).
 
 Every check the golden model makes on an instruction happens here, at dispatch, in
 the golden model's order: illegal encodings, operands out of range, partition and
@@ -62,8 +65,11 @@ from .queues import (
     load_entry_layout,
     store_entry_layout,
 )
+from .seq.bounds import BoundsConfig
+from .seq.dispatch import Dispatch
 from .seq.loops import LoopStack
 from .seq.regions import TRACE_WORDS, RegionMeters
+from .seq.spans import SpanChecker
 from .seq.tokens import TokenCounters
 
 DEC = isa.decoder_constants()
@@ -77,7 +83,6 @@ SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
            for k, name in enumerate(n for n, (_, _, kind) in fields.items()
                                     if kind == "reg" and n != "rd")}
 READ_SLOTS = 1 + max(SLOT_OF.values())
-SPAN_BITS = 40  # a partition check's span (pt_check_signature's nbytes)
 
 
 def field(word, mnemonic: str, name: str):
@@ -180,6 +185,14 @@ class Sequencer(wiring.Component):
         m.submodules.loops = loops = LoopStack(depth=cfg.loop_depth, pc_bits=PC_BITS)
         m.submodules.regions = regions = RegionMeters(depth=cfg.region_depth)
         m.submodules.tokens = tokens = TokenCounters()
+        m.submodules.bounds = bounds = BoundsConfig()
+        m.submodules.spans = spans = SpanChecker(cfg, checks=NUM_CHECKS)
+        m.submodules.dispatch = dispatch = Dispatch(cfg)
+        for i in range(NUM_CHECKS):
+            wiring.connect(m, wiring.flipped(self.chk[i]), spans.chk[i])
+        for q in ("load", "compute", "store"):
+            wiring.connect(m, wiring.flipped(getattr(self, q)), getattr(dispatch, q))
+            m.d.comb += getattr(dispatch, f"{q}_idle").eq(getattr(self, f"{q}_idle"))
 
         # The instruction in flight: latched from the fetch port in OPERANDS.
         word = Signal(64)
@@ -204,17 +217,6 @@ class Sequencer(wiring.Component):
         wk = Array(Signal(range(cfg.rows + 1), name=f"wk{i}") for i in range(2))
         wn = Array(Signal(range(cfg.cols + 1), name=f"wn{i}") for i in range(2))
         w_active = Signal()
-        # The configuration registers the bounds checks need (the vector unit has its own).
-        # Their widths are what `cfg` accepts (a value out of range faults), and each
-        # remembers whether it is zero, so the span arithmetic starts from registers.
-        shadow_cfg = {
-            fld: Signal(range(isa.CFG_RANGE[fld][2] + 1), name=f"cfg_{fld.name.lower()}",
-                        init=isa.CFG_RESET[fld])
-            for fld in (CfgField.GEMM_STRIDE, CfgField.IN_STRIDE, CfgField.OUT_STRIDE,
-                        CfgField.POOL_COUNT, CfgField.POOL_STRIDE, CfgField.POOL_ISTRIDE)
-        }
-        cfg_zero = {fld: Signal(name=f"cfg_{fld.name.lower()}_zero",
-                                init=isa.CFG_RESET[fld] == 0) for fld in shadow_cfg}
 
         # The scalar write of the instruction in flight (resolved in CHECK, done at fire).
         wb_en = Signal()
@@ -225,15 +227,10 @@ class Sequencer(wiring.Component):
         # ---- run control --------------------------------------------------------
         OPERANDS, SPANS, PRODUCTS, CHECK, FIRE = range(5)
         stage = Signal(5, init=1)  # one-hot: the step of the instruction in flight (RUN)
-        fire = Signal()  # the current instruction completes its dispatch this cycle
-        # Registered: RUN, in FIRE, not timed out. `fire` is this, `bad` and the queues'
-        # readies, so that it is two LUTs deep rather than five.
-        armed = Signal()
-        bad = Signal()  # the instruction in FIRE faults (registered in CHECK)
-        # What the instruction waits for in FIRE (decoded in CHECK, registered).
-        needs = {n: Signal(name=f"needs_{n}")
-                 for n in ("idle", "load_idle", "load", "compute", "store")}
-        needs_q = {n: Signal(name=f"needs_{n}_q") for n in needs}
+        fire = dispatch.fire  # the current instruction completes its dispatch this cycle
+        bad = dispatch.bad  # the instruction in FIRE faults (registered in CHECK)
+        # What the instruction waits for in FIRE (decoded in CHECK, registered there).
+        needs = dispatch.needs
         fault = Signal()
         fault_code = Signal(8)
         fault_addr = Signal(32)
@@ -242,15 +239,9 @@ class Sequencer(wiring.Component):
         is_end = Signal()
         is_end_q = Signal()
         timeout = Signal()  # registered: the run has used its cycle budget
-        all_idle = self.load_idle & self.compute_idle & self.store_idle
-        # FIRE and STOP wait on the idle flags a cycle late: they come from the engines
-        # through the queues, and straight into `fire` they were the routed critical path
-        # of a board build. A cycle late is safe because a dispatch shows in its queue's
-        # idle the next cycle, before the next FIRE can look; a drain takes a cycle more
-        # (the golden model's `drain`).
-        idle_q = Signal(init=1)
-        load_idle_q = Signal(init=1)
-        m.d.sync += [idle_q.eq(all_idle), load_idle_q.eq(self.load_idle)]
+        # STOP waits on the idle flags a cycle late, as FIRE does (see Dispatch); a
+        # drain takes a cycle more (the golden model's `drain`).
+        idle_q = dispatch.idle
 
         err_code = Signal(8)
         err_pc = Signal(16)
@@ -323,8 +314,6 @@ class Sequencer(wiring.Component):
                         w_active.eq(0), flushing.eq(0),
                         cur_code.eq(0), cur_pc.eq(0), cur_addr.eq(0),
                         *[wk[i].eq(0) for i in range(2)], *[wn[i].eq(0) for i in range(2)],
-                        *[s.eq(isa.CFG_RESET[k]) for k, s in shadow_cfg.items()],
-                        *[z.eq(isa.CFG_RESET[k] == 0) for k, z in cfg_zero.items()],
                     ]
                     m.d.comb += self.imem_en.eq(1)
                     m.next = "RUN"
@@ -333,8 +322,7 @@ class Sequencer(wiring.Component):
                 m.d.sync += run_cycles.eq(run_cycles + 1)
                 # Stalled: waiting for a queue, the machine to drain or an operand (the
                 # OPERANDS and CHECK cycles themselves are the dispatch, not a stall).
-                m.d.comb += self.ev_stall.eq((armed & ~bad & ~fire)
-                                             | (stage[OPERANDS] & reg_wait))
+                m.d.comb += self.ev_stall.eq(dispatch.waiting | (stage[OPERANDS] & reg_wait))
                 with m.If(self.queue_error):
                     m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
                                  cur_pc.eq(self.queue_error_pc),
@@ -351,9 +339,9 @@ class Sequencer(wiring.Component):
                     m.d.sync += pc.eq(next_pc_q)
                 # The step, the word and the operands are selected by `fire` last, outside
                 # the chain above: `fire` comes from the queues' readies, and behind the
-                # chain's conditions it was three LUTs from these registers (a routed
-                # board build's slowest paths). In a cycle that leaves RUN they change
-                # too, harmlessly: a start sets the step and OPERANDS latches again.
+                # chain's conditions it would be three LUTs from these registers. In a
+                # cycle that leaves RUN they change too, harmlessly: a start sets the
+                # step and OPERANDS latches again.
                 #
                 # At a fire the next instruction, fetched in CHECK, has its OPERANDS step
                 # this cycle, reading the registers as this fire leaves them, unless it
@@ -384,10 +372,10 @@ class Sequencer(wiring.Component):
                                                    1 << OPERANDS), stage_stepped))
                 # Fetch the next instruction in CHECK (its pc is resolved this cycle).
                 # Outside the chain above on purpose: the chain's earlier conditions
-                # depend on the fetched word (reg_wait), which made a path from the
-                # memory's output to its own enable (the routed critical path of a
-                # board build). Fetching in a CHECK that goes to STOP instead is harmless:
-                # nothing reads the word again before the next start fetches pc 0.
+                # depend on the fetched word (reg_wait), which would make a path from the
+                # memory's output to its own enable. Fetching in a CHECK that goes to
+                # STOP instead is harmless: nothing reads the word again before the next
+                # start fetches pc 0.
                 m.d.comb += self.imem_en.eq(stage[CHECK])
             with m.State("STOP"):
                 # Let everything dispatched before the failing instruction finish.
@@ -408,18 +396,25 @@ class Sequencer(wiring.Component):
         running = fsm.ongoing("RUN")
         m.d.comb += fsm_running.eq(running)
         spanning = running & stage[SPANS]  # the step that registers spans and compares
-
-        def R(mn, name):
-            return opnd[SLOT_OF[(mn, name)]]
-
         resolving = running & stage[CHECK]
-        for sub in (loops, regions, tokens):
+        for sub in (loops, regions, tokens, bounds):
             m.d.comb += sub.clear.eq(self.run_start)
         m.d.comb += [
             loops.pc.eq(pc), loops.resolve.eq(resolving), loops.fire.eq(fire),
             regions.id.eq(field(word, "region", "id")),
             tokens.flags.eq(toks), tokens.resolve.eq(resolving), tokens.fire.eq(fire),
+            bounds.field.eq(field(word, "cfg", "field")),
+            bounds.value.eq(field(word, "cfg", "value")),
+            bounds.products.eq(running & stage[PRODUCTS]), bounds.resolve.eq(resolving),
+            bounds.write.eq(fire & (opcode == OPC["cfg"])),
+            spans.pool_extent.eq(bounds.pool_extent),
+            spans.sample.eq(spanning), spans.multiply.eq(running & stage[PRODUCTS]),
+            dispatch.resolve.eq(resolving), dispatch.error.eq(self.queue_error),
+            dispatch.expire.eq(timeout_d), dispatch.expired.eq(timeout),
         ]
+
+        def R(mn, name):
+            return opnd[SLOT_OF[(mn, name)]]
 
         # ---- next pc, loops ------------------------------------------------------------
         advance = loops.advance
@@ -427,7 +422,7 @@ class Sequencer(wiring.Component):
         # Which of the three next pcs an instruction takes (a branch's target, a loop's
         # end, else ``advance``) is latched with the word, decoded from the fetched
         # opcode: the next pc is the fetch address, and selected by the opcode in CHECK
-        # it made a path from the word register through the decode into the memory.
+        # it would make a path from the word register through the decode into the memory.
         pc_br = Signal()  # a branch: its target when taken
         pc_loop = Signal()  # a loop: its end when the count is 0
         pc_loopi = Signal()  # a loop with an immediate count
@@ -440,72 +435,13 @@ class Sequencer(wiring.Component):
             m.d.comb += loops.advances.eq(1)
 
         # ---- partition checks ------------------------------------------------------------
-        # Each check's byte span is a * b + add (+ the pooling window's extent): SPANS
-        # registers the partition, offset, factors and addend; in PRODUCTS the
-        # partition table looks the partition up and takes the offset and addend off
-        # its size (registered) while a * b is multiplied out; in CHECK the table
-        # compares the product with that room.
         chk = self.chk
-        # The pooling window's extent, (count - 1) * stride, kept in a register that
-        # changes with its cfg registers (SPANS, right after a cfg's fire, reads it):
-        # a cfg's CHECK step multiplies out both candidates, the new count by the
-        # stride and the count by the new stride, and its fire keeps the one it sets.
-        pool_extent = Signal(SPAN_BITS)
-        count_r, stride_r = shadow_cfg[CfgField.POOL_COUNT], shadow_cfg[CfgField.POOL_STRIDE]
-        cfg_fld, cfg_value = field(word, "cfg", "field"), field(word, "cfg", "value")
-        ext_new_count = Signal(SPAN_BITS)
-        ext_new_stride = Signal(SPAN_BITS)
-        # The factors less one are registered in PRODUCTS (a cfg is a queue op, so it
-        # takes that step), so that CHECK is a product alone: with the subtract before
-        # the multiplier it was a routed board build's slowest path.
-        value_less = Signal((cfg_value[:len(count_r)] - 1).shape())
-        count_less = Signal((count_r - 1).shape())
-        with m.If(running & stage[PRODUCTS]):
-            m.d.sync += [value_less.eq(cfg_value[:len(count_r)] - 1), count_less.eq(count_r - 1)]
-        with m.If(running & stage[CHECK]):
-            m.d.sync += [
-                ext_new_count.eq(value_less * stride_r),
-                ext_new_stride.eq(count_less * cfg_value[:len(stride_r)]),
-            ]
-        with m.If(self.run_start):
-            m.d.sync += pool_extent.eq(0)  # the reset count is 1
-        with m.Elif(fire & (opcode == OPC["cfg"])):
-            with m.If(cfg_fld == CfgField.POOL_COUNT):
-                m.d.sync += pool_extent.eq(ext_new_count)
-            with m.Elif(cfg_fld == CfgField.POOL_STRIDE):
-                m.d.sync += pool_extent.eq(ext_new_stride)
-        spans = [{"p": Signal.like(c.p, name=f"span{i}_p"),
-                  "offset": Signal.like(c.offset, name=f"span{i}_offset"),
-                  "a": Signal(13, name=f"span{i}_a", init=1),
-                  "b": Signal(21, name=f"span{i}_b", init=1),
-                  "add": Signal(13, name=f"span{i}_add"),
-                  "extra": Signal(name=f"span{i}_extra")}
-                 for i, c in enumerate(chk)]
-        # The addend is summed in SPANS (the byte count plus the pooling extent), so
-        # PRODUCTS is a product and one add: with both adds there, it was among a
-        # routed board build's slowest paths.
-        spans_q = [{k: Signal.like(span[k], name=f"{span[k].name}_q")
-                    for k in ("p", "offset", "a", "b")} for span in spans]
-        for i, q in enumerate(spans_q):
-            q["addend"] = Signal(SPAN_BITS, name=f"span{i}_addend_q")
-        with m.If(spanning):
-            for span, q in zip(spans, spans_q, strict=True):
-                m.d.sync += [q[k].eq(span[k]) for k in ("p", "offset", "a", "b")]
-                m.d.sync += q["addend"].eq(span["add"] + Mux(span["extra"], pool_extent, 0))
-        # The addend goes to the table with the partition and offset, which takes it
-        # off the room while it looks the partition up, so PRODUCTS is a product alone:
-        # with the add behind the multiplier it was a routed board build's slowest path.
-        with m.If(running & stage[PRODUCTS]):
-            for c, q in zip(chk, spans_q, strict=True):
-                m.d.sync += c.nbytes.eq(q["a"] * q["b"])
-        for c, q in zip(chk, spans_q, strict=True):
-            m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"]), c.addend.eq(q["addend"])]
 
         def check(i, p, offset, a, b, add=0, extra=False):
             """Partition check ``i`` of ``a * b + add`` bytes (+ the pooling extent)."""
-            m.d.comb += [spans[i]["p"].eq(p), spans[i]["offset"].eq(offset),
-                         spans[i]["a"].eq(a), spans[i]["b"].eq(b), spans[i]["add"].eq(add),
-                         spans[i]["extra"].eq(extra)]
+            span = spans.span[i]
+            m.d.comb += [span.p.eq(p), span.offset.eq(offset), span.a.eq(a), span.b.eq(b),
+                         span.add.eq(add), span.extra.eq(extra)]
             return chk[i].error
 
         def fail(cond, code, at=None):
@@ -524,17 +460,16 @@ class Sequencer(wiring.Component):
 
         # Effective strides for bounds checks.
         def eff(fld, n):
-            return Mux(cfg_zero[fld], n, shadow_cfg[fld])
+            name = fld.name.lower()
+            return Mux(getattr(bounds.zero, name), n, getattr(bounds.values, name))
 
         # ---- per-instruction execution -----------------------------------------------
-        entry_l = Signal(load_entry_layout(cfg))
-        entry_c = Signal(compute_entry_layout(cfg))
-        entry_s = Signal(store_entry_layout(cfg))
+        entry_l = dispatch.load_entry
+        entry_c = dispatch.compute_entry
+        entry_s = dispatch.store_entry
         with m.If(resolving):
-            m.d.sync += [q.eq(needs[n]) for n, q in needs_q.items()]
             m.d.sync += [is_end_q.eq(is_end), wb_en.eq(0)]  # an ALU case sets wb_en
-            m.d.sync += [self.load.payload.eq(entry_l), self.compute.payload.eq(entry_c),
-                         self.store.payload.eq(entry_s), next_pc_q.eq(next_pc)]
+            m.d.sync += next_pc_q.eq(next_pc)
         acc_rows = cfg.acc_rows
         acc_over = Signal()  # the accumulator rows run past acc_rows (decided in SPANS)
 
@@ -558,7 +493,7 @@ class Sequencer(wiring.Component):
                 do_advance()
                 m.d.comb += self.ev_misspec.eq(fire & (opcode == OPC["misspec"]))
             with case("end"):
-                m.d.comb += [needs["idle"].eq(1), is_end.eq(1)]
+                m.d.comb += [needs.idle.eq(1), is_end.eq(1)]
                 fail(regions.open, ErrorCode.REGION)
             with case("li", "addi", "add", "sub", "mul", "cmp"):
                 result = Signal(32)
@@ -611,10 +546,10 @@ class Sequencer(wiring.Component):
                 fail(loops.full, ErrorCode.LOOP)
                 m.d.comb += loops.push.eq(count != 0)
             with case("sync"):
-                m.d.comb += needs["idle"].eq(1)
+                m.d.comb += needs.idle.eq(1)
                 do_advance()
             with case("region"):
-                m.d.comb += needs["idle"].eq(1)
+                m.d.comb += needs.idle.eq(1)
                 is_begin = field(word, "region", "op") == isa.RegionOp.BEGIN
                 fail(is_begin & regions.full, ErrorCode.REGION)
                 fail(~is_begin & regions.mismatch, ErrorCode.REGION)
@@ -627,21 +562,21 @@ class Sequencer(wiring.Component):
             with case("ptsel"):
                 s = field(word, "ptsel", "set")
                 fail(wbad, ErrorCode.BAD_OPERAND)  # no such set
-                m.d.comb += needs["idle"].eq(1)
+                m.d.comb += needs.idle.eq(1)
                 do_advance()
                 with m.If(fire):
                     m.d.sync += pt_set.eq(s)
             with case("tinv"):
                 slot = field(word, "tinv", "slot")
                 fail(wbad, ErrorCode.BAD_OPERAND)  # no such slot
-                m.d.comb += [needs["load_idle"].eq(1), self.tinv_slot.eq(slot)]
+                m.d.comb += [needs.load_idle.eq(1), self.tinv_slot.eq(slot)]
                 do_advance()
                 with m.If(fire):
                     m.d.comb += self.tinv_en.eq(1)
 
             # -- load / store --------------------------------------------------------------
-            for mn, queue, entry, port in (("load", isa.Queue.LOAD, entry_l, self.load),
-                                           ("store", isa.Queue.STORE, entry_s, self.store)):
+            for mn, queue, entry in (("load", isa.Queue.LOAD, entry_l),
+                                     ("store", isa.Queue.STORE, entry_s)):
                 with case(mn):
                     token_checks(queue)
                     rows, nb = field(word, mn, "rows"), field(word, mn, "bytes")
@@ -662,23 +597,19 @@ class Sequencer(wiring.Component):
                         needs[mn].eq(1),
                     ]
                     do_advance()
-                    with m.If(fire):
-                        m.d.comb += port.valid.eq(1)
 
             # -- compute -------------------------------------------------------------------
             for mn in QUEUE_OPS[2:]:
                 with case(mn):
                     token_checks(isa.Queue.COMPUTE)
-                    self._compute(m, mn, word, R, check, fail, eff, entry_c, pc, wk, wn,
-                                  w_active, shadow_cfg, cfg_zero, acc_rows, fire, set_pending,
-                                  spanning, acc_over, wbad)
+                    self._compute(m, mn, word, R, check, fail, eff, bounds, entry_c, wk, wn,
+                                  w_active, acc_rows, fire, set_pending, spanning, acc_over,
+                                  wbad)
                     m.d.comb += [
                         entry_c.tokens.eq(toks),
-                        needs["compute"].eq(1),
+                        needs.compute.eq(1),
                     ]
                     do_advance()
-                    with m.If(fire):
-                        m.d.comb += self.compute.valid.eq(1)
 
         # (An end or a faulting instruction fetches ``advance``, which nothing reads.)
         m.d.comb += next_pc.eq(Mux(pc_br & taken_q, target,
@@ -711,7 +642,7 @@ class Sequencer(wiring.Component):
         # the instruction faults and each group's own outcome (code, check); which
         # fault it is, and its address, are selected from those registers in FIRE,
         # where only the move to STOP reads them: through the selection and the code's
-        # priority into registers, the chains were a routed build's slowest paths.
+        # priority into registers, the chains would be too deep for one cycle.
         terms_hit, terms_code, terms_at = [], [], []
         for gi, (ops, items) in enumerate(by_ops.items()):
             grp = Signal(name=f"fault_group{gi}")
@@ -732,17 +663,13 @@ class Sequencer(wiring.Component):
         m.d.comb += [chain.eq(Cat(terms_hit).any()),
                      chain_code.eq(functools.reduce(operator.or_, terms_code)),
                      chain_at.eq(functools.reduce(operator.or_, terms_at))]
-        wait = ((needs_q["idle"] & ~idle_q) | (needs_q["load_idle"] & ~load_idle_q)
-                | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
-                | (needs_q["compute"] & ~self.compute.ready))
-        # CHECK registers whether it faults; FIRE acts on it, and selects which fault
-        # from registers (``pc`` and ``legal`` hold until the fire).
+        # CHECK registers whether it faults (Dispatch's `bad`); FIRE acts on it, and
+        # selects which fault from registers (``pc`` and ``legal`` hold until the fire).
         pc_out = pc >= depth
         bad_code = Signal(8)
         bad_at = Signal.like(chain_at)  # the check whose offset the fault reports, + 1
-        with m.If(resolving):
-            m.d.sync += bad.eq(pc_out | ~legal | chain)
         m.d.comb += [
+            dispatch.fault.eq(pc_out | ~legal | chain),
             bad_code.eq(Mux(pc_out, ErrorCode.PC_BOUNDS,
                             Mux(~legal, ErrorCode.ILLEGAL_INSTRUCTION, chain_code))),
             bad_at.eq(Mux(pc_out | ~legal | (chain_code != ErrorCode.PARTITION_BOUNDS),
@@ -755,20 +682,12 @@ class Sequencer(wiring.Component):
                 # The checks' offsets hold until the next instruction's SPANS step.
                 bad_addr = Array([Const(0, 32)] + [c.offset for c in chk])[bad_at]
                 m.d.comb += [fault.eq(1), fault_code.eq(bad_code), fault_addr.eq(bad_addr)]
-        m.d.comb += [fire.eq(armed & ~bad & ~wait & ~self.queue_error),
-                     self.ev_instr.eq(fire)]
-        # `armed` next cycle: a CHECK that does not time out goes to FIRE, and FIRE stays
-        # until the fire or a fault (a bad instruction is never armed and fire, but is
-        # left out here: its checks are CHECK's deepest logic); a bus error or the
-        # budget running out ends the run.
-        m.d.sync += armed.eq(~self.queue_error & ~timeout_d
-                             & ((resolving & ~timeout) | (armed & ~fire & ~bad)))
+        m.d.comb += self.ev_instr.eq(fire)
         return m
 
     # ------------------------------------------------------------------------------------
-    def _compute(self, m, mn, word, R, check, fail, eff, entry, pc, wk, wn, w_active,
-                 shadow_cfg, cfg_zero, acc_rows, fire, set_pending, spanning, acc_over,
-                 wbad):
+    def _compute(self, m, mn, word, R, check, fail, eff, bounds, entry, wk, wn, w_active,
+                 acc_rows, fire, set_pending, spanning, acc_over, wbad):
         """Resolve and check one compute-queue instruction (golden order of checks).
         ``wbad``: its operands_bad(), latched with the word."""
         arr, vec = entry.arr, entry.vec
@@ -798,10 +717,6 @@ class Sequencer(wiring.Component):
             fail(wbad, ErrorCode.BAD_OPERAND)  # the value is out of the field's range
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.CFG), vec.field.eq(fld),
                          vec.value.eq(value)]
-            with m.If(fire):
-                for f, sig in shadow_cfg.items():
-                    with m.If(fld == int(f)):
-                        m.d.sync += [sig.eq(value), cfg_zero[f].eq(value == 0)]
         elif mn == "wload":
             k, n = fieldof("k"), fieldof("n")
             fail(wbad, ErrorCode.BAD_OPERAND)  # k or n larger than the array
@@ -861,7 +776,7 @@ class Sequencer(wiring.Component):
             if mn == "vclip":
                 src = rows_span(eff(CfgField.IN_STRIDE, n), n)
             else:
-                src = rows_span(shadow_cfg[CfgField.POOL_ISTRIDE], n, extra=True)
+                src = rows_span(bounds.values.pool_istride, n, extra=True)
             es = check(0, fieldof("ps"), R(mn, "s"), *src)
             fail(es != 0, es, at=0)
             ed = check(1, fieldof("pd"), R(mn, "d"),
@@ -933,9 +848,8 @@ def predecode(m: Module, word, config: NPUConfig) -> data.View:
     ``config``, as logic in ``m``.
 
     The instruction memory computes them on its write port, from the CSR block's
-    registers; fetched, they save the dispatch the decode of the word (the ECP5
-    build's deepest paths ran from the memory through this decode into the step and
-    operand registers).
+    registers; fetched, they save the dispatch the decode of the word, so that no path
+    runs from the memory through this decode into the step and operand registers.
     """
     pre = Signal(PREDECODE)
     with m.Switch(word[isa.OPCODE_LO:isa.OPCODE_LO + isa.OPCODE_BITS]):
