@@ -82,6 +82,14 @@ def load_report(path: Path) -> dict:
                          "first") from None
 
 
+def _halves(fig: dict) -> str:
+    """Mean cycles of the stream's two halves; a one-inference stream has no first half."""
+    second = f"{fig['mean_cycles_second_half']:.0f}"
+    if fig["mean_cycles_first_half"] is None:
+        return second
+    return f"{fig['mean_cycles_first_half']:.0f} (first half), {second} (second half)"
+
+
 def print_report(rep: dict, console: Console) -> None:
     """The units (with their histories), the plan, and the loop's figures."""
     table = Table("unit", "kind", "state", "nodes", "runs", "history",
@@ -118,8 +126,7 @@ def print_report(rep: dict, console: Console) -> None:
     fig = rep.get("stream")
     if fig and fig["cycles"]:
         console.print(
-            f"cycles per inference: {fig['mean_cycles_first_half']:.0f} (first half), "
-            f"{fig['mean_cycles_second_half']:.0f} (second half); host time "
+            f"cycles per inference: {_halves(fig)}; host time "
             f"{np.mean(fig['host_ms']):.1f} ms per inference; {fig['checked']}/"
             f"{len(fig['cycles'])} results equal the reference", highlight=False)
         if fig.get("initial_plan_cycles"):
