@@ -60,7 +60,7 @@ class RunStatus:
 
     def check(self) -> RunStatus:
         if not self.ok:
-            raise RuntimeError(f"NPU error {self.error.name} at pc {self.pc} "
+            raise DeviceError(f"NPU error {self.error.name} at pc {self.pc} "
                                f"(address {self.addr:#x})")
         return self
 
