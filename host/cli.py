@@ -20,9 +20,11 @@ backend drives an FPGA board through its UART bridge (docs/bridge.md).
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -36,16 +38,109 @@ from firmware.config import CONFIGS
 MODELS = Path(__file__).resolve().parent / "models"
 
 
+class ExitCode(enum.IntEnum):
+    """``npu``'s exit status: one per class of failure, so a script can tell them apart."""
+
+    OK = 0
+    INTERNAL = 1     # a bug in npu itself (or a check that did not pass)
+    USAGE = 2        # bad arguments or input files (argparse's own code)
+    BAD_MODEL = 3    # a model file that is missing, unreadable or malformed
+    UNSUPPORTED = 4  # a well-formed model with an operator nothing here can run
+    DEVICE = 5       # the NPU, its bus or its serial port reported an error
+    MISMATCH = 6     # a result differs from the reference interpreter
+
+
+EXIT_CODES_HELP = "exit codes: " + ", ".join(
+    f"{c.value} {c.name.lower().replace('_', ' ')}" for c in ExitCode) + \
+    "; --debug shows the traceback of a failure"
+
+
+class UsageError(Exception):
+    """An argument or input file ``npu`` cannot use; the message says which and why."""
+
+
+def bundled_names() -> list[str]:
+    return sorted(f.stem for f in MODELS.glob("*.onnx"))
+
+
 def model_path(name: str) -> Path:
     """A model file, or the name of a bundled model (``moe`` -> host/models/moe.onnx)."""
+    from .errors import ModelError
+
     p = Path(name)
-    if p.exists():
+    if p.is_file():
         return p
     bundled = MODELS / f"{name}.onnx"
-    if bundled.exists():
+    if bundled.is_file():  # a directory named like a bundled model does not shadow it
         return bundled
-    raise SystemExit(f"no model {name!r} (bundled: "
-                     f"{', '.join(sorted(f.stem for f in MODELS.glob('*.onnx')))})")
+    what = "is a directory, not an .onnx file" if p.is_dir() else "does not exist"
+    raise ModelError(f"model {name!r} {what} (bundled models: {', '.join(bundled_names())})")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def phases_arg(text: str) -> str:
+    """``--phases``: groups of digit classes separated by ``|``; checked before any run."""
+    if not all(ph and ph.isdigit() and ph.isascii() for ph in text.split("|")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not groups of digits 0-9 separated by '|', e.g. '012|789'")
+    return text
+
+
+def load_npz(path: str, graph) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """The arrays of an ``--inputs`` file, one per graph input, and its labels if any.
+
+    Raises :class:`UsageError` for a file that is missing, not an .npz, lacks an
+    input, holds no samples, has NaN or infinity, or has fewer labels than samples.
+    """
+    import zipfile
+
+    try:
+        data = np.load(path, allow_pickle=False)
+    except OSError as err:
+        raise UsageError(f"--inputs {path}: cannot read it ({err.strerror or err})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile):  # EOFError: an empty file
+        raise UsageError(f"--inputs {path}: not an .npz file (numpy.savez writes one)") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UsageError(f"--inputs {path}: a single array, not an .npz with one array "
+                         f"per graph input ({', '.join(graph.inputs)})")
+    missing = [k for k in graph.inputs if k not in data.files]
+    if missing:
+        raise UsageError(f"--inputs {path}: no array named {', '.join(missing)} (it has "
+                         f"{', '.join(data.files) or 'none'}; the model's inputs are "
+                         f"{', '.join(graph.inputs)})")
+    arrays = {k: data[k] for k in graph.inputs}
+    labels = data["labels"] if "labels" in data.files else None
+    check_arrays(path, arrays, labels, graph)
+    return arrays, labels
+
+
+def check_arrays(path, arrays: dict[str, np.ndarray], labels, graph) -> None:
+    """Refuse input arrays that would crash the run or give a meaningless result."""
+    counts = {len(a) if a.ndim else 0 for a in arrays.values()}
+    if counts == {0} or len(counts) > 1:
+        raise UsageError(f"--inputs {path}: the arrays need the same, non-zero number of "
+                         f"samples along their first axis (they have {sorted(counts)})")
+    count = counts.pop()
+    for k, a in arrays.items():
+        size = int(np.prod(graph.tensors[k].shape))
+        if a[0].size != size:
+            raise UsageError(f"--inputs {path}: a sample of {k!r} has {a[0].size} values, "
+                             f"the model's input has {size} (shape {graph.tensors[k].shape})")
+        if a.dtype.kind not in "biuf":
+            raise UsageError(f"--inputs {path}: {k!r} holds {a.dtype}, not numbers")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            # the reference interpreter would quantize NaN to an arbitrary integer and
+            # the run would still "equal the reference"
+            raise UsageError(f"--inputs {path}: {k!r} contains NaN or infinity")
+    if labels is not None and len(labels) < count:
+        # accuracy over the missing labels would silently read 0 %
+        raise UsageError(f"--inputs {path}: {len(labels)} labels for {count} samples")
 
 
 def load_inputs(graph, opts) -> tuple[list[dict], np.ndarray | None]:
@@ -53,10 +148,8 @@ def load_inputs(graph, opts) -> tuple[list[dict], np.ndarray | None]:
     name = graph.inputs[0]
     shape = graph.tensors[name].shape
     if opts.inputs:
-        data = np.load(opts.inputs)
-        arrays = {k: data[k] for k in graph.inputs}
+        arrays, labels = load_npz(opts.inputs, graph)
         count = len(next(iter(arrays.values())))
-        labels = data["labels"] if "labels" in data else None
         return [{k: v[i].reshape(graph.tensors[k].shape) for k, v in arrays.items()}
                 for i in range(count)], labels
     from .datasets import load_digits_split
@@ -235,36 +328,48 @@ def device_scenario(device, config, seed):
         raise AssertionError("the run did not pass its checks")
 
 
+def _passed(ok: bool) -> ExitCode:
+    """A command that ran to its end but whose results were not all checked is a failure."""
+    return ExitCode.OK if ok else ExitCode.INTERNAL
+
+
 def _on_backend(opts, argv) -> int:
     if opts.backend == "golden":
         from .device import GoldenDevice
 
-        return 0 if COMMANDS[opts.command](GoldenDevice(CONFIGS[opts.config]), opts) else 1
+        return _passed(COMMANDS[opts.command](GoldenDevice(CONFIGS[opts.config]), opts))
     if opts.backend == "serial":
         if not opts.port:
-            print("--backend serial needs --port PATH", file=sys.stderr)
-            return 2
+            print("npu: --backend serial needs --port PATH", file=sys.stderr)
+            return ExitCode.USAGE
         try:
             import serial
         except ImportError:
-            print("--backend serial needs pyserial: pip install 'adaptive-npu[fpga]'",
+            print("npu: --backend serial needs pyserial: pip install 'adaptive-npu[fpga]'",
                   file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
 
         from .serial_device import SerialDevice
 
-        device = SerialDevice(serial.Serial(opts.port, opts.baud, timeout=2.0))
         try:
-            return 0 if COMMANDS[opts.command](device, opts) else 1
+            port = serial.Serial(opts.port, opts.baud, timeout=2.0)
+        except serial.SerialException as err:
+            from .driver import DeviceError
+
+            raise DeviceError(f"cannot open the serial port {opts.port} ({err}): check "
+                              "--port, the cable and the port's permissions") from None
+        device = SerialDevice(port)
+        try:
+            return _passed(COMMANDS[opts.command](device, opts))
         finally:
             device.close()
     try:
         from verif.rtl_device import run_scenario
         from verif.sim import CocotbTestFailure
     except ImportError as e:
-        print(f"--backend verilator needs the sim extra ({e.name} is missing): "
+        print(f"npu: --backend verilator needs the sim extra ({e.name} is missing): "
               "pip install 'adaptive-npu[sim]', or make setup", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
 
     print(f"npu: the Verilator NPU ({opts.config} config; the first build takes minutes, "
           "then it is cached in build/sim)...", flush=True)
@@ -273,8 +378,8 @@ def _on_backend(opts, argv) -> int:
                      extra_env={"NPU_CLI_ARGV": json.dumps(argv)}, quiet=True)
     except (CocotbTestFailure, RuntimeError) as e:
         print(f"FAILED: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return ExitCode.INTERNAL
+    return ExitCode.OK
 
 
 # ---- offline commands -----------------------------------------------------------------------
@@ -358,8 +463,17 @@ def report_cmd(opts) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other ``npu`` error."""
+
+    def error(self, message):
+        self.exit(ExitCode.USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="npu", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="npu", description=__doc__.splitlines()[0], epilog=EXIT_CODES_HELP)
+    ap.add_argument("--debug", action="store_true",
+                    help="show the Python traceback of a failure instead of one line")
     sub = ap.add_subparsers(dest="command", required=True)
 
     def common(p, backend: bool):
@@ -374,15 +488,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="an .onnx file or a bundled model name (mlp, cnn, moe, "
                    "early_exit)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--digits", type=int, default=20, help="held-out digits to run (default 20)")
+    g.add_argument("--digits", type=positive_int, default=20,
+                   help="held-out digits to run (default 20)")
     g.add_argument("--inputs", help=".npz with one array per graph input (first axis: samples) "
                    "and optional 'labels'")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
     p.add_argument("--cpu-fallback", action="store_true", help="run unsupported ops on the CPU")
     p.add_argument("--adaptive", action="store_true",
                    help="serve with the adaptive runtime (profile, fuse, hot-swap, validate)")
-    p.add_argument("--phases", help="with --digits N: a stream whose class mix shifts, e.g. "
-                   "'012|789' (two phases)")
+    p.add_argument("--phases", type=phases_arg, help="with --digits N: a stream whose class "
+                   "mix shifts, e.g. '012|789' (two phases)")
     p.add_argument("--seed", type=int, default=0, help="stream seed for --phases")
     p.add_argument("--batch", type=int, default=1, help="with --adaptive: serve B inputs "
                    "per call (the runtime builds a guarded batch variant when it can)")
@@ -419,12 +534,52 @@ def _parser() -> argparse.ArgumentParser:
                    "quantized model)")
     p.add_argument("--cache", help="the cache file (default: $NPU_CACHE_DIR/compile.sqlite "
                    "or ~/.cache/npu/compile.sqlite)")
+    for p in sub.choices.values():
+        # also after the command (npu run mlp --debug); SUPPRESS keeps the global value
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
     return ap
+
+
+def failure(err: Exception) -> tuple[ExitCode, str]:
+    """The exit code and the one line ``npu`` prints for an exception a command raised."""
+    from .driver import DeviceError
+    from .errors import CPU_FALLBACK_HINT, ModelError, UnsupportedOpError
+    from .runtime import MismatchError
+
+    if isinstance(err, UsageError):
+        return ExitCode.USAGE, str(err)
+    if isinstance(err, UnsupportedOpError):
+        return ExitCode.UNSUPPORTED, str(err).replace(
+            CPU_FALLBACK_HINT, "or run with --cpu-fallback to run it on the CPU")
+    if isinstance(err, ModelError):
+        return ExitCode.BAD_MODEL, f"bad model: {err}"
+    if isinstance(err, DeviceError):
+        return ExitCode.DEVICE, f"device error: {err}"
+    if isinstance(err, MismatchError):
+        return ExitCode.MISMATCH, (f"the NPU's result differs from the reference interpreter: "
+                                   f"{err} (a compiler or NPU bug: rerun with --no-cache to rule "
+                                   "out a stale compiled program, and report it with the model)")
+    return ExitCode.INTERNAL, (f"internal error: {type(err).__name__}: {err} "
+                               "(run with --debug for the traceback)")
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = _parser().parse_args(argv)
+    try:
+        return _command(opts, argv)
+    except Exception as err:
+        code, line = failure(err)
+        if opts.debug:
+            traceback.print_exc()
+        else:
+            # messages may quote arrays that numpy wraps over several lines
+            print("npu: " + " ".join(line.split()), file=sys.stderr)
+        return code
+
+
+def _command(opts, argv) -> int:
     if opts.command == "compile":
         return compile_cmd(opts)
     if opts.command == "disasm":

@@ -5,6 +5,10 @@ Both name the node at fault, so a user can find it in the model they wrote.
 
 from __future__ import annotations
 
+# How a library caller gets an unsupported operator run anyway; the ``npu`` command
+# swaps it for its own flag.
+CPU_FALLBACK_HINT = "or import with allow_cpu_fallback=True to run it on the CPU"
+
 
 class ModelError(ValueError):
     """A malformed or inconsistent model: shape or dtype mismatch, missing
@@ -39,7 +43,7 @@ class UnsupportedOpError(ModelError):
             what += f": {reason}"
         if alternatives:
             what += "; supported: " + ", ".join(alternatives)
-        what += "; or import with allow_cpu_fallback=True to run it on the CPU"
+        what += "; " + CPU_FALLBACK_HINT
         super().__init__(what, node)
         self.op_type = op_type
         self.domain = domain

@@ -1,0 +1,167 @@
+"""``npu`` under bad input: one line on stderr and an exit code per class, never a traceback.
+
+Each case builds its bad file in ``tmp_path`` and runs ``host.cli.main`` on the golden
+backend; ``--debug`` brings the traceback back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from host import cli
+from host.cli import ExitCode
+
+
+def npu(argv) -> int:
+    """``main``'s exit code, argparse's own exits included."""
+    try:
+        return cli.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+# ---- bad files, made fresh per test ---------------------------------------------------------
+
+
+def empty_model(tmp_path):
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    return tmp_path / "empty.onnx"
+
+
+def truncated_model(tmp_path):
+    data = (cli.MODELS / "mlp.onnx").read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(data[:len(data) // 2])
+    return tmp_path / "cut.onnx"
+
+
+def random_model(tmp_path):
+    (tmp_path / "random.onnx").write_bytes(np.random.default_rng(0).bytes(4096))
+    return tmp_path / "random.onnx"
+
+
+def unsupported_model(tmp_path):
+    """A well-formed model whose only op (Erf) the NPU cannot run."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    graph = helper.make_graph([helper.make_node("Erf", ["x"], ["y"], name="erf0")],
+                              "erf", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "erf.onnx")
+    return tmp_path / "erf.onnx"
+
+
+def npz(tmp_path, name="in.npz", **arrays):
+    np.savez(tmp_path / name, **arrays)
+    return tmp_path / name
+
+
+def mlp_samples(n=3):
+    return np.random.default_rng(0).uniform(0, 16, (n, 64)).astype(np.float32)
+
+
+# Each case: argv (a function of tmp_path), the exit code, and a word the line must name.
+CASES = {
+    "empty model": (lambda t: ["run", str(empty_model(t))], ExitCode.BAD_MODEL, "bad model"),
+    "truncated model": (lambda t: ["compile", str(truncated_model(t))], ExitCode.BAD_MODEL,
+                        "cannot read the model"),
+    "random bytes": (lambda t: ["disasm", str(random_model(t))], ExitCode.BAD_MODEL,
+                     "cannot read the model"),
+    "missing model": (lambda t: ["run", str(t / "nope.onnx")], ExitCode.BAD_MODEL,
+                      "does not exist"),
+    "directory as model": (lambda t: ["run", str(t)], ExitCode.BAD_MODEL, "is a directory"),
+    "unsupported op": (lambda t: ["run", str(unsupported_model(t))], ExitCode.UNSUPPORTED,
+                       "unsupported operator Erf"),
+    "digits 0": (lambda t: ["run", "mlp", "--digits", "0"], ExitCode.USAGE, "--digits"),
+    "phases abc": (lambda t: ["run", "mlp", "--adaptive", "--no-cache", "--phases", "abc"],
+                   ExitCode.USAGE, "--phases"),
+    "inputs missing": (lambda t: ["run", "mlp", "--inputs", str(t / "nope.npz")],
+                       ExitCode.USAGE, "No such file"),
+    "inputs not npz": (lambda t: ["run", "mlp", "--inputs", str(empty_model(t))],
+                       ExitCode.USAGE, "not an .npz"),
+    "inputs wrong name": (lambda t: ["run", "mlp", "--inputs", str(npz(t, x=mlp_samples()))],
+                          ExitCode.USAGE, "no array named input"),
+    "inputs wrong size": (lambda t: ["run", "mlp", "--inputs",
+                                     str(npz(t, input=np.zeros((3, 5), np.float32)))],
+                          ExitCode.USAGE, "has 5 values"),
+    "inputs empty": (lambda t: ["run", "mlp", "--inputs",
+                                str(npz(t, input=np.zeros((0, 64), np.float32)))],
+                     ExitCode.USAGE, "non-zero number of samples"),
+    "inputs NaN": (lambda t: ["run", "mlp", "--inputs",
+                              str(npz(t, input=np.full((3, 64), np.nan, np.float32)))],
+                   ExitCode.USAGE, "NaN"),
+    "fewer labels": (lambda t: ["run", "mlp", "--inputs",
+                                str(npz(t, input=mlp_samples(3), labels=np.array([1])))],
+                     ExitCode.USAGE, "1 labels for 3 samples"),
+    "serial port": (lambda t: ["info", "--backend", "serial", "--port", str(t / "ttyNONE")],
+                    ExitCode.DEVICE, "cannot open the serial port"),
+}
+
+
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_line_and_exit_code(case, tmp_path, capsys):
+    argv, code, names = CASES[case]
+    if case == "serial port":
+        pytest.importorskip("serial")
+    assert npu(argv(tmp_path)) == code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert names in lines[0], lines[0]
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    assert npu(["--debug", "run", str(empty_model(tmp_path))]) == ExitCode.BAD_MODEL
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ModelError" in err, err
+    assert npu(["run", str(empty_model(tmp_path)), "--debug"]) == ExitCode.BAD_MODEL
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_internal_error_names_debug(monkeypatch, capsys):
+    def broken(opts, argv):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(cli, "_command", broken)
+    assert npu(["info"]) == ExitCode.INTERNAL
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["npu: internal error: KeyError: 'boom' (run with --debug for "
+                                "the traceback)"], err
+
+
+def test_mismatch_and_device_error_codes(monkeypatch, capsys):
+    """The runtime's MismatchError and the driver's DeviceError (an NPU error status)."""
+    from host.driver import DeviceError
+    from host.runtime import MismatchError
+
+    for exc, code in ((MismatchError("output 'y': NPU [1\n 2] != [3\n 4]"), ExitCode.MISMATCH),
+                      (DeviceError("NPU error BUS at pc 3"), ExitCode.DEVICE)):
+        def fail(opts, argv, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(cli, "_command", fail)
+        assert npu(["info"]) == code
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and str(exc).split()[0] in err, err
+
+
+def test_valid_inputs_still_run(tmp_path, capsys):
+    path = npz(tmp_path, input=mlp_samples(3), labels=np.array([1, 2, 3]))
+    assert npu(["run", "mlp", "--inputs", str(path)]) == ExitCode.OK
+    assert capsys.readouterr().err == ""
+
+
+def test_one_adaptive_inference_reports(capsys):
+    """A stream of one has no first half: the report prints its mean alone."""
+    assert npu(["run", "mlp", "--adaptive", "--no-cache", "--inline-compile",
+                "--digits", "1"]) == ExitCode.OK
+    out, err = capsys.readouterr()
+    assert "cycles per inference:" in out and err == "", err
