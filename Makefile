@@ -43,8 +43,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@echo "setup: .venv with the packages from PyPI (a minute or two the first time)..."
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@# -qq: errors only (a machine's pip configuration may warn once per package)
 	@$(VENV)/bin/pip install --quiet --quiet --upgrade pip
-	@$(VENV)/bin/pip install --quiet -e '.[sim,dev,fpga]'
+	@$(VENV)/bin/pip install --quiet --quiet -e '.[sim,dev,fpga]'
 	@touch $@
 
 test: setup
