@@ -543,11 +543,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def failure(err: Exception) -> tuple[ExitCode, str]:
     """The exit code and the one line ``npu`` prints for an exception a command raised."""
+    from .adaptive.cache import CacheFileError
     from .driver import DeviceError
     from .errors import CPU_FALLBACK_HINT, ModelError, UnsupportedOpError
     from .runtime import MismatchError
 
-    if isinstance(err, UsageError):
+    if isinstance(err, (UsageError, CacheFileError)):
         return ExitCode.USAGE, str(err)
     if isinstance(err, UnsupportedOpError):
         return ExitCode.UNSUPPORTED, str(err).replace(

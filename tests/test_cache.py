@@ -21,6 +21,7 @@ import pytest
 
 from firmware.config import CONFIGS, NPUConfig
 from host.adaptive.cache import (
+    CacheFileError,
     CompileCache,
     default_cache_path,
     graph_signature,
@@ -355,14 +356,27 @@ def test_a_damaged_entry_is_recompiled(tmp_path, damage):
     assert_same_program(again, want)
 
 
-def test_a_file_that_is_not_a_database_is_set_aside(tmp_path):
+def test_a_file_that_is_not_a_database_is_refused_untouched(tmp_path):
     path = tmp_path / "compile.sqlite"
     path.write_bytes(b"this is not sqlite" * 100)
-    cache = CompileCache(path)
+    with pytest.raises(CacheFileError, match="not an sqlite database"):
+        CompileCache(path)
+    assert path.read_bytes() == b"this is not sqlite" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compile.sqlite"]
+
+
+def test_a_damaged_cache_of_this_project_is_set_aside(tmp_path):
+    path = tmp_path / "compile.sqlite"
     graph = model_graph("mlp")
+    with CompileCache(path) as cache:
+        cache.get_or_compile(graph, None, SMALL)
+    data = bytearray(path.read_bytes())
+    data[100:] = b"\xff" * (len(data) - 100)  # keep the header (and its mark), wreck the rest
+    path.write_bytes(bytes(data))
+    cache = CompileCache(path)
     assert not cache.get_or_compile(graph, None, SMALL)[1]
     assert cache.get_or_compile(graph, None, SMALL)[1]
-    assert len(list(tmp_path.glob("compile.sqlite.corrupt-*"))) == 1
+    assert [p.read_bytes() for p in tmp_path.glob("compile.sqlite.corrupt-*")] == [bytes(data)]
 
 
 def test_refusals_are_stored(tmp_path):

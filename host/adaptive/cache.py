@@ -99,6 +99,96 @@ def cache_version() -> str:
     return _version_memo[0]
 
 
+# ---- which files the cache may use ------------------------------------------------------------
+
+
+APPLICATION_ID = int.from_bytes(b"NPUc", "big")
+"""``PRAGMA application_id`` of a compile cache: how a file is recognised as one."""
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_APPLICATION_ID_OFFSET = 68  # in the sqlite file header, big-endian
+
+
+class CacheFileError(Exception):
+    """A ``--cache`` path the cache refuses to use; the message says why and what to do."""
+
+
+def _refuse(path: Path, why: str):
+    raise CacheFileError(f"compile cache {path}: {why}; pass another --cache PATH, "
+                         "or --no-cache")
+
+
+def _refuse_unless_usable(path: Path) -> None:
+    """Raise :class:`CacheFileError` unless ``path`` is absent, empty, or this project's
+    cache, writable. Looks only at the file header: nothing is opened for writing,
+    so a refused path is left exactly as it was (bytes and times)."""
+    if path.is_dir():
+        _refuse(path, "is a directory")
+    if path.exists() and not path.is_file():
+        _refuse(path, "is not a regular file")
+    parent = path.parent
+    if not path.exists():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            _refuse(path, f"cannot create its directory ({err.strerror})")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            _refuse(path, f"its directory {parent} is not writable")
+        return
+    if not os.access(path, os.R_OK | os.W_OK) or not os.access(parent, os.W_OK | os.X_OK):
+        # sqlite needs the file and its directory (the WAL and lock files) writable.
+        _refuse(path, "is read-only (the file or its directory)")
+    header = _file_header(path)
+    if not header:
+        return  # an empty file: sqlite makes it a new database
+    if not header.startswith(_SQLITE_MAGIC):
+        _refuse(path, "is not an sqlite database (not an npu compile cache)")
+    app_id = int.from_bytes(header[_APPLICATION_ID_OFFSET:_APPLICATION_ID_OFFSET + 4], "big")
+    if app_id == 0 and _is_unmarked_cache(path):
+        return  # a cache written before caches were marked: it gets the mark on open
+    if app_id != APPLICATION_ID:
+        _refuse(path, f"is another application's sqlite database (application_id "
+                f"{app_id:#x}, an npu compile cache has {APPLICATION_ID:#x})")
+
+
+def _is_unmarked_cache(path: Path) -> bool:
+    """Whether the unmarked sqlite file holds exactly this cache's table (read-only look)."""
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'")]
+            cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({_TABLE})"))
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return False
+    return tables == [_TABLE] and cols == _COLUMNS
+
+
+def _file_header(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(100)
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename this project's damaged cache (and its WAL files) to a name no file has."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count():
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            os.link(path, aside)  # fails when the name is taken: never overwrites
+        except FileExistsError:
+            continue
+        break
+    os.unlink(path)
+    for suffix in ("-wal", "-shm"):
+        side = Path(str(path) + suffix)
+        if side.exists():
+            os.replace(side, Path(str(aside) + suffix))
+    return aside
+
+
 # ---- signatures ------------------------------------------------------------------------------
 
 
@@ -339,25 +429,31 @@ class CompileCache:
             db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             db.execute(_SCHEMA)
             return db
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_unless_usable(self.path)
         try:
             return self._open_file()
         except sqlite3.DatabaseError as err:
-            # Not a database (truncated, overwritten): set it aside and start anew.
-            aside = self.path.with_name(self.path.name + f".corrupt-{int(time.time())}")
-            log.warning("compile cache %s is unreadable (%s); moved to %s", self.path, err,
-                        aside)
-            os.replace(self.path, aside)
-            for suffix in ("-wal", "-shm"):
-                Path(str(self.path) + suffix).unlink(missing_ok=True)
+            # Only this project's own file reaches here (see _refuse_unless_usable):
+            # damaged, so its entries are lost anyway; keep the bytes for a post-mortem.
+            aside = _move_aside(self.path)
+            log.warning("compile cache %s is damaged (%s); moved it to %s and started a new "
+                        "one", self.path, err, aside)
             return self._open_file()
 
     def _open_file(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
                              isolation_level=None)
         try:
+            # The mark first: a new file is never seen by another process unmarked.
+            if db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+                db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
+            # Damage in the middle of the file would otherwise surface on some later
+            # lookup; a cache is a few MB, so checking it whole on open is cheap.
+            status = db.execute("PRAGMA quick_check").fetchone()[0]
+            if status != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {status}")
             db.execute(_SCHEMA)
             cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({_TABLE})"))
             if cols != _COLUMNS:
