@@ -10,6 +10,7 @@
     npu disasm MODEL.onnx [--config NAME]
     npu info [--backend golden|verilator|serial] [--config NAME]
     npu precompile --profile NAME [--model M ...] [--cache PATH]
+    npu cache info|verify|clear [--cache PATH] [--model M ...]
 
 The golden backend runs the golden model in-process. The verilator backend
 builds the RTL (the first time, minutes; cached under build/sim/) and runs the
@@ -220,7 +221,8 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
         stream_figures,
     )
 
-    cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()))
+    cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()),
+                         fresh=opts.fresh)
     saved = state_path(Path(opts.model).stem, drv.config)
     state = None if opts.fresh or opts.no_cache else load_state(saved)
     rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
@@ -244,6 +246,7 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     path = save_report(rep, report_path(Path(opts.model).stem, drv.config))
     if not opts.no_cache:
         save_report(rt.state(), saved)
+    cache.close()  # checkpoints the WAL into the file
     console.print(f"report saved to {path} (npu report {opts.model})", highlight=False)
     return all(r.checked for r in results) or opts.no_check
 
@@ -428,8 +431,7 @@ def precompile_cmd(opts) -> int:
     from .profiles import profile
 
     config = profile(opts.profile)
-    names = opts.model or sorted(f.stem for f in MODELS.glob("*.onnx")
-                                 if not f.stem.endswith("_float"))
+    names = opts.model or bundled_quantized()
     path = Path(opts.cache) if opts.cache else default_cache_path()
     console = Console()
     table = Table("model", "plans", "compiled", "cached already", "refused",
@@ -453,6 +455,61 @@ def precompile_cmd(opts) -> int:
                   f"({st['entries']} entries, {st['bytes']} bytes)", soft_wrap=True,
                   highlight=False)
     return 0
+
+
+def bundled_quantized() -> list[str]:
+    return sorted(f.stem for f in MODELS.glob("*.onnx") if not f.stem.endswith("_float"))
+
+
+def cache_cmd(opts) -> int:
+    """``npu cache info|verify|clear`` on one cache file (never created by info)."""
+    from .adaptive.cache import CompileCache, default_cache_path
+
+    path = Path(opts.cache) if opts.cache else default_cache_path()
+    if not path.exists():
+        raise UsageError(f"no compile cache at {path} (pass --cache PATH)")
+    with CompileCache(path) as cache:
+        if opts.action == "info":
+            return cache_info(cache)
+        if opts.action == "clear":
+            print(f"removed {cache.clear()} entries from {path}")
+            return ExitCode.OK
+        return cache_verify(cache, opts.model or bundled_quantized())
+
+
+def cache_info(cache) -> int:
+    from collections import Counter
+
+    entries = cache.entries()
+    st = cache.stats()
+    profiles = Counter(e["profile_name"] or e["profile"] for e in entries)
+    programs = sum(e["kind"] == "program" for e in entries)
+    other_version = sum(not e["current"] for e in entries)
+    print(f"path: {cache.path}")
+    print(f"entries: {len(entries)} ({programs} programs, {len(entries) - programs} refusals"
+          f"{f', {other_version} from another compiler version' if other_version else ''})")
+    print(f"size: {st['bytes']} bytes stored, file {cache.path.stat().st_size} bytes")
+    print("profiles: " + (", ".join(f"{name} ({n})" for name, n in sorted(profiles.items()))
+                          or "none"))
+    return ExitCode.OK
+
+
+def cache_verify(cache, names: list[str]) -> int:
+    from .adaptive.cache import verify
+    from .compiler import simplify
+    from .errors import ModelError
+    from .onnx_import import load_onnx
+
+    graphs = []
+    for name in names:
+        try:
+            graphs.append(simplify(load_onnx(model_path(name)))[0])
+        except ModelError as err:
+            print(f"note: {name} skipped: {err}")
+    res = verify(cache, graphs)
+    print(f"{cache.path}: {res.entries} entries; {res.recompiled} recompiled and compared, "
+          f"{res.intact} others intact (version, digest, decoding); evicted {res.evicted}")
+    return ExitCode.OK
 
 
 def report_cmd(opts) -> int:
@@ -509,7 +566,9 @@ def _parser() -> argparse.ArgumentParser:
                    "new plans on the inference path instead of a worker thread (the "
                    "decisions then do not depend on thread timing: reproducible runs)")
     p.add_argument("--fresh", action="store_true", help="with --adaptive: ignore the state "
-                   "an earlier run saved (profile and plan) and start from the initial plan")
+                   "an earlier run saved (profile and plan) and the compile cache's entries "
+                   "(plans are compiled again and replace them), and start from the initial "
+                   "plan")
     common(p, True)
     p = sub.add_parser("report", help="the report of the last adaptive run of a model")
     p.add_argument("model")
@@ -534,6 +593,15 @@ def _parser() -> argparse.ArgumentParser:
                    "quantized model)")
     p.add_argument("--cache", help="the cache file (default: $NPU_CACHE_DIR/compile.sqlite "
                    "or ~/.cache/npu/compile.sqlite)")
+    p = sub.add_parser("cache", help="inspect, verify or clear the compile cache")
+    p.add_argument("action", choices=("info", "verify", "clear"),
+                   help="info: what it holds; verify: recompile the bundled models' plans "
+                   "and check every entry, evicting bad ones; clear: remove every entry")
+    p.add_argument("--cache", help="the cache file (default: $NPU_CACHE_DIR/compile.sqlite "
+                   "or ~/.cache/npu/compile.sqlite)")
+    p.add_argument("--model", nargs="+", action="extend",
+                   help="with verify: the models whose plans are recompiled (default: every "
+                   "bundled quantized model)")
     for p in sub.choices.values():
         # also after the command (npu run mlp --debug); SUPPRESS keeps the global value
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -589,6 +657,8 @@ def _command(opts, argv) -> int:
         return precompile_cmd(opts)
     if opts.command == "report":
         return report_cmd(opts)
+    if opts.command == "cache":
+        return cache_cmd(opts)
     return _on_backend(opts, argv)
 
 

@@ -37,6 +37,7 @@ import logging
 import os
 import pickle
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -132,10 +133,10 @@ def _refuse_unless_usable(path: Path) -> None:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             _refuse(path, f"cannot create its directory ({err.strerror})")
-        if not os.access(parent, os.W_OK | os.X_OK):
+        if not _writable(parent):
             _refuse(path, f"its directory {parent} is not writable")
         return
-    if not os.access(path, os.R_OK | os.W_OK) or not os.access(parent, os.W_OK | os.X_OK):
+    if not _writable(path) or not _writable(parent):
         # sqlite needs the file and its directory (the WAL and lock files) writable.
         _refuse(path, "is read-only (the file or its directory)")
     header = _file_header(path)
@@ -164,6 +165,12 @@ def _is_unmarked_cache(path: Path) -> bool:
     except sqlite3.DatabaseError:
         return False
     return tables == [_TABLE] and cols == _COLUMNS
+
+
+def _writable(path: Path) -> bool:
+    """Writable, and meant to be: root may write anything, but a file or directory
+    without its owner's write bit was made read-only on purpose."""
+    return os.access(path, os.R_OK | os.W_OK) and bool(path.stat().st_mode & stat.S_IWUSR)
 
 
 def _file_header(path: Path) -> bytes:
@@ -399,7 +406,10 @@ class CompileCache:
     ----------
     path : the sqlite file (created with its directory), or None for an in-memory
         cache private to this object (tests). :func:`default_cache_path` is the
-        usual file.
+        usual file. A path that is not this project's cache raises
+        :class:`CacheFileError` and is left as it was.
+    fresh : serve nothing stored: every lookup misses, and what is compiled
+        replaces the entry (``npu run --fresh``).
 
     Members
     -------
@@ -410,14 +420,17 @@ class CompileCache:
     stale : entries found unreadable or from another version, dropped and
         counted as misses.
     negative_hits : hits on stored refusals.
+    evicted : entries removed by :meth:`evict`.
 
     The object may be used from several threads; other processes open their own
     (a pickled cache reopens its file in the receiving process).
     """
 
-    def __init__(self, path: str | Path | None):
+    def __init__(self, path: str | Path | None, *, fresh: bool = False):
         self.path = None if path is None else Path(path)
+        self.fresh = fresh
         self.hits = self.misses = self.compiles = self.stale = self.negative_hits = 0
+        self.evicted = 0
         self._lock = threading.RLock()
         self._orphans: list = []
         self._db = self._connect()
@@ -487,10 +500,10 @@ class CompileCache:
     def __getstate__(self):
         if self.path is None:
             raise TypeError("an in-memory CompileCache cannot be sent to another process")
-        return {"path": self.path}
+        return {"path": self.path, "fresh": self.fresh}
 
     def __setstate__(self, state):
-        self.__init__(state["path"])
+        self.__init__(state["path"], fresh=state.get("fresh", False))
 
     def __repr__(self):
         return f"CompileCache({str(self.path) if self.path else None!r})"
@@ -573,6 +586,8 @@ class CompileCache:
         return found
 
     def _lookup(self, key: CacheKey, graph: Graph):
+        if self.fresh:
+            return _MISS
         with self._lock:
             row = self._conn().execute(
                 f"SELECT version, kind, digest, blob FROM {_TABLE} WHERE graph=? AND names=? "
@@ -638,6 +653,7 @@ class CompileCache:
                 f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone()
             return {"hits": self.hits, "misses": self.misses, "compiles": self.compiles,
                     "stale": self.stale, "negative_hits": self.negative_hits,
+                    "evicted": self.evicted,
                     "entries": count, "bytes": size,
                     "path": str(self.path) if self.path else None}
 
@@ -676,10 +692,21 @@ class CompileCache:
                         "size": r["size"], "created": r["created"]})
         return out
 
-    def clear(self):
-        """Remove every entry (the counters are kept)."""
+    def evict(self, graph: Graph, plan: list | None, config: NPUConfig,
+              specialization: str = "") -> bool:
+        """Remove one entry (a program that failed validation); True when there was one."""
+        key = self.key(graph, plan, config, specialization)
         with self._lock:
-            self._conn().execute(f"DELETE FROM {_TABLE}")
+            cur = self._conn().execute(
+                f"DELETE FROM {_TABLE} WHERE graph=? AND names=? AND plan=? AND profile=? "
+                "AND specialization=?", key)
+            self.evicted += cur.rowcount
+            return cur.rowcount > 0
+
+    def clear(self) -> int:
+        """Remove every entry (the counters are kept); returns how many there were."""
+        with self._lock:
+            return self._conn().execute(f"DELETE FROM {_TABLE}").rowcount
 
 
 # ---- ahead-of-time compilation -------------------------------------------------------------------
@@ -824,3 +851,82 @@ def precompile(cache: CompileCache, graph: Graph, config: NPUConfig) -> Precompi
         else:
             res.compiled += 1
     return res
+
+
+# ---- verification ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """What :func:`verify` did: ``entries`` looked at, ``recompiled`` (compared with a
+    fresh compile), ``intact`` (the others, whose integrity record held) and
+    ``evicted`` (either check failed)."""
+
+    entries: int = 0
+    recompiled: int = 0
+    intact: int = 0
+    evicted: int = 0
+
+
+def verify(cache: CompileCache, graphs: list[Graph]) -> VerifyResult:
+    """Check every entry of ``cache`` and evict the bad ones.
+
+    An entry of one of the simplified ``graphs`` (the plans :func:`precompile`
+    makes) is recompiled for its stored configuration and must equal the fresh
+    compile: program, constants and partitions, or the same refusal. Any other
+    entry (a batch variant, a model not given) is checked by its integrity
+    record only: this compiler version, the digest of its bytes, and that it
+    decodes. Bounded: one compile per entry at most.
+    """
+    res = VerifyResult()
+    known = _known_plans(cache, graphs)
+    with cache._lock:
+        rows = cache._conn().execute(
+            f"SELECT graph, names, plan, profile, specialization, config FROM {_TABLE}"
+        ).fetchall()
+    for *key_parts, config_json in rows:
+        key = CacheKey(*key_parts)
+        res.entries += 1
+        job = known.get(key)
+        graph = job[0] if job else None
+        stored = cache._lookup(key, graph if graph is not None else Graph("unknown"))
+        if stored is _MISS:  # failed its integrity record: _lookup dropped it
+            res.evicted += 1
+            continue
+        if job is None:
+            res.intact += 1
+            continue
+        res.recompiled += 1
+        config = NPUConfig(**json.loads(config_json))
+        if not _same_as_fresh(stored, graph, job[1], config):
+            cache.evict(graph, job[1], config)
+            res.evicted += 1
+    return res
+
+
+def _known_plans(cache: CompileCache, graphs: list[Graph]) -> dict:
+    """Key -> (graph, plan) of every precompiled plan of ``graphs``, for every profile
+    the cache holds."""
+    with cache._lock:
+        configs = [NPUConfig(**json.loads(c)) for (c,) in cache._conn().execute(
+            f"SELECT DISTINCT config FROM {_TABLE}")]
+    known = {}
+    for graph in graphs:
+        jobs = [(graph, plan) for _, plan in precompile_plans(graph)]
+        jobs += [(g, plan) for _, g, plan in speculative_plans(graph)]
+        for config in configs:
+            for g, plan in jobs:
+                known[cache.key(g, plan, config)] = (g, plan)
+    return known
+
+
+def _same_as_fresh(stored, graph: Graph, plan: list, config: NPUConfig) -> bool:
+    try:
+        fresh = compile_model(graph, config, plan, simplified=True)
+    except CompileError as err:
+        return isinstance(stored, CompileError) and str(stored) == str(err)
+    if isinstance(stored, CompileError):
+        return False
+    return (stored.program.to_bytes() == fresh.program.to_bytes()
+            and stored.const_image() == fresh.const_image()
+            and stored.partitions == fresh.partitions)

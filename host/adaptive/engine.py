@@ -158,6 +158,8 @@ class AdaptiveRuntime:
         self.speculation = Speculation(self.config.spec_threshold, self.config.spec_step,
                                        self.config.profiler.decay)
         self.warm_cycles: dict[int, float] = {}  # region -> decayed mean of warm runs
+        # id(model) -> (model, graph, plan) of every program the cache served
+        self._served: dict[int, tuple[CompiledModel, Graph, list[Subgraph]]] = {}
         base, _ = self._compile([Subgraph(i + 1, list(u))
                                  for i, u in enumerate(initial_units(self.graph))])
         self.units = UnitGraph(base)
@@ -176,6 +178,9 @@ class AdaptiveRuntime:
         if state is not None:
             self._restore(state)
         self.resident = ResidentProgram(driver, self.session)
+        # A stored program is trusted no more than a new plan: its first runs are
+        # checked (with check off too), so a wrong entry is evicted, never served on.
+        self._trial_left = self.config.validate_runs if self._from_cache(self.model) else 0
         self.batches = BatchServer(self.config, self.graph, self.hw, self.cache, self,
                                    self.resident, self.profiler, self.log)
 
@@ -272,6 +277,8 @@ class AdaptiveRuntime:
         validating), and the plan that answered it: ``ran_on``, or the previous plan
         after a rollback."""
         v = self.changes.validation
+        if v is None and self._trial_left and self._from_cache(ran_on):
+            return self._trial_checked(inputs, res, ran_on)
         if v is None and not self.config.check:
             return res, ran_on
         expected = run_reference(self.graph, inputs)
@@ -292,6 +299,7 @@ class AdaptiveRuntime:
             raise MismatchError(f"inference {self.n}: {bad} (plan {self._plan_ids()})")
         # The new plan is wrong: back to the previous one, and answer from it.
         self.changes.rolled_back()
+        self._evict_if_served(v.change.model, bad)
         u = v.change.unit
         reason = f"shadow validation failed at inference {self.n}: {bad}"
         self.session.install(v.previous)
@@ -311,6 +319,44 @@ class AdaptiveRuntime:
             raise MismatchError(f"inference {self.n} after rollback: {bad}")
         res.checked = True
         return res, v.previous
+
+    def _from_cache(self, model: CompiledModel) -> bool:
+        return id(model) in self._served
+
+    def _evict_if_served(self, model: CompiledModel, why: str) -> bool:
+        """Evict the cache entry ``model`` came from, if it came from one."""
+        served = self._served.pop(id(model), None)
+        if served is None:
+            return False
+        _, graph, plan = served
+        self.cache.evict(graph, plan, self.hw)
+        self.log.emit("cache-evicted", tuple(s.id for s in plan),
+                      f"the stored program differs from the reference ({why}): recompiled")
+        return True
+
+    def _trial_checked(self, inputs: dict, res: Inference, ran_on: CompiledModel
+                       ) -> tuple[Inference, CompiledModel]:
+        """Check a run of a plan the cache served; on a mismatch evict the entry,
+        recompile the plan, install it and answer from it."""
+        expected = run_reference(self.graph, inputs)
+        bad = mismatch(res.outputs, expected)
+        if bad is None:
+            res.checked = True
+            self._trial_left -= 1
+            return res, ran_on
+        _, graph, plan = self._served[id(ran_on)]
+        self._evict_if_served(ran_on, bad)
+        self._trial_left = 0
+        model, _ = self._compile(plan, graph)
+        self.session.install(model, invalidate_tags=True)
+        self.resident.generic_installed()
+        res = self.session.run(inputs)
+        bad = mismatch(res.outputs, expected)
+        if bad is not None:
+            raise MismatchError(f"inference {self.n}, freshly compiled: {bad} "
+                                f"(plan {self._plan_ids()})")
+        res.checked = True
+        return res, model
 
     # ---- learning ------------------------------------------------------------------------
     def _learn(self, res: Inference) -> str:
@@ -470,6 +516,8 @@ class AdaptiveRuntime:
         model, hit = self.cache.get_or_compile(
             graph, plan, self.hw,
             compile_fn=lambda: compile_model(graph, self.hw, plan, simplified=True))
+        if hit:
+            self._served[id(model)] = (model, graph, list(plan))
         # The cost model predicts the plan's units from their golden cycles.
         return attach_timeline(model), hit
 
