@@ -2,39 +2,30 @@
 the golden model with ``check=True`` (outputs equal the reference interpreter bit for
 bit) and agrees with onnxruntime.
 
-Against onnxruntime with graph optimizations off (the graph executed literally):
-quantized outputs within 1 LSB of their output scale, float outputs within a float
-tolerance, integer outputs (labels) equal. The classifiers' top-1 equals that of
-onnxruntime's default session on every test input. Files the importer refuses are
+Against onnxruntime (``verif.zoo.check``, shared with the RTL run in
+``tests/test_zoo_rtl.py``): with graph optimizations off (the graph executed
+literally), quantized outputs within 1 LSB of their output scale, float outputs within
+a float tolerance, integer outputs (labels) equal; the classifiers' top-1 equals that
+of onnxruntime's default session on every test input. Files the importer refuses are
 listed in ``EXPECTED_REFUSALS`` with their reason, so a new refusal and an unexpected
 success both fail.
 """
 
-import numpy as np
 import onnx
 import pytest
 
 from host.errors import ModelError
 from host.ir import CpuOp
 from host.onnx_import import load_onnx
-from verif.zoo import ZOO_DIR, expected_file, load_manifest, output_key
-from verif.zoo.status import output_scales, run_on_golden
+from verif.zoo import ZOO_DIR, load_manifest
+from verif.zoo.check import assert_matches_onnxruntime, load_expected
+from verif.zoo.status import run_on_golden
 
 MANIFEST = load_manifest()
 FILES = MANIFEST["files"]
 
 EXPECTED_REFUSALS: dict[str, str] = {}
 """Zoo file -> a fragment of the importer's error (none today: every file imports)."""
-
-CLASSIFIER_OUTPUT = {"cnn_pc": "logits", "mlp_skl": "probabilities"}
-"""The score output of each classifier model, compared by top-1."""
-
-FLOAT_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
-"""Float outputs: the host's float ops sum in another order than onnxruntime's."""
-
-
-def _expected(model: str) -> dict:
-    return np.load(ZOO_DIR / expected_file(model))
 
 
 def _ids(entries):
@@ -43,7 +34,7 @@ def _ids(entries):
 
 @pytest.fixture(scope="module")
 def data():
-    return {m: _expected(m) for m in MANIFEST["models"]}
+    return {m: load_expected(m) for m in MANIFEST["models"]}
 
 
 def _run(entry, npz):
@@ -56,22 +47,7 @@ def _run(entry, npz):
 def test_zoo_file_matches_onnxruntime(entry, data):
     npz = data[entry["model"]]
     _, got = _run(entry, npz)
-    scales = output_scales(onnx.load(str(ZOO_DIR / entry["file"])))
-    for out in entry["outputs"]:
-        want = npz[output_key(entry["variant"], out, "literal")]
-        value = got[out].reshape(want.shape)
-        if want.dtype.kind in "iub":
-            np.testing.assert_array_equal(value, want, err_msg=out)
-        elif out in scales:
-            lsb = np.abs(value.astype(np.float64) - want) / scales[out]
-            assert lsb.max() <= 1 + 1e-3, f"{out}: {lsb.max():.3g} LSB"
-        else:
-            np.testing.assert_allclose(value, want, err_msg=out, **FLOAT_TOLERANCE)
-    score = CLASSIFIER_OUTPUT.get(entry["model"])
-    if score is not None:
-        default = npz[output_key(entry["variant"], score, "default")]
-        np.testing.assert_array_equal(got[score].reshape(default.shape).argmax(-1),
-                                      default.argmax(-1), err_msg=f"{score} top-1")
+    assert_matches_onnxruntime(entry, got, npz)
 
 
 def test_expected_refusals_are_refused_for_their_reason():
