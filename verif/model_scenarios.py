@@ -1,8 +1,9 @@
 """Compiled models on the RTL: the runtime's results against the reference
 interpreter, and the RTL's counters and trace against the golden model.
 
-Scenarios for :func:`verif.rtl_device.run_scenario` (environment: ``NPU_MODEL``, a
-bundled model name or .onnx path; ``NPU_INPUTS``, how many held-out digits).
+Scenarios for :func:`verif.rtl_device.run_scenario`, configured by environment
+variables (each scenario's docstring lists its own): ``NPU_MODEL``, a bundled model
+name or .onnx path; ``NPU_INPUTS``, how many inputs; ``NPU_ZOO``, test zoo files.
 """
 
 from __future__ import annotations
@@ -102,3 +103,53 @@ def adaptive_vs_golden(device, config, seed):
         assert rt.rollbacks >= 1, "the broken unit was not rolled back"
     print(f"{name} on the RTL: {rt.n} inferences, {rt.swaps} swaps, {rt.rollbacks} "
           f"rollbacks, plan {rt.report()['plan']}; all equal the reference and the golden model")
+
+
+def zoo_vs_golden(device, config, seed):
+    """Run zoo files (``tests/zoo/``, the real tools' models) on the RTL and the golden
+    model side by side: outputs equal the reference interpreter on both, every exact
+    counter and trace field agree per inference, and the outputs agree with
+    onnxruntime's stored ones (:func:`verif.zoo.check.assert_matches_onnxruntime`).
+
+    Environment: ``NPU_ZOO``, zoo file names, comma-separated (one simulator start
+    covers them all: each start costs seconds); ``NPU_INPUTS``, how many of each
+    model's stored inputs (the first ones: the oracle's rows are fixed).
+    """
+    files = [f for f in os.environ["NPU_ZOO"].split(",") if f]
+    count = int(os.environ.get("NPU_INPUTS", "2"))
+    for file in files:
+        _zoo_file_vs_golden(file, device, config, count)
+
+
+def _zoo_file_vs_golden(file, device, config, count):
+    """One zoo file through :func:`zoo_vs_golden`'s checks on its first ``count`` inputs."""
+    from verif.zoo import ZOO_DIR
+    from verif.zoo.check import assert_matches_onnxruntime, load_expected, manifest_entry
+
+    entry = manifest_entry(file)
+    npz = load_expected(entry["model"])
+    graph = load_onnx(ZOO_DIR / file, allow_cpu_fallback=True)
+    rtl_session, gold_session = (_checked_session(graph, dev) for dev in
+                                 (device, GoldenDevice(config)))
+    name = graph.inputs[0]
+    shape = graph.tensors[name].shape
+    rows = range(min(count, len(npz["input"])))
+    outputs = []
+    for row in rows:
+        inputs = {name: npz["input"][row].reshape(shape)}
+        rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
+        assert_same_inference(f"{file} input #{row}", rtl, gold)
+        outputs.append(rtl.outputs)
+    stacked = {out: np.stack([o[out] for o in outputs]) for out in outputs[0]}
+    assert_matches_onnxruntime(entry, stacked, npz, rows=list(rows))
+    print(f"{file}: {len(rows)} inputs, {rtl.cycles} cycles on the RTL for the last; "
+          "reference, golden model, counters, trace and onnxruntime agree")
+
+
+def _checked_session(graph, device) -> Session:
+    """A loaded ``Session(check=True)`` of ``graph`` compiled for ``device``: every
+    inference is also compared with the reference interpreter."""
+    drv = NPUDriver(device)
+    session = Session(drv, compile_model(graph, drv.config), check=True)
+    session.load()
+    return session
