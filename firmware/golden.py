@@ -126,6 +126,16 @@ class RunResult:
         return self
 
 
+@dataclass
+class _Cursor:
+    """Where a begun run stands: the next pc and the limits it runs under."""
+
+    pc: int
+    start_instr: int
+    max_cycles: int | None
+    max_instructions: int
+
+
 class _Stop(Exception):
     def __init__(self, code: ErrorCode, message: str, addr: int = 0):
         super().__init__(message)
@@ -177,6 +187,7 @@ class Machine:
         self.trace: deque[TraceRecord] = deque()
         self.regs = [0] * isa.NUM_REGS
         self.last: RunResult | None = None
+        self._cursor: _Cursor | None = None
         self._reset_run_state()
 
     # ---- host-side operations (what the CSR port offers) -----------------------
@@ -265,6 +276,15 @@ class Machine:
         ``args`` (at most 7 ints) start in r1..r7, like the ARG registers.
         ``max_cycles`` is the host's cycle budget (TIMEOUT when exceeded).
         """
+        self.begin(args, max_cycles, max_instructions)
+        return self.advance()
+
+    def begin(self, args=(), max_cycles: int | None = None,
+              max_instructions: int = 50_000_000) -> None:
+        """Start a run of the active bank at pc 0 without executing it (see :meth:`advance`).
+
+        The arguments are those of :meth:`run`; a run left paused is abandoned.
+        """
         if len(args) > isa.NUM_ARG_REGS:
             raise ValueError(f"{len(args)} args given, at most {isa.NUM_ARG_REGS}")
         self._reset_run_state()
@@ -272,14 +292,34 @@ class Machine:
             self.regs[1 + i] = int(a) & MASK32
         self._time = _Timeline(self.config, self.cost)
         self.counters["runs"] += 1
-        start_instr = self.counters["instructions"]
-        pc = 0
+        self._cursor = _Cursor(0, self.counters["instructions"], max_cycles, max_instructions)
+
+    @property
+    def running(self) -> bool:
+        """Whether a run was begun and has not ended (it is paused)."""
+        return self._cursor is not None
+
+    def advance(self, until: int | None = None) -> RunResult | None:
+        """Execute the begun run until it ends, or pause it before an instruction that
+        would issue after cycle ``until`` (None: never pause).
+
+        Returns the run's result when it ended (``cycles`` may exceed ``until``: the
+        queues drain after the last issue), None when it paused. Pausing changes nothing
+        in the run: advancing in steps gives the state and cycles of one ``run``.
+        """
+        cur = self._cursor
+        if cur is None:
+            raise RuntimeError("no run in progress: begin() one first")
+        pc = cur.pc
         try:
             while True:
+                if until is not None and self._time.now > until:
+                    cur.pc = pc
+                    return None
                 if not 0 <= pc < self.config.imem_depth:
                     raise _Stop(ErrorCode.PC_BOUNDS, f"pc {pc} outside the bank")
-                if self.counters["instructions"] - start_instr >= max_instructions or (
-                    max_cycles is not None and self._time.now > max_cycles
+                if self.counters["instructions"] - cur.start_instr >= cur.max_instructions or (
+                    cur.max_cycles is not None and self._time.now > cur.max_cycles
                 ):
                     raise _Stop(ErrorCode.TIMEOUT, "cycle budget exhausted")
                 try:
@@ -295,13 +335,14 @@ class Machine:
         except _Stop as stop:
             self.counters["errors"] += 1
             result = RunResult(stop.code, pc, stop.addr, stop.message)
+        self._cursor = None
         cycles = self._time.finish()
         self.counters["cycles"] += cycles
         for q in ("load", "compute", "store"):
             self.counters["busy_" + q] += self._time.busy[q]
         self.counters["stall_cycles"] += self._time.stall
         result.cycles = cycles
-        result.instructions = self.counters["instructions"] - start_instr
+        result.instructions = self.counters["instructions"] - cur.start_instr
         self.last = result
         return result
 

@@ -56,18 +56,25 @@ class GoldenDevice(Device):
 
     Register reads and writes go through :class:`firmware.csrmodel.CSRModel`, the
     model the RTL's CSR block is checked against, so refusals of writes aimed at the
-    active bank, the IRQ bits and the counter latch behave as on the hardware. Runs
-    execute synchronously when START is written (the golden model has no notion of
-    concurrency): STATUS.busy and STATUS.swap_pending are never seen set, and a swap
-    lands at once. An address outside the map raises ``ValueError``; a write the
-    build cannot hold (an instruction past the bank, a partition it lacks) answers
-    SLVERR on the bus, which this transport, like the others, does not report.
+    active bank, the IRQ bits and the counter latch behave as on the hardware. The
+    golden model has no clock of its own: writing START begins a run, and the run's
+    time passes only while the host waits for it. ``wait_irq(n)`` advances the run by
+    up to ``n`` cycles (its cycles as the cost model counts them) and answers False if
+    it has not finished by then, exactly as the RTL would: the run stays in progress
+    (STATUS.busy) and a later wait continues it, so an endless program costs a wait its
+    timeout, not the golden model's instruction limit. While a run is in progress a
+    swap is pending until it ends, and a START ends it first (the RTL queues it);
+    other accesses see the run where it stands. An address outside the map raises
+    ``ValueError``; a write the build cannot hold (an instruction past the bank, a
+    partition it lacks) answers SLVERR on the bus, which this transport, like the
+    others, does not report.
     """
 
     def __init__(self, config: NPUConfig | None = None, dram_bytes: int = 1 << 22):
         self.config = config = config or NPUConfig()
         self.machine = Machine(config, dram_bytes=dram_bytes)
-        self.csr = CSRModel(config, _GoldenSide(self))
+        self.side = _GoldenSide(self)
+        self.csr = CSRModel(config, self.side)
         self._mapped = {r.addr for r in self.csr.map}
 
     def read_reg(self, addr: int) -> int:
@@ -94,8 +101,9 @@ class GoldenDevice(Device):
             raise ValueError(f"DRAM [{addr:#x}, +{size}) outside {len(self.machine.dram)} bytes")
 
     def wait_irq(self, timeout_cycles: int) -> bool:
-        """Whether an enabled interrupt is pending. Runs finish when START is written,
-        so waiting could not change the answer: no timeout is spent."""
+        """Advance a run in progress by up to ``timeout_cycles`` cycles; whether an
+        enabled interrupt is then pending."""
+        self.side.advance(max(0, int(timeout_cycles)))
         return bool(self.csr.irq)
 
     def set_bus_faults(self, windows) -> None:
@@ -116,10 +124,15 @@ class _GoldenSide(NPUSide):
         self.machine = device.machine
         self.counter_names = counter_names(device.config)
         self.last_error = (0, 0, 0)  # (code, pc, address) of the last run
+        self.busy = False     # a run was started and has not raised its interrupt
+        self.waited = 0       # cycles of the run in progress the host has waited through
+        self.ended = None     # its RunResult once the machine finished it
+        self.swap_pending = False
 
     def run_state(self) -> RunState:
         code, pc, addr = self.last_error
-        return RunState(active_bank=self.machine.active_bank, error=int(code != 0),
+        return RunState(busy=int(self.busy), active_bank=self.machine.active_bank,
+                        swap_pending=int(self.swap_pending), error=int(code != 0),
                         error_code=code, error_pc=pc, error_addr=addr & 0xFFFF_FFFF)
 
     def trace_count(self) -> int:
@@ -143,8 +156,11 @@ class _GoldenSide(NPUSide):
 
     def commands(self, names: tuple[str, ...]) -> None:
         mc = self.machine
-        if "swap" in names:  # lands at once: no run is in progress
-            mc.swap()
+        if "swap" in names:  # lands at the run boundary: at once when idle
+            if self.busy:
+                self.swap_pending = True
+            else:
+                mc.swap()
         if "counter_reset" in names:
             mc.reset_counters()
         if "tag_invalidate" in names:
@@ -154,18 +170,38 @@ class _GoldenSide(NPUSide):
         if "trace_pop" in names and mc.trace:
             mc.trace.popleft()
         if "start" in names:
-            self._run()
+            if self.busy:  # the RTL queues this START behind the run in progress
+                self.advance(None)
+            self._begin()
 
-    def _run(self) -> None:
-        mc, csr = self.machine, self.device.csr
-        dropped = mc.counters["trace_overflows"]
-        res = mc.run(args=[csr.rw[f"ARG{i}"] for i in range(isa.NUM_ARG_REGS)],
-                     max_cycles=csr.rw["CYCLE_BUDGET"] or None)
+    def _begin(self) -> None:
+        csr = self.device.csr
+        self.dropped = self.machine.counters["trace_overflows"]
+        self.machine.begin(args=[csr.rw[f"ARG{i}"] for i in range(isa.NUM_ARG_REGS)],
+                           max_cycles=csr.rw["CYCLE_BUDGET"] or None)
+        self.busy, self.waited, self.ended = True, 0, None
+
+    def advance(self, cycles: int | None) -> None:
+        """Let the run in progress take up to ``cycles`` more cycles (None: to its end);
+        raise the interrupt if it ends within them."""
+        if not self.busy:
+            return
+        until = None if cycles is None else self.waited + cycles
+        if self.ended is None:
+            self.ended = self.machine.advance(until)
+        if self.ended is None or (until is not None and self.ended.cycles > until):
+            self.waited = until
+            return
+        res, csr, mc = self.ended, self.device.csr, self.machine
+        self.busy, self.ended = False, None
         self.last_error = (int(res.error), res.pc, res.error_addr)
+        if self.swap_pending:
+            self.swap_pending = False
+            mc.swap()
         csr.pulse("run_done")
         if res.error:
             csr.pulse("run_error")
-        if mc.counters["trace_overflows"] != dropped:
+        if mc.counters["trace_overflows"] != self.dropped:
             csr.pulse("trace_overflow")
 
     def imem_write(self, bank: int, index: int, word: int) -> None:

@@ -15,10 +15,12 @@ import struct
 from collections import deque
 
 from firmware.bridge import (
+    CRC_BYTES,
     CSR_SPACE,
     FLAG_IRQ,
     MAX_PAYLOAD,
     REQUEST_HEADER,
+    RESPONSE_HEADER,
     SYNC,
     Command,
     FrameError,
@@ -64,8 +66,13 @@ class BridgeModel:
 
     With ``device`` (a ``host.device.Device``, e.g. ``GoldenDevice``), CSR and memory
     requests go to that device instead (an access it refuses with ``ValueError``
-    answers BUS_ERROR) and ``irq`` follows its interrupt: a board with that NPU.
+    answers BUS_ERROR) and ``irq`` follows its interrupt: a board with that NPU. The
+    NPU runs while frames travel: each response samples the line after letting the
+    device run ``FRAME_CYCLES`` cycles (``wait_irq``), a response frame's time at
+    115200 baud on a 25 MHz NPU.
     """
+
+    FRAME_CYCLES = (RESPONSE_HEADER + CRC_BYTES) * 10 * 25_000_000 // 115_200
 
     def __init__(self, mem_addr_width: int = MEM_ADDR_WIDTH, device=None):
         self.mem_addr_width = mem_addr_width
@@ -79,7 +86,7 @@ class BridgeModel:
 
     @property
     def flags(self) -> int:
-        irq = self.irq if self.device is None else self.device.wait_irq(0)
+        irq = self.irq if self.device is None else self.device.wait_irq(self.FRAME_CYCLES)
         return FLAG_IRQ if irq else 0
 
     def reject(self, status: Status, cmd: int = 0) -> bytes:
