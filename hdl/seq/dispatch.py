@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 from firmware.config import NPUConfig
 
 from ..queues import compute_entry_layout, load_entry_layout, store_entry_layout
+from .args import require_config
 
 __all__ = ["Dispatch", "Needs"]
 
@@ -67,9 +68,7 @@ class Dispatch(wiring.Component):
     """
 
     def __init__(self, config: NPUConfig):
-        if not isinstance(config, NPUConfig):
-            self._MustUse__silence = True  # never elaborated: no warning about it
-            raise TypeError(f"config={config!r}: must be an NPUConfig")
+        require_config(self, config)
         self.config = config
         layouts = {"load": load_entry_layout(config), "compute": compute_entry_layout(config),
                    "store": store_entry_layout(config)}

@@ -7,6 +7,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from .args import require_positive
+
 __all__ = ["LoopStack"]
 
 
@@ -70,12 +72,7 @@ class LoopStack(wiring.Component):
     """
 
     def __init__(self, *, depth: int, pc_bits: int):
-        if not isinstance(depth, int) or depth < 1:
-            self._MustUse__silence = True  # never elaborated: no warning about it
-            raise ValueError(f"depth={depth!r}: must be a positive integer")
-        if not isinstance(pc_bits, int) or pc_bits < 1:
-            self._MustUse__silence = True  # never elaborated: no warning about it
-            raise ValueError(f"pc_bits={pc_bits!r}: must be a positive integer")
+        require_positive(self, depth=depth, pc_bits=pc_bits)
         self.depth = depth
         self.pc_bits = pc_bits
         super().__init__({

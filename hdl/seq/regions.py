@@ -11,6 +11,8 @@ from amaranth.utils import ceil_log2
 
 from firmware.regs import TRACE_FIELDS
 
+from .args import require_positive
+
 __all__ = ["METERS", "TRACE_WORDS", "RegionMeters"]
 
 TRACE_WORDS = len(TRACE_FIELDS)
@@ -67,9 +69,7 @@ class RegionMeters(wiring.Component):
     """
 
     def __init__(self, *, depth: int):
-        if not isinstance(depth, int) or depth < 1:
-            self._MustUse__silence = True  # never elaborated: no warning about it
-            raise ValueError(f"depth={depth!r}: must be a positive integer")
+        require_positive(self, depth=depth)
         self.depth = depth
         super().__init__({
             "clear": In(1),

@@ -9,6 +9,7 @@ from amaranth.lib.wiring import In, Out
 from firmware.config import NPUConfig
 
 from ..partition import pt_check_signature
+from .args import require_config, require_positive
 from .bounds import SPAN_BITS
 
 __all__ = ["SpanChecker", "span_layout"]
@@ -56,12 +57,8 @@ class SpanChecker(wiring.Component):
     """
 
     def __init__(self, config: NPUConfig, *, checks: int):
-        if not isinstance(config, NPUConfig):
-            self._MustUse__silence = True  # never elaborated: no warning about it
-            raise TypeError(f"config={config!r}: must be an NPUConfig")
-        if not isinstance(checks, int) or checks < 1:
-            self._MustUse__silence = True  # never elaborated: no warning about it
-            raise ValueError(f"checks={checks!r}: must be a positive integer")
+        require_config(self, config)
+        require_positive(self, checks=checks)
         self.config = config
         self.checks = checks
         super().__init__({
