@@ -8,7 +8,7 @@
   shows), 6 = PLL locked, 7 = heartbeat (~1 Hz: the clock runs).
 
 The NPU build (:data:`CONFIG`) is the ``small`` one (4x4 array) at 60 MHz, the build
-that routes and meets timing (15 to 80 minutes of nextpnr); its int8 multipliers and
+that routes and meets timing (11 to 77 minutes in the builds measured); its int8 multipliers and
 the vector unit's requantization map to the ECP5's ``MULT18X18D`` DSP blocks. The 85F
 also holds the 8x8 ``default`` build (``make synth CONFIG=default FREQ=40``), whose
 routing takes hours (docs/fpga.md).
@@ -48,7 +48,7 @@ TOOL_OPTIONS = {"nextpnr_opts": "--placer-heap-timingweight 80"}
 """Extra options for ``platform.build`` (yosys's ``synth_ecp5`` maps multipliers to DSPs
 by default). nextpnr's HeAP placer weighs timing 8x its default (10): the whole
 build's slow paths are mostly wire between blocks the placer spread apart, and the
-higher weight gains 2 to 3 MHz over three seeds (docs/fpga-timing.md)."""
+higher weight routed 1.8 MHz higher on average over three seeds (docs/fpga-timing.md)."""
 
 OSC_HZ = 25_000_000
 

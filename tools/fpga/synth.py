@@ -314,7 +314,7 @@ def main(argv=None) -> int:
         ap.error(f"--freq {args.freq:g}: a clock in MHz above 0")
     _raise_on_sigterm()
     print(f"synth: building {args.board} (the first run compiles the WebAssembly tools; "
-          "the build takes 15 to 80 minutes)...", flush=True)
+          "builds took 11 to 77 minutes)...", flush=True)
     try:
         report = synthesize(args.board, args.out, config=args.config,
                             clk_hz=None if args.freq is None else int(args.freq * 1e6),
