@@ -440,3 +440,51 @@ def test_class_mix_stream(seed):
 def test_class_mix_stream_rejects_bad_arguments(n, phases, match):
     with pytest.raises(ValueError, match=match):
         list(class_mix_stream(n, phases, 0))
+
+
+def _output_lsb(model, output: str) -> float:
+    """The largest scale of a DequantizeLinear writing ``output`` (in any branch): one
+    step of the quantized value behind a float output."""
+    inits, nodes = _inits(model), _nodes(model)
+    names, todo = set(), [output]
+    while todo:  # an If's output is written by the matching output of each branch
+        name = todo.pop()
+        names.add(name)
+        for n in nodes:
+            if n.op_type == "If" and name in n.output:
+                k = list(n.output).index(name)
+                todo += [a.g.output[k].name for a in n.attribute
+                         if a.type == onnx.AttributeProto.GRAPH]
+    return max(float(inits[n.input[1]]) for n in nodes
+               if n.op_type == "DequantizeLinear" and names & set(n.output))
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_reference_interpreter_matches_onnxruntime(name):
+    """The host's reference interpreter on the bundled QDQ model against onnxruntime
+    executing the graph literally (ORT_DISABLE_ALL): float outputs within one step of
+    their quantized value, integer outputs (expert, path) and top-1 equal, on 64
+    held-out digits."""
+    import onnxruntime as ort
+
+    from host.onnx_import import load_onnx
+    from host.reference import run_reference
+
+    model = _model(name, True)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    oracle = ort.InferenceSession(model.SerializeToString(), options,
+                                  providers=["CPUExecutionProvider"])
+    names = [o.name for o in oracle.get_outputs()]
+    graph = load_onnx(model)
+    x = SPECS[name].prepare(_split().x_test[:64])
+    for j in range(len(x)):
+        want = dict(zip(names, oracle.run(None, {"input": x[j:j + 1]}), strict=True))
+        got = run_reference(graph, {"input": x[j:j + 1]})
+        for out, value in want.items():
+            if value.dtype.kind == "f":
+                err = np.abs(got[out] - value).max()
+                assert err <= _output_lsb(model, out) * (1 + 1e-3), f"{out}[{j}]: {err}"
+            else:
+                np.testing.assert_array_equal(got[out], value, err_msg=f"{out}[{j}]")
+        assert got["logits"].argmax() == want["logits"].argmax(), f"top-1 of digit {j}"
