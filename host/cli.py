@@ -37,6 +37,7 @@ from rich.table import Table
 from firmware.config import CONFIGS
 
 MODELS = Path(__file__).resolve().parent / "models"
+MLPERF = MODELS / "mlperf"  # host.models.MLPERF_DIR (not imported: it loads onnx)
 
 
 class ExitCode(enum.IntEnum):
@@ -46,7 +47,8 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 1     # a bug in npu itself (or a check that did not pass)
     USAGE = 2        # bad arguments or input files (argparse's own code)
     BAD_MODEL = 3    # a model file that is missing, unreadable or malformed
-    UNSUPPORTED = 4  # a well-formed model with an operator nothing here can run
+    UNSUPPORTED = 4  # a well-formed model with an operator nothing here can run, or
+                     # one the compiler cannot map onto this NPU
     DEVICE = 5       # the NPU, its bus or its serial port reported an error
     MISMATCH = 6     # a result differs from the reference interpreter
 
@@ -56,24 +58,29 @@ EXIT_CODES_HELP = "exit codes: " + ", ".join(
     "; --debug shows the traceback of a failure"
 
 
+DIGITS = 20  # held-out digits ``npu run`` runs by default
+
+
 class UsageError(Exception):
     """An argument or input file ``npu`` cannot use; the message says which and why."""
 
 
 def bundled_names() -> list[str]:
-    return sorted(f.stem for f in MODELS.glob("*.onnx"))
+    return sorted(f.stem for d in (MODELS, MLPERF) for f in d.glob("*.onnx"))
 
 
 def model_path(name: str) -> Path:
-    """A model file, or the name of a bundled model (``moe`` -> host/models/moe.onnx)."""
+    """A model file, or the name of a bundled model (``moe`` -> host/models/moe.onnx,
+    ``resnet8`` -> host/models/mlperf/resnet8.onnx)."""
     from .errors import ModelError
 
     p = Path(name)
     if p.is_file():
         return p
-    bundled = MODELS / f"{name}.onnx"
-    if bundled.is_file():  # a directory named like a bundled model does not shadow it
-        return bundled
+    for folder in (MODELS, MLPERF):
+        bundled = folder / f"{name}.onnx"
+        if bundled.is_file():  # a directory named like a bundled model does not shadow it
+            return bundled
     what = "is a directory, not an .onnx file" if p.is_dir() else "does not exist"
     raise ModelError(f"model {name!r} {what} (bundled models: {', '.join(bundled_names())})")
 
@@ -144,19 +151,30 @@ def check_arrays(path, arrays: dict[str, np.ndarray], labels, graph) -> None:
         raise UsageError(f"--inputs {path}: {len(labels)} labels for {count} samples")
 
 
+def sample_inputs(model: str) -> Path | None:
+    """The sample inputs shipped with a bundled MLPerf model (named, not a path)."""
+    path = MLPERF / f"{model}.expected.npz"
+    return path if not Path(model).is_file() and path.is_file() else None
+
+
 def load_inputs(graph, opts) -> tuple[list[dict], np.ndarray | None]:
-    """The inputs to run: digits from the held-out split, or arrays from an .npz."""
+    """The inputs to run: arrays from an .npz (``--inputs``, or a bundled MLPerf
+    model's samples unless ``--digits`` is given), or digits from the held-out split."""
     name = graph.inputs[0]
     shape = graph.tensors[name].shape
-    if opts.inputs:
-        arrays, labels = load_npz(opts.inputs, graph)
+    samples = sample_inputs(opts.model) if opts.digits is None else None
+    if opts.inputs or samples:
+        arrays, labels = load_npz(opts.inputs or str(samples), graph)
         count = len(next(iter(arrays.values())))
         return [{k: v[i].reshape(graph.tensors[k].shape) for k, v in arrays.items()}
                 for i in range(count)], labels
+    if int(np.prod(shape)) != 64:
+        raise UsageError(f"the model's input {name!r} has shape {shape}, not an 8x8 digit: "
+                         "pass --inputs FILE.npz")
     from .datasets import load_digits_split
 
     split = load_digits_split(seed=0)
-    n = min(opts.digits, len(split.x_test))
+    n = min(opts.digits or DIGITS, len(split.x_test))
     xs = [{name: split.x_test[i].reshape(shape).astype(np.float32)} for i in range(n)]
     return xs, split.y_test[:n]
 
@@ -202,7 +220,7 @@ def phase_inputs(graph, opts) -> tuple[list[dict], np.ndarray]:
     name = graph.inputs[0]
     shape = graph.tensors[name].shape
     phases = [{int(c): 1.0 for c in ph} for ph in opts.phases.split("|")]
-    samples = list(class_mix_stream(opts.digits, phases, seed=opts.seed))
+    samples = list(class_mix_stream(opts.digits or DIGITS, phases, seed=opts.seed))
     return ([{name: s.x.reshape(shape).astype(np.float32)} for s in samples],
             np.array([s.label for s in samples]))
 
@@ -543,10 +561,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a model and report")
     p.add_argument("model", help="an .onnx file or a bundled model name (mlp, cnn, moe, "
-                   "early_exit)")
+                   "early_exit; MLPerf Tiny: resnet8, ds_cnn, mobilenet_v1_025, "
+                   "fc_autoencoder)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--digits", type=positive_int, default=20,
-                   help="held-out digits to run (default 20)")
+    g.add_argument("--digits", type=positive_int,
+                   help=f"held-out digits to run (default {DIGITS}; an MLPerf model runs "
+                   "its sample inputs unless this is given)")
     g.add_argument("--inputs", help=".npz with one array per graph input (first axis: samples) "
                    "and optional 'labels'")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
@@ -612,6 +632,7 @@ def _parser() -> argparse.ArgumentParser:
 def failure(err: Exception) -> tuple[ExitCode, str]:
     """The exit code and the one line ``npu`` prints for an exception a command raised."""
     from .adaptive.cache import CacheFileError
+    from .compiler.plan import CompileError
     from .driver import DeviceError
     from .errors import CPU_FALLBACK_HINT, ModelError, UnsupportedOpError
     from .runtime import MismatchError
@@ -621,6 +642,8 @@ def failure(err: Exception) -> tuple[ExitCode, str]:
     if isinstance(err, UnsupportedOpError):
         return ExitCode.UNSUPPORTED, str(err).replace(
             CPU_FALLBACK_HINT, "or run with --cpu-fallback to run it on the CPU")
+    if isinstance(err, CompileError):
+        return ExitCode.UNSUPPORTED, f"the compiler cannot map the model onto this NPU: {err}"
     if isinstance(err, ModelError):
         return ExitCode.BAD_MODEL, f"bad model: {err}"
     if isinstance(err, DeviceError):

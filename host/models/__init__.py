@@ -31,6 +31,7 @@ from onnx import TensorProto
 __all__ = [
     "CALIBRATION_FILE",
     "CLASS_GROUPS",
+    "MLPERF_DIR",
     "MODEL_DIR",
     "MODEL_NAMES",
     "NUM_EXPERTS",
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 MODEL_DIR = Path(__file__).resolve().parent
+#: The MLPerf Tiny reference architectures (``mlperf/README.md``): ``NAME.onnx`` and
+#: ``NAME.expected.npz``, whose key ``input`` holds sample inputs, one inference a row.
+MLPERF_DIR = MODEL_DIR / "mlperf"
 MODEL_NAMES = ("mlp", "cnn", "moe", "early_exit")
 CALIBRATION_FILE = "calibration.npz"
 NUM_EXPERTS = 4

@@ -14,6 +14,7 @@ torch nor onnxruntime.
 
     python -m verif.zoo             # regenerate tests/zoo/ (needs the models extra)
     python -m verif.zoo --status    # what host.onnx_import makes of every zoo file
+    python -m verif.zoo --mlperf    # regenerate the MLPerf Tiny models (host/models/mlperf/)
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ VARIANTS = (
     Variant("qop-pt-u8", "QOperator", per_channel=False, activation_type="QUInt8"),
     Variant("qop-pc-s8", "QOperator", per_channel=True, activation_type="QInt8"),
 )
+
+
+#: The MLPerf Tiny reference models (``verif.zoo.mlperf_models`` builds each), made in
+#: one variant: per-tensor QDQ with int8 activations, as the issue's users quantize.
+MLPERF_NAMES = ("resnet8", "ds_cnn", "mobilenet_v1_025", "fc_autoencoder")
+MLPERF_VARIANT = VARIANTS[0]
+assert MLPERF_VARIANT.name == "qdq-pt-s8"
 
 
 def model_file(model: str, variant: str) -> str:

@@ -13,6 +13,8 @@ Needs neither torch nor onnxruntime.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 
@@ -29,24 +31,26 @@ LSB_SLACK = 1 + 1e-3
 """1 LSB, plus float rounding of the difference divided by the scale."""
 
 
-def manifest_entry(file: str) -> dict:
+def manifest_entry(file: str, zoo_dir: Path = ZOO_DIR) -> dict:
     """The manifest's record of one zoo file (``KeyError`` names an unknown file)."""
-    entries = {f["file"]: f for f in load_manifest()["files"]}
+    entries = {f["file"]: f for f in load_manifest(zoo_dir)["files"]}
     if file not in entries:
-        raise KeyError(f"{file!r} is not a zoo file (see tests/zoo/MANIFEST.json)")
+        raise KeyError(f"{file!r} is not a zoo file (see {zoo_dir}/MANIFEST.json)")
     return entries[file]
 
 
-def load_expected(model: str):
+def load_expected(model: str, zoo_dir: Path = ZOO_DIR):
     """One model's stored inputs (``input``) and oracle outputs (npz)."""
-    return np.load(ZOO_DIR / expected_file(model))
+    return np.load(zoo_dir / expected_file(model))
 
 
-def assert_matches_onnxruntime(entry: dict, got: dict, npz, rows=None) -> None:
+def assert_matches_onnxruntime(entry: dict, got: dict, npz, rows=None,
+                               zoo_dir: Path = ZOO_DIR) -> None:
     """``got`` (output name -> outputs stacked one inference a row) agrees with
-    onnxruntime on the stored inputs ``rows`` (indices; all when None)."""
+    onnxruntime on the stored inputs ``rows`` (indices; all when None) of the zoo
+    in ``zoo_dir``."""
     rows = slice(None) if rows is None else np.asarray(rows)
-    scales = output_scales(onnx.load(str(ZOO_DIR / entry["file"])))
+    scales = output_scales(onnx.load(str(zoo_dir / entry["file"])))
     where = entry["file"]
     for out in entry["outputs"]:
         want = npz[output_key(entry["variant"], out, "literal")][rows]

@@ -38,6 +38,7 @@ from . import (
     VARIANTS,
     Variant,
     expected_file,
+    load_manifest,
     model_file,
     oracle,
     output_key,
@@ -177,15 +178,24 @@ def build_model(zm: ZooModel, out: Path, work: Path) -> tuple[list[dict], list[d
         else:
             path.unlink(missing_ok=True)
 
+    for entry in entries:
+        entry["file"] = model_file(zm.name, entry["variant"])
+    write_expected(zm, entries, out)
+    return entries, refused
+
+
+def write_expected(zm: ZooModel, entries: list[dict], out: Path) -> None:
+    """The oracle's outputs on ``zm``'s test inputs for every file of ``entries``
+    (each names its ``variant`` and ``file``) into ``{model}.expected.npz``; adds
+    the model and graph facts to each entry."""
     arrays = {INPUT: zm.test_inputs}
     for entry in entries:
-        path = out / model_file(zm.name, entry["variant"])
+        path = out / entry["file"]
         for mode in ORACLE_MODES:
             for name, value in oracle.run(oracle.session(path, mode), zm.test_inputs).items():
                 arrays[output_key(entry["variant"], name, mode)] = value
-        entry.update(model=zm.name, file=path.name, **_graph_facts(path))
+        entry.update(model=zm.name, **_graph_facts(path))
     np.savez_compressed(out / expected_file(zm.name), **arrays)
-    return entries, refused
 
 
 def generate(out: Path, models: list[str]) -> dict:
@@ -209,22 +219,30 @@ def generate(out: Path, models: list[str]) -> dict:
             for r in why:
                 print(f"  refused {r['variant']} (tried {r['tried'] or 'as documented'}) "
                       f"at {r['step']}: {r['error'][:200]}", flush=True)
+    write_manifest(out, files, described, refused, ".venv/bin/python -m verif.zoo",
+                   {v.name: v.settings() for v in VARIANTS})
+    manifest = load_manifest(out)
+    write_readme(out, manifest)
+    return manifest
+
+
+def write_manifest(out: Path, files: list[dict], described: dict, refused: list[dict],
+                   regenerate: str, variants: dict) -> None:
+    """``MANIFEST.json``: every file's settings, graph facts and sha256, the tools."""
     for entry in files:
         path = out / entry["file"]
         entry.update(bytes=path.stat().st_size, sha256=sha256(path))
     for info in described.values():
         info["expected_sha256"] = sha256(out / info["expected"])
     manifest = {
-        "regenerate": ".venv/bin/python -m verif.zoo",
+        "regenerate": regenerate,
         "tools": _tool_versions(),
         "oracle": {"literal": "onnxruntime, graph_optimization_level=ORT_DISABLE_ALL",
                    "default": "onnxruntime, default session options"},
         "calibration": "quantize_static, CalibrationMethod.MinMax",
-        "variants": {v.name: v.settings() for v in VARIANTS},
+        "variants": variants,
         "models": described,
         "files": files,
         "refused": refused,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    write_readme(out, manifest)
-    return manifest
