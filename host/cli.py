@@ -195,10 +195,10 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
     graph = load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback)
     if opts.adaptive:
         return run_adaptive(drv, graph, opts, console)
+    batch, labels = load_inputs(graph, opts)  # bad inputs are refused before compiling
     model = attach_timeline(compile_model(graph, drv.config))  # the "predicted" column
     session = Session(drv, model, check=not opts.no_check)
     session.load()
-    batch, labels = load_inputs(model.graph, opts)
     console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU "
                   f"({drv.config.rows}x{drv.config.cols} array, {drv.config.bus_bytes * 8}-bit "
                   f"bus): {len(model.program)} instructions, {len(model.units)} units, "
