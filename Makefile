@@ -36,6 +36,7 @@ help:
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
 	@echo "make bench-npu       256^3 GEMM on the Verilator NPU vs its roofline, swap stall (npu.json)"
 	@echo "make bench-adaptive  moe over a phase-shifting stream: unfused vs static vs adaptive (adaptive.json, .png)"
+	@echo "make bench-models    every bundled and MLPerf Tiny model on the golden NPU vs its roofline (models.json; ARGS=--rtl adds Verilator)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)
@@ -74,7 +75,7 @@ docs: setup
 	$(PY) -m firmware.docgen docs
 
 bench-%: setup
-	$(PY) -m bench.$*
+	$(PY) -m bench.$* $(ARGS)
 
 clean:
 	rm -rf build sim_build bench/results .pytest_cache .hypothesis

@@ -10,13 +10,17 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def report(name: str, figures: dict) -> Path:
-    """Print ``figures`` (flat or one level of sections) and write them as JSON."""
+def report(name: str, figures: dict, quiet: bool = False) -> Path:
+    """Print ``figures`` (flat or one level of sections; ``quiet``: only where they
+    went, for a benchmark that prints its own table) and write them as JSON."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{name}.json"
     record = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "host": platform.node(), **figures}
     out.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    if quiet:
+        print(f"(saved to {out.relative_to(RESULTS.parent.parent)})")
+        return out
     print(f"== {name} ==")
     for key, value in figures.items():
         if isinstance(value, dict):

@@ -3,11 +3,13 @@ interpreter, and the RTL's counters and trace against the golden model.
 
 Scenarios for :func:`verif.rtl_device.run_scenario`, configured by environment
 variables (each scenario's docstring lists its own): ``NPU_MODEL``, a bundled model
-name or .onnx path; ``NPU_INPUTS``, how many inputs; ``NPU_ZOO``, test zoo files.
+name or .onnx path; ``NPU_INPUTS``, how many inputs; ``NPU_ZOO``, test zoo files;
+``NPU_MODELS``, bundled model names for ``bench_models_rtl``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -17,6 +19,7 @@ from host.compiler import compile_model
 from host.datasets import load_digits_split
 from host.device import GoldenDevice
 from host.driver import NPUDriver
+from host.models import MLPERF_DIR
 from host.onnx_import import load_onnx
 from host.runtime import Session
 from verif.scenarios import assert_same_inference
@@ -153,3 +156,47 @@ def _checked_session(graph, device) -> Session:
     session = Session(drv, compile_model(graph, drv.config), check=True)
     session.load()
     return session
+
+
+#: Held-out digits per digit model in :func:`model_inputs` (MLPerf models run their
+#: sample inputs).
+BENCH_DIGITS = 4
+
+
+def model_inputs(name: str, graph) -> list[dict]:
+    """The inputs ``make bench-models`` runs a bundled model on: an MLPerf model's
+    sample inputs (``host/models/mlperf/NAME.expected.npz``), else the first
+    :data:`BENCH_DIGITS` held-out digits."""
+    inp = graph.inputs[0]
+    shape = graph.tensors[inp].shape
+    samples = MLPERF_DIR / f"{name}.expected.npz"
+    if samples.is_file():
+        rows = np.load(samples)["input"]
+    else:
+        rows = load_digits_split(seed=0).x_test[:BENCH_DIGITS].astype(np.float32)
+    return [{inp: x.reshape(shape)} for x in rows]
+
+
+def bench_models_rtl(device, config, seed):
+    """``bench.models --rtl``: each model of ``NPU_MODELS`` (bundled names, imported
+    with the CPU fallback) on its :func:`model_inputs`, on the RTL and the golden
+    model side by side: outputs equal the reference on both, every exact counter and
+    trace field agree. Writes each model's RTL cycles (first run; mean of the later
+    ones) and whether they equal the golden model's estimate to ``NPU_BENCH_OUT``."""
+    figures = {}
+    for name in [m for m in os.environ["NPU_MODELS"].split(",") if m]:
+        graph = load_onnx(model_path(name), allow_cpu_fallback=True)
+        rtl_session, gold_session = (_checked_session(graph, dev) for dev in
+                                     (device, GoldenDevice(config)))
+        cycles = []
+        for i, inputs in enumerate(model_inputs(name, graph)):
+            rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
+            assert_same_inference(f"{name} input #{i}", rtl, gold)
+            cycles.append((rtl.cycles, gold.cycles))
+        warm = cycles[1:] or cycles
+        figures[name] = {"rtl_cycles_first": cycles[0][0],
+                         "rtl_cycles": round(float(np.mean([r for r, _ in warm]))),
+                         "rtl_cycles_equal_golden": all(r == g for r, g in cycles)}
+        print(f"{name}: {figures[name]}; outputs, counters and trace equal the golden model")
+    with open(os.environ["NPU_BENCH_OUT"], "w") as f:
+        json.dump(figures, f)

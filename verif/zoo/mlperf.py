@@ -91,9 +91,10 @@ The weights are seeded, not trained (the data sets are not on this machine): Ker
 convolutions by the exporter. The figures a benchmark reads from them (MACs, bytes,
 cycles) are those of the real models; their outputs classify nothing.
 
-Run one by name: `npu run resnet8 --cpu-fallback` (the sample inputs below are its
-default inputs). `make bench-models` measures all of them on the NPU
-(`bench/results/models.json`, the table in the top-level README).
+Run one by name: `npu run resnet8 --cpu-fallback` runs the sample inputs of
+`resnet8.expected.npz` (what the NPU lacks runs on the CPU). `make bench-models`
+measures all of them on the NPU (`bench/results/models.json`, the table in the
+top-level README, which says which do not run yet).
 
 Files: `{{model}}.onnx`, `{{model}}.expected.npz` (key `input`: the test inputs, one
 inference a row; key `{{variant}}|{{output}}|{{mode}}`: onnxruntime's outputs, mode

@@ -1,0 +1,216 @@
+"""``make bench-models``: every zoo model on the default config, against its roofline.
+
+The models: the bundled digit models (``host/models/``) and the MLPerf Tiny reference
+architectures (``host/models/mlperf/``). Each is imported as ``npu run
+--cpu-fallback`` does (what the NPU lacks runs on the CPU), compiled for the default
+configuration and run on the golden model with every inference checked against the
+reference interpreter. Per model:
+
+* MACs of the whole model (an ``If`` counts its costlier branch) and the MACs the
+  NPU ran (its counter); NPU and CPU node counts and the CPU's operators (a
+  ``Quantize`` of the input and ``Dequantize`` of the outputs are always there);
+* cycles per inference (the CYCLES counter; the first, cold run, which loads the
+  weights, and the mean of the later ones) and MAC utilization, NPU MACs / (cycles x
+  rows x cols);
+* the roofline bound in cycles, max(MACs / peak, minimal DRAM bytes / bus bytes per
+  cycle), where the minimal DRAM bytes are the weights, the input and the output
+  once (:mod:`verif.zoo.workload`): the time form of min(peak, bus x intensity);
+* DRAM bytes read and written per inference and where the cycles went (load,
+  compute and store queues busy, sequencer stalls), from the counters;
+* issue 37's target cycles next to each MLPerf model, and whether it is met: only
+  when nothing fell back to the CPU (cycles count the NPU alone);
+* for a model the compiler cannot map onto the default config, the reason.
+
+``--rtl`` runs the same models on the Verilator NPU too (the first build takes
+minutes): outputs equal the reference, every exact counter equals the golden
+model's, and the RTL's cycles go next to the golden model's estimate.
+
+Writes ``bench/results/models.json``. Run with ``python -m bench.models [--rtl]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from bench.common import report
+from firmware.config import CONFIGS
+from host.cli import model_path
+from host.compiler import CompileError, compile_model
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.ir import CpuOp
+from host.models import MODEL_NAMES as DIGIT_MODELS
+from host.onnx_import import load_onnx
+from host.runtime import Session
+from verif.model_scenarios import model_inputs
+from verif.zoo import MLPERF_NAMES
+from verif.zoo.workload import workload
+
+CONFIG = "default"
+#: Issue 37's targets: cycles per inference, default config, batch 1.
+TARGETS = {"resnet8": 280_000, "fc_autoencoder": 40_000, "ds_cnn": 70_000,
+           "mobilenet_v1_025": 190_000}
+MODELS = (*DIGIT_MODELS, *MLPERF_NAMES)
+
+
+def placement(graph) -> dict:
+    """NPU and CPU node counts, and the CPU's operators by ONNX type."""
+    nodes = [n for _, n in graph.walk()]
+    cpu = Counter()
+    for n in nodes:
+        if n.device != "cpu":
+            continue
+        if isinstance(n, CpuOp):
+            proto = onnx.NodeProto.FromString(n.onnx_node)
+            cpu[proto.op_type] += 1
+        else:
+            cpu[n.op] += 1
+    return {"npu_nodes": sum(n.device != "cpu" for n in nodes),
+            "cpu_nodes": sum(cpu.values()),
+            "cpu_ops": ", ".join(f"{op} x{k}" for op, k in sorted(cpu.items())),
+            # beyond the input's Quantize and the outputs' Dequantize
+            "cpu_fallback_nodes": sum(isinstance(n, CpuOp) for n in nodes)}
+
+
+def _per_inference(runs: list, key: str) -> float:
+    """Mean of a counter over the warm runs (all but the first, when there are more)."""
+    warm = runs[1:] or runs
+    return float(np.mean([r.counters[key] for r in warm]))
+
+
+def golden_figures(name: str, graph, compiled, config) -> dict:
+    """Run ``name`` on the golden model, every inference checked; its figures."""
+    session = Session(NPUDriver(GoldenDevice(config)), compiled, check=True)
+    session.load()
+    runs = [session.run(x) for x in model_inputs(name, graph)]
+    cycles = _per_inference(runs, "cycles")
+    macs = _per_inference(runs, "macs")
+    return {
+        "inputs": len(runs),
+        "checked": all(r.checked for r in runs),
+        "cycles_first": runs[0].cycles,
+        "cycles": round(cycles),
+        "npu_macs": round(macs),
+        "mac_utilization": macs / (cycles * config.peak_macs_per_cycle),
+        "dram_read_bytes": round(_per_inference(runs, "dram_read_bytes")),
+        "dram_write_bytes": round(_per_inference(runs, "dram_write_bytes")),
+        "busy_load": round(_per_inference(runs, "busy_load")),
+        "busy_compute": round(_per_inference(runs, "busy_compute")),
+        "busy_store": round(_per_inference(runs, "busy_store")),
+        "stall_cycles": round(_per_inference(runs, "stall_cycles")),
+    }
+
+
+def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
+    """One model's figures on the golden model, and its compiled model (None when
+    the compiler refuses it)."""
+    path = model_path(name)
+    work = workload(path)
+    peak, bus = config.peak_macs_per_cycle, config.bus_bytes
+    row = {"macs": work.macs, "min_dram_bytes": work.min_dram_bytes,
+           "bound_cycles": round(work.bound_cycles(peak, bus)),
+           "bound_by": "compute" if work.macs / peak >= work.min_dram_bytes / bus else "bus",
+           "target_cycles": TARGETS.get(name)}
+    graph = load_onnx(path, allow_cpu_fallback=True)
+    row.update(placement(graph))
+    try:
+        compiled = compile_model(graph, config)
+    except CompileError as err:
+        row.update(status="does not compile", reason=str(err).splitlines()[0])
+        return row, None
+    row.update(golden_figures(name, graph, compiled, config))
+    row["npu_mac_share"] = row["npu_macs"] / work.macs
+    row["fraction_of_bound"] = row["bound_cycles"] / row["cycles"]
+    row["status"] = "runs, part on the CPU" if row["cpu_fallback_nodes"] else "runs on the NPU"
+    if row["target_cycles"] is not None:
+        row["meets_target"] = (row["status"] == "runs on the NPU"
+                               and row["cycles"] <= row["target_cycles"])
+    return row, compiled
+
+
+def rtl_figures(names: list[str]) -> dict[str, dict]:
+    """RTL cycles of ``names`` (each runs its inputs on the Verilator NPU beside the
+    golden model: outputs, exact counters and trace agree) by model."""
+    from verif.rtl_device import run_scenario
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        run_scenario("verif.model_scenarios:bench_models_rtl", CONFIG,
+                     extra_env={"NPU_MODELS": ",".join(names), "NPU_BENCH_OUT": str(out)})
+        return json.loads(out.read_text())
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{100 * v:.1f}%"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def print_table(rows: dict[str, dict]) -> None:
+    """The figures as two tables (the README's), one model a line."""
+    head = ("model", "MACs", "bound", "target", "cycles", "util", "of bound", "DRAM B",
+            "NPU/CPU nodes", "status")
+    lines = [head]
+    for name, r in rows.items():
+        dram = (r["dram_read_bytes"] + r["dram_write_bytes"]) if "cycles" in r else None
+        lines.append((name, _cell(r["macs"]), _cell(r["bound_cycles"]),
+                      _cell(r["target_cycles"]), _cell(r.get("cycles")),
+                      _cell(r.get("mac_utilization")), _cell(r.get("fraction_of_bound")),
+                      _cell(dram), f"{r['npu_nodes']}/{r['cpu_nodes']}", r["status"]))
+    _print_lines(lines)
+    print()
+    lines = [("model", "cycles", "busy load", "busy compute", "busy store", "stalls",
+              "DRAM read", "DRAM written", "CPU ops")]
+    lines += [(name, *(_cell(r[k]) for k in ("cycles", "busy_load", "busy_compute",
+                                            "busy_store", "stall_cycles", "dram_read_bytes",
+                                            "dram_write_bytes")), r["cpu_ops"])
+              for name, r in rows.items() if "cycles" in r]
+    _print_lines(lines)
+    for name, r in rows.items():
+        if "reason" in r:
+            print(f"{name}: {r['reason']}")
+
+
+def _print_lines(lines: list[tuple[str, ...]]) -> None:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__)
+    ap.add_argument("--rtl", action="store_true", help="also run on the Verilator NPU")
+    ap.add_argument("models", nargs="*", metavar="MODEL",
+                    help=f"models to measure (default: all of {', '.join(MODELS)})")
+    opts = ap.parse_args(argv)
+    unknown = sorted(set(opts.models) - set(MODELS))
+    if unknown:
+        ap.error(f"unknown models {unknown} (choose from {', '.join(MODELS)})")
+    names = opts.models or list(MODELS)
+    rows = {}
+    for name in names:
+        print(f"{name}...", flush=True)
+        rows[name], _ = measure(name)
+    if opts.rtl:
+        runnable = [n for n in names if "cycles" in rows[n]]
+        for name, rtl in rtl_figures(runnable).items():
+            rows[name].update(rtl)
+    print_table(rows)
+    config = CONFIGS[CONFIG]
+    report("models", {"config": CONFIG, "rows": config.rows, "cols": config.cols,
+                      "bus_bytes": config.bus_bytes, "sp_bytes": config.sp_bytes,
+                      "backend": "golden + verilator" if opts.rtl else "golden",
+                      "models": rows}, quiet=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""``make bench-models``'s figures for one model that runs and one the compiler refuses.
+
+The benchmark reports what is true today; these check that its figures hang
+together (utilization, roofline, status), not what they are.
+"""
+
+import pytest
+
+from bench.models import TARGETS, measure
+from firmware.config import CONFIGS
+from host.compiler import CompileError, compile_model
+from host.onnx_import import load_onnx
+from verif.zoo.workload import workload
+
+PEAK = CONFIGS["default"].peak_macs_per_cycle
+BUS = CONFIGS["default"].bus_bytes
+
+
+def test_a_running_model_has_consistent_figures():
+    row, compiled = measure("cnn")
+    assert compiled is not None and row["checked"] and row["status"] == "runs on the NPU"
+    assert row["npu_macs"] == row["macs"] == 23_680
+    assert row["mac_utilization"] == pytest.approx(row["npu_macs"] / (row["cycles"] * PEAK))
+    assert row["bound_cycles"] == round(max(row["macs"] / PEAK, row["min_dram_bytes"] / BUS))
+    assert row["cycles"] >= row["bound_cycles"]  # nothing beats the roofline
+    assert row["dram_read_bytes"] > 0 and row["busy_compute"] > 0
+    assert row["target_cycles"] is None
+
+
+def test_a_refused_model_reports_the_compilers_reason():
+    from host.models import MLPERF_DIR
+
+    path = MLPERF_DIR / "fc_autoencoder.onnx"
+    try:
+        compile_model(load_onnx(path, allow_cpu_fallback=True), CONFIGS["default"])
+    except CompileError as err:
+        reason = str(err).splitlines()[0]
+    else:
+        pytest.skip("the autoencoder compiles for the default config now")
+    row, compiled = measure("fc_autoencoder")
+    assert compiled is None and row["status"] == "does not compile" and row["reason"] == reason
+    assert row["target_cycles"] == TARGETS["fc_autoencoder"]
+    assert row["macs"] == workload(path).macs and row["bound_by"] == "bus"
+    assert "cycles" not in row
