@@ -173,10 +173,9 @@ def _he_normal(net: nn.Module) -> None:
     """Keras's ``he_normal`` on every weight (fan in, truncated at 2 sigma), zero biases."""
     for m in net.modules():
         if isinstance(m, nn.Conv2d | nn.Linear):
-            fan_in = m.weight[0].numel()
-            nn.init.trunc_normal_(m.weight, std=(2 / fan_in) ** 0.5 / 0.87962566,
-                                  a=-2 * (2 / fan_in) ** 0.5 / 0.87962566,
-                                  b=2 * (2 / fan_in) ** 0.5 / 0.87962566)
+            # the std of the normal before truncation (Keras's constant for 2 sigma)
+            std = (2 / m.weight[0].numel()) ** 0.5 / 0.87962566103423978
+            nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
             nn.init.zeros_(m.bias)
 
 
