@@ -156,16 +156,23 @@ def _cell(v) -> str:
 
 
 def print_table(rows: dict[str, dict]) -> None:
-    """The figures as two tables (the README's), one model a line."""
+    """The figures as two tables (the README's), one model a line; the RTL's cycles
+    when ``--rtl`` measured them."""
+    with_rtl = any("rtl_cycles" in r for r in rows.values())
     head = ("model", "MACs", "bound", "target", "cycles", "util", "of bound", "DRAM B",
             "NPU/CPU nodes", "status")
-    lines = [head]
+    lines = [head + (("RTL cycles", "= golden every run") if with_rtl else ())]
     for name, r in rows.items():
         dram = (r["dram_read_bytes"] + r["dram_write_bytes"]) if "cycles" in r else None
-        lines.append((name, _cell(r["macs"]), _cell(r["bound_cycles"]),
-                      _cell(r["target_cycles"]), _cell(r.get("cycles")),
-                      _cell(r.get("mac_utilization")), _cell(r.get("fraction_of_bound")),
-                      _cell(dram), f"{r['npu_nodes']}/{r['cpu_nodes']}", r["status"]))
+        line = (name, _cell(r["macs"]), _cell(r["bound_cycles"]),
+                _cell(r["target_cycles"]), _cell(r.get("cycles")),
+                _cell(r.get("mac_utilization")), _cell(r.get("fraction_of_bound")),
+                _cell(dram), f"{r['npu_nodes']}/{r['cpu_nodes']}", r["status"])
+        if with_rtl:
+            equal = r.get("rtl_cycles_equal_golden")
+            line += (_cell(r.get("rtl_cycles")), "-" if equal is None else
+                     "yes" if equal else "no")
+        lines.append(line)
     _print_lines(lines)
     print()
     lines = [("model", "cycles", "busy load", "busy compute", "busy store", "stalls",
