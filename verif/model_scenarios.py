@@ -182,14 +182,16 @@ def bench_models_rtl(device, config, seed):
     with the CPU fallback) on its :func:`model_inputs`, on the RTL and the golden
     model side by side: outputs equal the reference on both, every exact counter and
     trace field agree. Writes each model's RTL cycles (first run; mean of the later
-    ones) and whether they equal the golden model's estimate to ``NPU_BENCH_OUT``."""
+    ones) and whether they equal the golden model's estimate to ``NPU_BENCH_OUT``;
+    ``NPU_INPUTS``, when set, runs only the first that many inputs of each model."""
     figures = {}
+    count = int(os.environ.get("NPU_INPUTS", "0")) or None
     for name in [m for m in os.environ["NPU_MODELS"].split(",") if m]:
         graph = load_onnx(model_path(name), allow_cpu_fallback=True)
         rtl_session, gold_session = (_checked_session(graph, dev) for dev in
                                      (device, GoldenDevice(config)))
         cycles = []
-        for i, inputs in enumerate(model_inputs(name, graph)):
+        for i, inputs in enumerate(model_inputs(name, graph)[:count]):
             rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
             assert_same_inference(f"{name} input #{i}", rtl, gold)
             cycles.append((rtl.cycles, gold.cycles))
