@@ -193,6 +193,8 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
     console = console or Console()
     drv = NPUDriver(device)
     graph = load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback)
+    for note in graph.notes:
+        console.print(f"note: {note}", highlight=False)
     if opts.adaptive:
         return run_adaptive(drv, graph, opts, console)
     batch, labels = load_inputs(graph, opts)  # bad inputs are refused before compiling

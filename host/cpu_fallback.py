@@ -116,8 +116,8 @@ def _infer_by_running(model, node, where: str):
         raise
     except Exception as e:
         raise ModelError(f"cannot type the CPU fallback of {_describe(node)}: neither onnx "
-                         f"shape inference nor onnxruntime can run it ({_first_line(e)}); "
-                         "the model needs an operator onnxruntime implements", where) from None
+                         f"shape inference nor onnxruntime can run it ({_first_line(e)})", where,
+                         fix=_REPLACE) from None
     return [(helper.np_dtype_to_tensor_dtype(np.asarray(r).dtype), tuple(np.shape(r)))
             for r in results]
 
@@ -142,7 +142,7 @@ def _runner(model_bytes: bytes, which: str):
                                        providers=["CPUExecutionProvider"])
     except Exception as e:
         raise ModelError(f"onnxruntime cannot run the CPU fallback of {_describe(node)}: "
-                         f"{_first_line(e)}", node.name) from None
+                         f"{_first_line(e)}", node.name, fix=_REPLACE) from None
     return lambda feeds: session.run(None, feeds)
 
 
@@ -151,8 +151,13 @@ def _onnxruntime(node: onnx.NodeProto):
         import onnxruntime
     except ImportError:
         raise ModelError(f"{_describe(node)} runs on the CPU through onnxruntime, which is "
-                         "not installed: pip install onnxruntime", node.name) from None
+                         "not installed", node.name, fix="pip install onnxruntime") from None
     return onnxruntime
+
+
+_REPLACE = ("replace the node by operators onnx's reference evaluator or onnxruntime "
+            "implement")
+"""What to do about a node nothing here can run."""
 
 
 def _describe(node: onnx.NodeProto) -> str:

@@ -546,6 +546,8 @@ class Graph:
     tensors : every tensor the graph defines (inputs, constants, node outputs).
     nodes : the nodes; :meth:`validate` puts them in topological order.
     inputs, outputs : boundary tensor names (branch graphs have no inputs).
+    notes : what the importer decided on the user's behalf (a symbolic batch
+        dimension bound to 1), one line each, for the user to read.
     """
 
     name: str = "graph"
@@ -553,6 +555,7 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def add_tensor(self, t: Tensor) -> Tensor:
         """Add a tensor; raise :class:`ModelError` if the name is taken."""

@@ -75,6 +75,10 @@ SUPPORTED_OPS = (
 SUPPORTED_CONTRIB_OPS = ("QGemm", "QLinearAdd")
 """onnxruntime's ``com.microsoft`` operators the importer maps to NPU operators."""
 
+_REQUANTIZE = ("quantize the model again (onnxruntime.quantization.quantize_static) with "
+               "calibration data covering its inputs")
+"""What to do about quantization parameters no NPU requantizer can express."""
+
 # ONNX element type -> (IR dtype, io_dtype)
 _ONNX_TYPES = {
     TensorProto.INT8: ("int8", None),
@@ -191,7 +195,11 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
     allow_cpu_fallback : run what the NPU cannot (unsupported operators, float
         results that are never requantized, weights that leave int8 after their
         zero point) on the CPU, marked ``device="cpu"``, instead of failing.
-    dims : values for symbolic input dimensions (default 1 each).
+    dims : values for symbolic input dimensions, by name. A graph input's
+        symbolic *leading* dimension is its batch: without a value it is bound
+        to 1 (one inference per run) and ``Graph.notes`` says so. Any other
+        symbolic dimension needs a value here, else the import is refused
+        naming the input and the dimension.
 
     Raises
     ------
@@ -203,19 +211,35 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
     """
     proto = _load_proto(model)
     _check_references(proto.graph, set())
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as e:
-        raise ModelError(f"onnx.checker: {str(e).strip().splitlines()[0]}") from None
+    _check_model(proto)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
-        raise ModelError("the model does not import the default ONNX opset")
+        raise ModelError("the model does not import the default ONNX opset",
+                         fix="add an opset import for domain '' (ai.onnx), e.g. "
+                         "onnx.helper.make_opsetid('', 17)")
     opsets = tuple(sorted((o.domain, o.version) for o in proto.opset_import))
     imp = _Importer(proto.graph.name or "model", opset, allow_cpu_fallback, dims or {},
                     opsets=opsets)
     imp._reserved.update(_value_names(proto.graph))
-    graph = imp.import_main(proto.graph)
-    return graph.validate()
+    try:
+        return imp.import_main(proto.graph).validate()
+    except ModelError as e:
+        raise imp.locate(e) from None
+
+
+def _check_model(proto: onnx.ModelProto):
+    """onnx.checker's verdict, naming the node it complains about."""
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        text = str(e).strip()
+        err = ModelError(f"onnx.checker: {text.splitlines()[0]}",
+                         fix="fix the model so that onnx.checker.check_model accepts it")
+        for k, n in enumerate(proto.graph.node):  # the checker's context names the node
+            if n.name and f"Name: {n.name} OpType: {n.op_type}" in text:
+                err.locate(n.name, k, n.op_type, n.domain, err.fix)
+                break
+        raise err from None
 
 
 def _load_proto(model) -> onnx.ModelProto:
@@ -250,14 +274,17 @@ def _check_references(g: onnx.GraphProto, outer: set[str]):
             if i and i not in known:
                 raise ModelError(f"input {i!r} is neither a graph input, an initializer nor "
                                  "an earlier node's output (missing initializer or dangling "
-                                 "input)", n.name or f"{n.op_type}#{k}")
+                                 "input)", fix="add the initializer or connect the input "
+                                 "to the node that should produce it").locate(
+                                     n.name or f"{n.op_type}#{k}", k, n.op_type, n.domain)
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 _check_references(a.g, known)
         known.update(o for o in n.output if o)
     for o in g.output:
         if o.name not in known:
-            raise ModelError(f"graph output {o.name!r} is never produced")
+            raise ModelError(f"graph output {o.name!r} is never produced",
+                             fix="remove the output or connect it to a node's output")
 
 
 # ---- the importer ------------------------------------------------------------------------
@@ -275,6 +302,7 @@ class _Importer:
         self._reserved = parent._reserved if parent else set()  # every ONNX value name
         self._counter = parent._counter if parent else itertools.count()
         self._dq_cache: dict = {}
+        self._positions: dict[str, tuple[int, str, str]] = {}  # node name -> index, op, domain
 
     # -- scopes and names --
     def lookup(self, name: str):
@@ -347,12 +375,13 @@ class _Importer:
         for t in g.initializer:
             self.env[t.name] = _Constant(numpy_helper.to_array(t))
         for t in g.sparse_initializer:
-            raise ModelError(f"sparse initializer {t.values.name!r} is not supported")
+            raise ModelError(f"sparse initializer {t.values.name!r} is not supported",
+                             fix="store it dense (onnx.numpy_helper.from_array)")
         for vi in g.input:
             if vi.name in inits:
                 continue  # IR < 4 lists initializers as inputs too
             dtype, io = _ir_type(vi.type.tensor_type.elem_type, vi.name)
-            shape = self._static_shape(vi)
+            shape = self._static_shape(vi, self.graph.notes)
             self.graph.add_tensor(Tensor(self.fresh(vi.name, True), shape, dtype, io_dtype=io))
             self.graph.inputs.append(vi.name)
             self.env[vi.name] = _TensorRef(vi.name)
@@ -363,16 +392,34 @@ class _Importer:
             self._check_declared(vo, self.graph.tensors[name])
         return self.graph
 
-    def _static_shape(self, vi: onnx.ValueInfoProto) -> tuple[int, ...]:
+    def _static_shape(self, vi: onnx.ValueInfoProto, notes: list[str]) -> tuple[int, ...]:
+        """The input's shape with its symbolic dimensions bound (see :func:`load_onnx`)."""
         tt = vi.type.tensor_type
         if not tt.HasField("shape"):
-            raise ModelError(f"graph input {vi.name!r} has no shape")
+            raise ModelError(f"graph input {vi.name!r} has no shape",
+                             fix="export the model with the input's shape")
         shape = []
-        for d in tt.shape.dim:
+        for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value"):
                 shape.append(d.dim_value)
+                continue
+            label = repr(d.dim_param) if d.dim_param else "(unnamed)"
+            if d.dim_param in self.dims:
+                shape.append(int(self.dims[d.dim_param]))
+            elif axis == 0:
+                shape.append(1)
+                notes.append(f"input {vi.name!r}: symbolic batch dimension {label} bound to 1 "
+                             "(one inference per run)")
             else:
-                shape.append(int(self.dims.get(d.dim_param, 1)))
+                fix = (f"pass dims={{{d.dim_param!r}: N}} to load_onnx" if d.dim_param else
+                       "name it in the export (torch: dynamic_axes) and pass dims=") + \
+                    ", or export the model with a fixed size for it"
+                raise ModelError(f"graph input {vi.name!r} has the symbolic dimension {label} "
+                                 f"at axis {axis}: only a leading (batch) dimension binds "
+                                 "by itself", fix=fix)
+            if shape[-1] < 1:
+                raise ModelError(f"dims gives {label} the value {shape[-1]}",
+                                 fix="pass a positive size")
         return tuple(shape)
 
     def _check_declared(self, vo: onnx.ValueInfoProto, t: Tensor):
@@ -394,15 +441,34 @@ class _Importer:
         for k, node in enumerate(g.node):
             if not node.name:
                 node.name = f"{node.op_type}#{k}"
-            handler = self._handler(node)
-            if handler is None:
-                self.unsupported(node, "no NPU mapping")
-                continue
+            self._positions[node.name] = (k, node.op_type, node.domain)
             try:
-                handler(node, [self.lookup(i) if i else None for i in node.input],
-                        _attrs(node))
-            except _NotOnNpu as e:
-                self.unsupported(node, e.reason)
+                self._import_node(node)
+            except ModelError as e:
+                raise self.locate(e, node.name) from None
+
+    def _import_node(self, node: onnx.NodeProto):
+        handler = self._handler(node)
+        if handler is None:
+            return self.unsupported(node, "no NPU mapping")
+        try:
+            handler(node, [self.lookup(i) if i else None for i in node.input], _attrs(node))
+        except _NotOnNpu as e:
+            self.unsupported(node, e.reason)
+
+    def locate(self, e: ModelError, current: str = "") -> ModelError:
+        """Name the ONNX node an error is about: its index, op and domain (the node
+        the error names, else ``current``, the node being imported)."""
+        if e.located:
+            return e
+        imp = self
+        for name in (e.node, e.node.rpartition(":")[0], current):
+            imp = self
+            while imp is not None and name not in imp._positions:
+                imp = imp.parent
+            if name and imp is not None:
+                return e.locate(name, *imp._positions[name])
+        return e
 
     def _handler(self, node: onnx.NodeProto):
         """The ``op_*`` method that maps ``node`` to NPU operators, or None."""
@@ -452,7 +518,7 @@ class _Importer:
     def unsupported(self, node: onnx.NodeProto, reason: str):
         """Run ``node`` on the CPU under fallback; else refuse it naming the reason."""
         if not self.fallback:
-            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS,
+            raise UnsupportedOpError(node.op_type, node.name, reason, _alternatives(node),
                                      node.domain)
         vals = [self.lookup(i) if i else None for i in node.input]
         self.cpu_node(node, vals, reason)
@@ -460,7 +526,7 @@ class _Importer:
     def cpu_node(self, node: onnx.NodeProto, vals: list, reason: str) -> list[_TensorRef]:
         """Run an ONNX node on the CPU (the fallback); binds and returns its outputs."""
         if not self.fallback:
-            raise UnsupportedOpError(node.op_type, node.name, reason, SUPPORTED_OPS,
+            raise UnsupportedOpError(node.op_type, node.name, reason, _alternatives(node),
                                      node.domain)
         ins = [self.materialize(v) for v in vals if v is not None]
         in_t = [self.tensor(i) for i in ins]
@@ -603,7 +669,8 @@ class _Importer:
         if s.size != 1:
             raise _NotOnNpu(f"per-axis {what} scales")
         if not s.reshape(-1)[0] > 0:
-            raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name)
+            raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name,
+                             fix=_REQUANTIZE)
         return s.reshape(-1)[0]
 
     def _linear_q(self, node, xv, xq, wv, wq, yq, bias_v, kind, attrs):
@@ -710,10 +777,10 @@ class _Importer:
         if wi.min(initial=0) >= -128 and wi.max(initial=0) <= 127:
             return wi.astype(np.int8), False
         if not self.fallback:
-            raise ModelError(
-                f"weights minus their zero point span [{wi.min()}, {wi.max()}], outside int8: "
-                "the NPU's weight tiles are int8 (quantize the weights symmetric, or import "
-                "with allow_cpu_fallback=True to run this node on the CPU)", node.name)
+            raise UnsupportedOpError(
+                node.op_type, node.name, f"weights minus their zero point span [{wi.min()}, "
+                f"{wi.max()}], outside int8: the NPU's weight tiles are int8 (quantize the "
+                "weights symmetric)", (), node.domain)
         return wi.astype(np.int16), True
 
     def _combined_scale(self, node, sx, sw, sy) -> float:
@@ -725,7 +792,8 @@ class _Importer:
             if np.unique(s.reshape(-1)).size != 1:
                 raise _NotOnNpu(f"per-axis {what} scales")
             if not s.reshape(-1)[0] > 0:
-                raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name)
+                raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name,
+                                 fix=_REQUANTIZE)
         one = lambda s: s.reshape(-1)[:1]  # noqa: E731 - keeps the float type
         return float((one(sx) * one(sw) / one(sy))[0])
 
@@ -735,7 +803,8 @@ class _Importer:
             clip = (lo, hi) if (np.isfinite(lo) or np.isfinite(hi)) else None
             return requant_for(scale, zp, clip=clip, out_scale=out_scale)
         except ValueError as e:
-            raise ModelError(f"requantization scale {scale!r}: {e}", node.name) from None
+            raise ModelError(f"requantization scale {scale!r}: {e}", node.name,
+                             fix=_REQUANTIZE) from None
 
     # ---- QDQ --------------------------------------------------------------------------------
     def op_QuantizeLinear(self, node, v, attrs):
@@ -760,7 +829,7 @@ class _Importer:
             return self.unsupported(node, "per-axis scales")
         scale = s.reshape(-1)[0]
         if not scale > 0:
-            raise ModelError(f"scale {scale} must be positive", node.name)
+            raise ModelError(f"scale {scale} must be positive", node.name, fix=_REQUANTIZE)
         zp = self._zero_point(node, z, is_u8, "output")
         out = node.output[0]
         quant = QParams(float(scale), zp)
@@ -819,7 +888,8 @@ class _Importer:
             if s.size != 1 or (z is not None and z.size != 1):
                 return self.unsupported(node, "per-axis scales on activations")
             if not s.reshape(-1)[0] > 0:
-                raise ModelError(f"scale {s.reshape(-1)[0]} must be positive", node.name)
+                raise ModelError(f"scale {s.reshape(-1)[0]} must be positive", node.name,
+                                 fix=_REQUANTIZE)
             zp = self._zero_point(node, z, t.io_dtype == "uint8", "input")
             if t.quant is None and not t.is_const:
                 t.quant = QParams(float(s.reshape(-1)[0]), zp)
@@ -931,8 +1001,8 @@ class _Importer:
     def _pending_on_cpu(self, p: _PendingOp, reason: str) -> _TensorRef:
         """The float chain of ``p`` on the CPU (its QuantizeLinear follows there too)."""
         if not self.fallback:
-            raise UnsupportedOpError(p.root.op_type, p.root.name, reason, SUPPORTED_OPS,
-                                     p.root.domain)
+            raise UnsupportedOpError(p.root.op_type, p.root.name, reason,
+                                     _alternatives(p.root), p.root.domain)
         return _TensorRef(self.materialize(p))
 
     def _emit_pending(self, qnode, p: _PendingOp, sy, zy: int, io):
@@ -996,7 +1066,8 @@ class _Importer:
         ints = np.broadcast_to(np.asarray(ints).reshape(-1) if np.size(ints) > 1
                                else np.asarray(ints).reshape(()), (n,))
         if ints.min() < -(1 << 31) or ints.max() >= 1 << 31:
-            raise ModelError("bias leaves int32 at the accumulator scale", p.root.name)
+            raise ModelError("bias leaves int32 at the accumulator scale", p.root.name,
+                             fix=_REQUANTIZE)
         return ints.astype(np.int32)
 
     def _requant_add(self, node, a: _DequantTensor, b: _DequantTensor, b_weight: float, sy,
@@ -1008,7 +1079,7 @@ class _Importer:
         try:
             (ma, mb), shift = quantize_multipliers_shared([ra, rb])
         except ValueError as e:
-            raise ModelError(f"add requantization: {e}", node.name) from None
+            raise ModelError(f"add requantization: {e}", node.name, fix=_REQUANTIZE) from None
         clip = (lo, hi) if (np.isfinite(lo) or np.isfinite(hi)) else None
         lo8, hi8 = clamp_bounds(zy, clip=clip, out_scale=float(sy))
         ta, tb = self.tensor(a.q), self.tensor(b.q)
@@ -1198,6 +1269,11 @@ class _NotOnNpu(Exception):
 # ---- helpers -----------------------------------------------------------------------------
 
 
+def _alternatives(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The operators of the node's domain that the importer maps to the NPU."""
+    return SUPPORTED_CONTRIB_OPS if node.domain == "com.microsoft" else SUPPORTED_OPS
+
+
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
@@ -1210,7 +1286,8 @@ def _ir_type(et: int, name: str, where: str = "") -> tuple[str, str | None]:
     if et not in _ONNX_TYPES:
         raise ModelError(f"tensor {name!r} has element type "
                          f"{TensorProto.DataType.Name(et) if et else 'UNDEFINED'}: the NPU "
-                         "host handles int8, uint8, int32, int64, float and bool", where)
+                         "host handles int8, uint8, int32, int64, float and bool", where,
+                         fix="cast it to float32, int8 or uint8 in the model")
     return _ONNX_TYPES[et]
 
 
