@@ -68,7 +68,8 @@ __all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS
 SUPPORTED_OPS = (
     "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger",
     "QuantizeLinear", "DequantizeLinear", "MatMul", "Gemm", "Conv", "Add", "Relu", "Clip",
-    "MaxPool", "Flatten", "Reshape", "ArgMax", "Equal", "If", "Constant", "Identity",
+    "MaxPool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "ArgMax", "Equal", "If", "Constant",
+    "Identity",
 )
 """ONNX operators (default domain) the importer maps to NPU operators."""
 
@@ -521,7 +522,30 @@ class _Importer:
             raise UnsupportedOpError(node.op_type, node.name, reason, _alternatives(node),
                                      node.domain)
         vals = [self.lookup(i) if i else None for i in node.input]
-        self.cpu_node(node, vals, reason)
+        view = self._shared_view(node, vals)
+        if view is None:
+            return self.cpu_node(node, vals, reason)
+        ints = [_TensorRef(x.q) if isinstance(x, _DequantTensor) else x for x in vals]
+        outs = self.cpu_node(node, ints, reason)
+        self.bind(node, *[_DequantTensor(o.name, view.scale, view.zp) for o in outs])
+
+    @staticmethod
+    def _shared_view(node, vals) -> _DequantTensor | None:
+        """For an op that only moves values (:data:`_MOVES`) whose data inputs are
+        dequantized views with one scale and zero point: that view. The op then runs
+        on the int8 values and its outputs keep the view (exact: the float round trip
+        returns the same integers), so no float tensor appears."""
+        data = _MOVES.get((node.domain or "", node.op_type))
+        if data is None:
+            return None
+        xs = [x for x in (vals if data == "all" else vals[:1])]
+        rest = [] if data == "all" else vals[1:]
+        if not xs or not all(isinstance(x, _DequantTensor) for x in xs) or \
+                any(isinstance(r, _DequantTensor | _PendingOp) for r in rest):
+            return None
+        if len({(float(x.scale), x.zp) for x in xs}) != 1:
+            return None
+        return xs[0]
 
     def cpu_node(self, node: onnx.NodeProto, vals: list, reason: str) -> list[_TensorRef]:
         """Run an ONNX node on the CPU (the fallback); binds and returns its outputs."""
@@ -717,7 +741,9 @@ class _Importer:
             else:
                 b = fold_bias(bias, zx8, weight.astype(np.int64).sum(axis=(1, 2, 3)))
                 xs = self.tensor(x).shape
-                strides, pads = self._conv_geometry(node, attrs, xs, weight.shape[2:])
+                strides, pads, dilations = self._conv_geometry(node, attrs, xs,
+                                                               weight.shape[2:])
+                weight = _dilate(weight, dilations)
                 ir = QConv(node.name, [x], [], weight=weight, bias=b, strides=strides,
                            pads=pads, pad_value=zx8, requant=requant, device=device)
         except ValueError as e:
@@ -727,18 +753,22 @@ class _Importer:
         return self.emit(ir, [out_name], quant, io)[0]
 
     def _conv_geometry(self, node, attrs, xshape, kshape):
+        """``(strides, pads, dilations)`` of a 2-D convolution the NPU can run."""
         if attrs.get("group", 1) != 1:
             raise _NotOnNpu("group != 1 (grouped or depthwise convolution)")
-        if any(d != 1 for d in attrs.get("dilations", [1, 1])):
-            raise _NotOnNpu("dilations != 1")
         if len(kshape) != 2 or len(xshape) != 4:
             raise _NotOnNpu("only 2-D NCHW convolutions")
         if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(kshape):
             raise ModelError(f"shape mismatch: kernel_shape {attrs['kernel_shape']} vs "
                              f"weights {tuple(kshape)}", node.name)
         strides = tuple(attrs.get("strides", [1, 1]))
-        pads = _pads(node, attrs, xshape[2:], kshape, strides)
-        return strides, pads
+        dilations = tuple(attrs.get("dilations", [1, 1]))
+        if len(dilations) != 2 or min(dilations) < 1:
+            raise ModelError(f"dilations {list(dilations)} are not two positive integers",
+                             node.name)
+        span = tuple((k - 1) * d + 1 for k, d in zip(kshape, dilations, strict=True))
+        pads = _pads(node, attrs, xshape[2:], span, strides)
+        return strides, pads, dilations
 
     def _zero_point(self, node, z, is_uint8: bool, what: str) -> int:
         """A per-tensor zero point moved to the int8 domain (dtype checked)."""
@@ -1145,10 +1175,65 @@ class _Importer:
         else:
             return self.unsupported(node, "Reshape of a float result")
         target = _resolve_shape(node, src, shape, attrs.get("allowzero", 0))
+        self._reshape_to(node, x, target)
+
+    def _reshape_to(self, node, x, target: tuple[int, ...]):
+        """Bind ``node``'s output to ``x`` reshaped (a constant folds, int8 stays int8)."""
         if isinstance(x, _Constant):
             return self.bind(node, _Constant(x.value.reshape(target)))
         if self._int8_view(node, x, lambda i: Reshape(node.name, [i], [], shape=target)) is None:
-            self.unsupported(node, "Reshape of a float tensor")
+            self.unsupported(node, f"{node.op_type} of a float tensor")
+
+    def _shape_of(self, x) -> tuple[int, ...] | None:
+        """The static shape of a constant or an int8 tensor (or its dequantized view)."""
+        if isinstance(x, _Constant):
+            return x.value.shape
+        if isinstance(x, _DequantTensor | _TensorRef):
+            return self.tensor(x.q if isinstance(x, _DequantTensor) else x.name).shape
+        return None
+
+    def _axes(self, node, v, attrs) -> np.ndarray | None:
+        """Squeeze/Unsqueeze axes: an input since opset 13, an attribute before."""
+        if self.opset >= 13:
+            return None if _get(v, 1) is None else np.ravel(self.const(node, v[1], "the axes"))
+        return None if "axes" not in attrs else np.ravel(attrs["axes"])
+
+    @staticmethod
+    def _normalized(node, axes: np.ndarray, rank: int) -> list[int]:
+        out = sorted(int(a) + rank if int(a) < 0 else int(a) for a in axes)
+        if len(set(out)) != len(out) or any(not 0 <= a < rank for a in out):
+            raise ModelError(f"axes {axes.tolist()} are out of range or repeated for rank "
+                             f"{rank}", node.name)
+        return out
+
+    def op_Squeeze(self, node, v, attrs):
+        src = self._shape_of(v[0])
+        try:
+            axes = self._axes(node, v, attrs)
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        if src is None:
+            return self.unsupported(node, "Squeeze of a float result")
+        axes = [a for a, d in enumerate(src) if d == 1] if axes is None else \
+            self._normalized(node, axes, len(src))
+        if any(src[a] != 1 for a in axes):
+            raise ModelError(f"shape mismatch: cannot squeeze axes {axes} of {src}", node.name)
+        self._reshape_to(node, v[0], tuple(d for a, d in enumerate(src) if a not in axes))
+
+    def op_Unsqueeze(self, node, v, attrs):
+        src = self._shape_of(v[0])
+        try:
+            axes = self._axes(node, v, attrs)
+        except _NotConst as e:
+            return self.unsupported(node, str(e))
+        if src is None:
+            return self.unsupported(node, "Unsqueeze of a float result")
+        if axes is None:
+            raise ModelError("Unsqueeze needs axes", node.name)
+        rank = len(src) + axes.size
+        axes = self._normalized(node, axes, rank)
+        rest = iter(src)
+        self._reshape_to(node, v[0], tuple(1 if a in axes else next(rest) for a in range(rank)))
 
     def op_ArgMax(self, node, v, attrs):
         if attrs.get("select_last_index", 0):
@@ -1253,6 +1338,12 @@ class _Importer:
         return sub
 
 
+_MOVES = {("", "Transpose"): "first", ("", "Split"): "first", ("", "Concat"): "all",
+          ("", "Slice"): "first", ("", "Gather"): "first", ("", "Expand"): "first",
+          ("", "Tile"): "first", ("", "DepthToSpace"): "first", ("", "SpaceToDepth"): "first"}
+"""Ops that only move values, and which of their inputs are data ("first" or "all")."""
+
+
 class _NotConst(Exception):
     pass
 
@@ -1293,6 +1384,18 @@ def _ir_type(et: int, name: str, where: str = "") -> tuple[str, str | None]:
 
 def _np_to_onnx(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _dilate(weight: np.ndarray, dilations: tuple[int, int]) -> np.ndarray:
+    """An OIHW kernel with ``d - 1`` zero rows/columns between its taps: the dense
+    kernel of the same dilated convolution (exact: the inserted taps are zero)."""
+    dh, dw = dilations
+    if (dh, dw) == (1, 1):
+        return weight
+    o, i, kh, kw = weight.shape
+    out = np.zeros((o, i, (kh - 1) * dh + 1, (kw - 1) * dw + 1), weight.dtype)
+    out[:, :, ::dh, ::dw] = weight
+    return out
 
 
 def _pads(node, attrs, spatial, kernel, strides) -> tuple[int, int, int, int]:

@@ -28,7 +28,8 @@ ZOO_DIR = Path(__file__).resolve().parents[2] / "tests" / "zoo"
 MANIFEST = "MANIFEST.json"
 
 #: The zoo's models (``verif.zoo.models`` builds each), in manifest order.
-MODEL_NAMES = ("cnn_pc", "mlp_skl", "dwsep", "residual", "attention")
+MODEL_NAMES = ("cnn_pc", "mlp_skl", "dwsep", "residual", "attention", "idioms", "pool_cat",
+               "cnn_dynamo")
 
 #: The float model's variant name (``{model}.float.onnx``).
 FLOAT = "float"

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         from .status import print_status
 
         return print_status(opts.out or ZOO_DIR)
-    missing = [m for m in ("torch", "skl2onnx", "onnxruntime")
+    missing = [m for m in ("torch", "onnxscript", "skl2onnx", "onnxruntime")
                if importlib.util.find_spec(m) is None]
     if missing:
         print(f"verif.zoo: {', '.join(missing)} missing: regenerating the zoo needs the "

@@ -34,6 +34,7 @@ from onnxruntime.quantization import (
 from . import (
     FLOAT,
     MANIFEST,
+    MODEL_NAMES,
     ORACLE_MODES,
     VARIANTS,
     Variant,
@@ -116,11 +117,13 @@ def _graph_facts(path: Path) -> dict:
 
 
 def _tool_versions() -> dict:
+    import onnxscript
     import skl2onnx
     import sklearn
     import torch
 
     return {"python": platform.python_version(), "torch": torch.__version__,
+            "onnxscript": onnxscript.__version__,
             "onnxruntime": ort.__version__, "onnx": onnx.__version__,
             "skl2onnx": skl2onnx.__version__, "scikit-learn": sklearn.__version__,
             "numpy": np.__version__}
@@ -198,6 +201,23 @@ def write_expected(zm: ZooModel, entries: list[dict], out: Path) -> None:
     np.savez_compressed(out / expected_file(zm.name), **arrays)
 
 
+def _keep_others(out: Path, models: list[str], files: list, refused: list, described: dict):
+    """Merge the records of the models not regenerated this time from ``out``'s manifest
+    (in :data:`verif.zoo.MODEL_NAMES` order), so regenerating one model keeps the rest."""
+    if not (out / MANIFEST).is_file():
+        return files, refused, described
+    old = json.loads((out / MANIFEST).read_text())
+    kept = {m: info for m, info in old["models"].items() if m not in models}
+    described = {m: ({**kept, **described})[m] for m in MODEL_NAMES
+                 if m in kept or m in described}
+    order = {m: i for i, m in enumerate(MODEL_NAMES)}
+    files = sorted([f for f in old["files"] if f["model"] in kept] + files,
+                   key=lambda f: order[f["model"]])
+    refused = sorted([r for r in old["refused"] if r["model"] in kept] + refused,
+                     key=lambda r: order[r["model"]])
+    return files, refused, described
+
+
 def generate(out: Path, models: list[str]) -> dict:
     """Regenerate the zoo in ``out``; returns the manifest written there."""
     out.mkdir(parents=True, exist_ok=True)
@@ -219,6 +239,7 @@ def generate(out: Path, models: list[str]) -> dict:
             for r in why:
                 print(f"  refused {r['variant']} (tried {r['tried'] or 'as documented'}) "
                       f"at {r['step']}: {r['error'][:200]}", flush=True)
+    files, refused, described = _keep_others(out, models, files, refused, described)
     write_manifest(out, files, described, refused, ".venv/bin/python -m verif.zoo",
                    {v.name: v.settings() for v in VARIANTS})
     manifest = load_manifest(out)

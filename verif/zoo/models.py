@@ -3,8 +3,9 @@
 Each :class:`ZooModel` exports its float ONNX model and supplies its calibration and
 test inputs. Everything is seeded and runs on one thread, so a rerun on the same
 machine gives the same weights. torch models go through the TorchScript exporter
-(``torch.onnx.export(..., dynamo=False)``): the torch.export-based exporter, the
-default since torch 2.9, needs onnxscript, which the models extra does not carry.
+(``torch.onnx.export(..., dynamo=False)``), the one most published models went
+through; ``cnn_dynamo`` goes through the torch.export-based exporter (``dynamo=True``,
+the default since torch 2.9, which needs onnxscript).
 
 Needs the ``models`` extra (torch, skl2onnx); imported only by the generator.
 """
@@ -27,6 +28,8 @@ from . import MODEL_NAMES
 #: Opset of every exported model: one that onnxruntime's quantizer handles fully
 #: (QuantizeLinear with ``axis`` since 13; skl2onnx is tested up to 22).
 OPSET = 17
+#: Opset of the dynamo exporter: the oldest it implements (it converts down otherwise).
+DYNAMO_OPSET = 18
 #: ai.onnx.ml opset of the skl2onnx model.
 ML_OPSET = 3
 SEED = 0
@@ -66,12 +69,26 @@ def _deterministic() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def _export_torch(module: nn.Module, example: np.ndarray, output: str) -> onnx.ModelProto:
+def _export_torch(module: nn.Module, example: np.ndarray, output: str,
+                  dynamic_batch: bool = False) -> onnx.ModelProto:
+    """The TorchScript exporter; ``dynamic_batch`` makes the leading dimension symbolic
+    (``dynamic_axes``, as torch users write it for batching)."""
     module.eval()
     buf = io.BytesIO()
+    axes = {INPUT: {0: "batch"}, output: {0: "batch"}} if dynamic_batch else None
     torch.onnx.export(module, (torch.from_numpy(example),), buf, dynamo=False,
-                      opset_version=OPSET, input_names=[INPUT], output_names=[output])
+                      opset_version=OPSET, input_names=[INPUT], output_names=[output],
+                      dynamic_axes=axes)
     return onnx.load_model_from_string(buf.getvalue())
+
+
+def _export_dynamo(module: nn.Module, example: np.ndarray, output: str) -> onnx.ModelProto:
+    """The torch.export-based exporter (``dynamo=True``, needs onnxscript)."""
+    module.eval()
+    program = torch.onnx.export(module, (torch.from_numpy(example),), dynamo=True,
+                                opset_version=DYNAMO_OPSET, input_names=[INPUT],
+                                output_names=[output], optimize=True, verbose=False)
+    return program.model_proto
 
 
 # ---- digits models ------------------------------------------------------------------
@@ -127,6 +144,46 @@ def cnn_pc() -> ZooModel:
     _train(net, split.x_train.reshape(-1, 1, 8, 8), split.y_train, epochs=8)
     return ZooModel("cnn_pc", DigitsCNN.__doc__, f"torch {torch.__version__} (dynamo=False)",
                     lambda: _export_torch(net, _images(test)[0], "logits"),
+                    _images(calib), _images(test))
+
+
+class PoolConcat(nn.Module):
+    """Conv 3x3 1->4 + ReLU, AvgPool2d 2, Conv 1x1 4->4 + ReLU, torch.cat of both (8
+    channels), AdaptiveAvgPool2d(1), Flatten, Linear 8->10."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+        self.branch = nn.Conv2d(4, 4, 1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.conv(x)))
+        return self.head(torch.cat([y, torch.relu(self.branch(y))], dim=1))
+
+
+def pool_cat() -> ZooModel:
+    split, calib, test = _digits()
+    _deterministic()
+    net = PoolConcat()
+    _train(net, split.x_train.reshape(-1, 1, 8, 8), split.y_train, epochs=8)
+    return ZooModel("pool_cat", PoolConcat.__doc__, f"torch {torch.__version__} (dynamo=False)",
+                    lambda: _export_torch(net, _images(test)[0], "logits"),
+                    _images(calib), _images(test))
+
+
+def cnn_dynamo() -> ZooModel:
+    """The digits CNN of ``cnn_pc`` (same seed and training), written by the
+    torch.export-based exporter."""
+    split, calib, test = _digits()
+    _deterministic()
+    net = DigitsCNN()
+    _train(net, split.x_train.reshape(-1, 1, 8, 8), split.y_train, epochs=8)
+    return ZooModel("cnn_dynamo", "The digits CNN of cnn_pc, exported by the torch.export-"
+                    "based exporter.", f"torch {torch.__version__} (dynamo=True, onnxscript "
+                    f"{__import__('onnxscript').__version__})",
+                    lambda: _export_dynamo(net, _images(test)[0], "logits"),
                     _images(calib), _images(test))
 
 
@@ -207,12 +264,36 @@ class SelfAttention(nn.Module):
         return torch.matmul(torch.softmax(scores, dim=-1), self.v(x))
 
 
-def _block(name: str, module_cls: type[nn.Module], shape: tuple[int, ...]) -> ZooModel:
+class TorchIdioms(nn.Module):
+    """What torch writes for common layers, batch symbolic: Conv 3x3 stride 2 + ReLU,
+    Conv 3x3 dilation 2 + ReLU, Split into channel halves, Concat swapped, Flatten,
+    Linear (Gemm transB), Reshape to (-1, 4, 4), Transpose, MatMul, Unsqueeze,
+    Squeeze."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 8, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=2, dilation=2)
+        self.fc = nn.Linear(8 * 4 * 4, 16)
+        self.mix = nn.Parameter(torch.randn(4, 4) / 2)
+
+    def forward(self, x):
+        y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        a, b = torch.split(y, 4, dim=1)
+        y = torch.relu(self.fc(torch.flatten(torch.cat([b, a], dim=1), 1)))
+        t = torch.matmul(y.reshape(-1, 4, 4).transpose(1, 2), self.mix)
+        return t.unsqueeze(1).squeeze(1)
+
+
+def _block(name: str, module_cls: type[nn.Module], shape: tuple[int, ...],
+           dynamic_batch: bool = False) -> ZooModel:
     _deterministic()
     net = module_cls()  # torch's default initialization under the fixed seed
     calib, test = _random_inputs(shape)
-    return ZooModel(name, module_cls.__doc__, f"torch {torch.__version__} (dynamo=False)",
-                    lambda: _export_torch(net, test[0], "output"), calib, test)
+    exporter = f"torch {torch.__version__} (dynamo=False" + \
+        (", dynamic_axes batch)" if dynamic_batch else ")")
+    return ZooModel(name, module_cls.__doc__, exporter,
+                    lambda: _export_torch(net, test[0], "output", dynamic_batch), calib, test)
 
 
 def dwsep() -> ZooModel:
@@ -227,6 +308,11 @@ def attention() -> ZooModel:
     return _block("attention", SelfAttention, (1, 8, 16))
 
 
+def idioms() -> ZooModel:
+    return _block("idioms", TorchIdioms, (1, 2, 8, 8), dynamic_batch=True)
+
+
 BUILDERS = {"cnn_pc": cnn_pc, "mlp_skl": mlp_skl, "dwsep": dwsep, "residual": residual,
-            "attention": attention}
+            "attention": attention, "idioms": idioms, "pool_cat": pool_cat,
+            "cnn_dynamo": cnn_dynamo}
 assert tuple(BUILDERS) == MODEL_NAMES, "verif.zoo.MODEL_NAMES lists every builder"

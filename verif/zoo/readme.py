@@ -10,7 +10,8 @@ _HEAD = """\
 # The test zoo
 
 Small models written by the real tools, not by this project: float models exported by
-`torch.onnx.export` (TorchScript exporter, `dynamo=False`) and skl2onnx, quantized by
+`torch.onnx.export` (TorchScript exporter, `dynamo=False`; `cnn_dynamo` by the
+torch.export-based exporter, `dynamo=True`) and skl2onnx, quantized by
 `onnxruntime.quantization.quant_pre_process` then `quantize_static` (MinMax
 calibration through a `CalibrationDataReader`). They are the import tests'
 conformance vectors; onnxruntime is their oracle. `tests/test_zoo.py` checks the
@@ -30,6 +31,7 @@ Regenerate (needs the models extra: `.venv/bin/pip install -e '.[models]'`):
 
 ```sh
 .venv/bin/python -m verif.zoo                   # rewrites every file here
+.venv/bin/python -m verif.zoo dwsep             # one model here (the manifest keeps the rest)
 .venv/bin/python -m verif.zoo --out /tmp/zoo dwsep   # one model elsewhere
 ```
 
