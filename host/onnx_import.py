@@ -31,13 +31,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from firmware.quant import quantize_multipliers_shared
+from firmware.quant import quantize_multiplier, quantize_multipliers_shared
 
 from .builder import clamp_bounds, fold_bias, requant_for
 from .cpu_fallback import infer_outputs, single_node_model
@@ -712,7 +713,9 @@ class _Importer:
             raise ModelError(f"dtype mismatch: weights are {w.dtype}, expected int8/uint8",
                              node.name)
         zx8 = self._zero_point(node, zx, x.io_dtype == "uint8", "input")
-        weight, wide = self._weights(node, w, zw, kind)
+        wi = self._weights(node, w, zw, kind)
+        if bias is not None and bias.dtype != np.int32:
+            raise ModelError(f"dtype mismatch: bias is {bias.dtype}, expected int32", node.name)
         requant, io = None, None
         if yq is not None:
             sy, zy = consts[4:6]
@@ -721,9 +724,9 @@ class _Importer:
             io = "uint8" if zy.dtype == np.uint8 else None
             zy8 = self._zero_point(node, zy, io == "uint8", "output")
             scale = self._combined_scale(node, sx, sw, sy)
+            wi, bias, scale = _common_factor(wi, bias, scale)
             requant = self._requant(node, scale, zy8)
-        if bias is not None and bias.dtype != np.int32:
-            raise ModelError(f"dtype mismatch: bias is {bias.dtype}, expected int32", node.name)
+        weight, wide = self._fit_int8(node, wi)
         device = "cpu" if (requant is None or wide) else "npu"
         quant = QParams(float(np.asarray(consts[4]).reshape(-1)[0]), requant.zp) \
             if requant else None
@@ -783,7 +786,7 @@ class _Importer:
         return int(flat[0]) - (128 if is_uint8 else 0)
 
     def _weights(self, node, w: np.ndarray, zw, kind: str) -> tuple[np.ndarray, bool]:
-        """``W - zw`` as int8 (or int16 on the CPU under fallback); error if out of range."""
+        """``W - zw`` (int64, not yet fitted to int8)."""
         wi = w.astype(np.int64)
         if zw is not None:
             if zw.dtype != w.dtype:
@@ -801,7 +804,7 @@ class _Importer:
             else:
                 z = z.reshape(())
             wi = wi - z
-        return self._fit_int8(node, wi)
+        return wi
 
     def _fit_int8(self, node, wi: np.ndarray) -> tuple[np.ndarray, bool]:
         if wi.min(initial=0) >= -128 and wi.max(initial=0) <= 127:
@@ -1384,6 +1387,25 @@ def _ir_type(et: int, name: str, where: str = "") -> tuple[str, str | None]:
 
 def _np_to_onnx(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _common_factor(wi: np.ndarray, bias, scale: float):
+    """``(W - zw, bias, scale)`` with a common factor ``g`` of the weights moved into
+    the requantization scale when that brings ``W - zw`` into int8: ``acc * scale =
+    (acc / g) * (scale * g)`` exactly, provided every bias is a multiple of ``g`` and
+    the NPU's multiplier holds ``scale * g`` exactly. Unchanged otherwise."""
+    if wi.size == 0 or (wi.min() >= -128 and wi.max() <= 127):
+        return wi, bias, scale
+    g = int(np.gcd.reduce(np.abs(wi).reshape(-1)))
+    if g < 2 or (wi // g).min() < -128 or (wi // g).max() > 127:
+        return wi, bias, scale
+    if bias is not None and np.any(bias.astype(np.int64) % g):
+        return wi, bias, scale
+    mult, shift = quantize_multiplier(scale * g)
+    if Fraction(mult, 1 << shift) != Fraction(scale) * g:
+        return wi, bias, scale
+    return wi // g, None if bias is None else (bias.astype(np.int64) // g).astype(np.int32), \
+        float(Fraction(scale) * g)
 
 
 def _dilate(weight: np.ndarray, dilations: tuple[int, int]) -> np.ndarray:

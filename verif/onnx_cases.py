@@ -29,8 +29,9 @@ CASES = {
     "test_matmulinteger": (["B", "a_zero_point", "b_zero_point"], False, ["cpu"]),
     "test_convinteger_with_padding": (["w", "x_zero_point"], False, ["cpu"]),
     "test_convinteger_without_padding": (["w", "x_zero_point"], False, ["cpu"]),
+    # w - w_zero_point = 0 - 255: the common factor 255 moves into the requantization
     "test_qlinearconv": (["x_scale", "x_zero_point", "w", "w_scale", "w_zero_point",
-                          "y_scale", "y_zero_point"], True, ["cpu"]),
+                          "y_scale", "y_zero_point"], False, ["npu"]),
     "test_maxpool_2d_uint8": ([], False, ["npu"]),
     "test_add_int8": ([], False, ["npu"]),
     "test_add_uint8": ([], False, ["npu"]),
@@ -40,6 +41,11 @@ CASES = {
     "test_clip_default_int8_max_expanded": (["max"], True, ["cpu", "cpu"]),  # Less, Where
     "test_quantizelinear": (["y_scale", "y_zero_point"], False, ["cpu"]),
     "test_dequantizelinear": (["x_scale", "x_zero_point"], False, ["cpu"]),
+    "test_quantizelinear_axis": (["y_scale", "y_zero_point"], True, ["cpu"]),  # per axis
+    "test_dequantizelinear_axis": (["x_scale", "x_zero_point"], True, ["cpu"]),
+    "test_dynamicquantizelinear": ([], True, ["cpu"]),  # scale computed at run time
+    "test_dynamicquantizelinear_max_adjusted": ([], True, ["cpu"]),
+    "test_dynamicquantizelinear_min_adjusted": ([], True, ["cpu"]),
     "test_if": ([], False, ["npu"]),
 }
 """Case name -> (inputs frozen into initializers, CPU fallback needed, placement of the
