@@ -4,9 +4,15 @@ Run ``python -m host.models.generate`` to regenerate every file of ``host/models
 (``--out DIR`` writes elsewhere). Training uses fixed seeds, so the ONNX bytes come
 out the same on every run on the same machine.
 
-Quantization follows onnxruntime's static quantizer in QDQ format
-(``quantize_static(..., quant_format=QDQ, activation_type=QInt8, weight_type=QInt8)``
-with the MinMax calibrator, per-tensor weights and the default options):
+``mlp`` and ``cnn`` are quantized by onnxruntime itself:
+``quantize_static(..., quant_format=QDQ, activation_type=QInt8, weight_type=QInt8)``
+with the MinMax calibrator over ``calibration.npz``, per-tensor weights and the
+default options (:data:`ONNXRUNTIME_QUANTIZED`).
+
+``moe`` and ``early_exit`` hold ``If`` nodes, whose branch bodies onnxruntime's QDQ
+quantizer leaves in float (onnxruntime 1.32 quantizes the top graph only: 8 of
+``moe``'s 9 ``Gemm`` stay float). No tool writes their QDQ form, so this module
+builds it in the layout that quantizer gives a graph without branches:
 
 * every activation tensor a quantized op reads or writes gets one
   ``QuantizeLinear -> DequantizeLinear`` pair, int8 with a per-tensor scale and zero
@@ -57,6 +63,8 @@ from host.models import (
 
 OPSET = 19
 IR_VERSION = 9
+#: Models without ``If``: quantized by onnxruntime's ``quantize_static``.
+ONNXRUNTIME_QUANTIZED = ("mlp", "cnn")
 SPLIT_SEED = 0
 N_CALIBRATION = 48
 #: Share of training samples labelled "exit" for the early-exit gate.
@@ -597,6 +605,38 @@ def calibrate(name: str, params: dict[str, np.ndarray], x_cal: np.ndarray):
     return ranges
 
 
+def quantize_with_onnxruntime(name: str, float_model: onnx.ModelProto,
+                              x_cal: np.ndarray) -> onnx.ModelProto:
+    """``float_model`` quantized by onnxruntime's ``quantize_static`` (QDQ, int8
+    activations and weights, per tensor, MinMax over ``x_cal``, one inference each)."""
+    import tempfile
+
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter(SPECS[name].prepare(x_cal).astype(np.float32))
+
+        def get_next(self):
+            x = next(self.rows, None)
+            return None if x is None else {"input": x[None]}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
+        onnx.save(float_model, src)
+        quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        per_channel=False)
+        model = onnx.load(str(dst))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 # --------------------------------------------------------------------------------------
 # driver
 
@@ -659,8 +699,10 @@ def _generate(out_dir, names, evaluate, log):
         t0 = time.perf_counter()
         params = TRAINERS[name](data)
         float_model = build_model(name, params, "float")
-        ranges = calibrate(name, params, x_cal)
-        qdq_model = build_model(name, params, "qdq", ranges)
+        if name in ONNXRUNTIME_QUANTIZED:
+            qdq_model = quantize_with_onnxruntime(name, float_model, x_cal)
+        else:
+            qdq_model = build_model(name, params, "qdq", calibrate(name, params, x_cal))
         onnx.save(float_model, out_dir / model_filename(name, quantized=False))
         onnx.save(qdq_model, out_dir / model_filename(name, quantized=True))
         t_train = time.perf_counter() - t0
@@ -709,14 +751,17 @@ bundled digits (8x8 images, pixels scaled to [0, 1]) with the split of
 {len(data.y_test)} test images. Each model ships twice:
 
 - `NAME_float.onnx`: the float32 model.
-- `NAME.onnx`: the same model quantized in the QDQ layout of onnxruntime's static
-  quantizer (`QuantizeLinear`/`DequantizeLinear` pairs, int8 activations with a
-  per-tensor scale and zero point from min/max calibration, symmetric int8 weights
-  with zero point 0, int32 biases with scale `s_in * s_w`). **ReLU is fused** as
-  onnxruntime does by default: there is no `Relu` node in the QDQ models; the
-  `QuantizeLinear` after a `Gemm`/`Conv` has the ReLU output's range (zero point
-  -128), so its int8 clamp is the ReLU. `MaxPool` output keeps its input's scale and
-  zero point. `ArgMax`, `Equal`, `If` and `Flatten` read dequantized tensors.
+- `NAME.onnx`: the same model quantized in QDQ format: `mlp` and `cnn` by
+  onnxruntime's `quantize_static` (QDQ, QInt8 activations and weights, per tensor,
+  MinMax calibration over `calibration.npz`); `moe` and `early_exit` by
+  `generate.py` in the layout that quantizer writes, because it leaves the bodies
+  of `If` nodes in float. The layout: `QuantizeLinear`/`DequantizeLinear` pairs,
+  int8 activations with a per-tensor scale and zero point from min/max
+  calibration, symmetric int8 weights with zero point 0, int32 biases with scale
+  `s_in * s_w`. **ReLU is fused** as onnxruntime does by default: there is no
+  `Relu` node in the QDQ models; the `QuantizeLinear` after a `Gemm`/`Conv` has the
+  ReLU output's range (zero point -128), so its int8 clamp is the ReLU. `ArgMax`,
+  `Equal`, `If` and `Flatten` read dequantized tensors.
 
 All models are ONNX opset {OPSET} (IR version {IR_VERSION}) and take **one digit per
 inference** (batch dimension 1): input `input` of shape (1, 64), or (1, 1, 8, 8) for
