@@ -539,8 +539,7 @@ class _Importer:
         data = _MOVES.get((node.domain or "", node.op_type))
         if data is None:
             return None
-        xs = [x for x in (vals if data == "all" else vals[:1])]
-        rest = [] if data == "all" else vals[1:]
+        xs, rest = (vals, []) if data == "all" else (vals[:1], vals[1:])
         if not xs or not all(isinstance(x, _DequantTensor) for x in xs) or \
                 any(isinstance(r, _DequantTensor | _PendingOp) for r in rest):
             return None
@@ -1209,14 +1208,23 @@ class _Importer:
                              f"{rank}", node.name)
         return out
 
-    def op_Squeeze(self, node, v, attrs):
+    def _shape_and_axes(self, node, v, attrs):
+        """Squeeze/Unsqueeze's static input shape and raw axes; None when the node went
+        to the CPU (a float input or axes known only at run time)."""
         src = self._shape_of(v[0])
         try:
             axes = self._axes(node, v, attrs)
         except _NotConst as e:
             return self.unsupported(node, str(e))
         if src is None:
-            return self.unsupported(node, "Squeeze of a float result")
+            return self.unsupported(node, f"{node.op_type} of a float result")
+        return src, axes
+
+    def op_Squeeze(self, node, v, attrs):
+        found = self._shape_and_axes(node, v, attrs)
+        if found is None:
+            return
+        src, axes = found
         axes = [a for a, d in enumerate(src) if d == 1] if axes is None else \
             self._normalized(node, axes, len(src))
         if any(src[a] != 1 for a in axes):
@@ -1224,13 +1232,10 @@ class _Importer:
         self._reshape_to(node, v[0], tuple(d for a, d in enumerate(src) if a not in axes))
 
     def op_Unsqueeze(self, node, v, attrs):
-        src = self._shape_of(v[0])
-        try:
-            axes = self._axes(node, v, attrs)
-        except _NotConst as e:
-            return self.unsupported(node, str(e))
-        if src is None:
-            return self.unsupported(node, "Unsqueeze of a float result")
+        found = self._shape_and_axes(node, v, attrs)
+        if found is None:
+            return
+        src, axes = found
         if axes is None:
             raise ModelError("Unsqueeze needs axes", node.name)
         rank = len(src) + axes.size

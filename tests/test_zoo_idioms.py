@@ -121,3 +121,15 @@ def test_dilated_conv_runs_as_a_dense_kernel():
     assert conv.device == "npu" and conv.weight.shape[2:] == (5, 5)
     assert not conv.weight[:, :, 1::2, :].any() and not conv.weight[:, :, :, 1::2].any()
     assert np.count_nonzero(conv.weight[:, :, ::2, ::2]) > 0
+
+
+def test_npu_run_prints_the_batch_note(tmp_path, monkeypatch, capsys):
+    from host import cli
+
+    monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path / "cache"))
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, input=load_expected("idioms")["input"][:1])
+    assert cli.main(["run", str(ZOO_DIR / "idioms.qdq-pt-s8.onnx"), "--inputs", str(inputs),
+                     "--cpu-fallback"]) == cli.ExitCode.OK
+    out, err = capsys.readouterr()
+    assert err == "" and "symbolic batch dimension 'batch' bound to 1" in " ".join(out.split())

@@ -137,14 +137,19 @@ def _train(module: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int) -> None
     module.eval()
 
 
-def cnn_pc() -> ZooModel:
+def _digits_cnn(module_cls: type[nn.Module]):
+    """A digits image classifier trained under the fixed seed; (net, calibration, test)."""
     split, calib, test = _digits()
     _deterministic()
-    net = DigitsCNN()
+    net = module_cls()
     _train(net, split.x_train.reshape(-1, 1, 8, 8), split.y_train, epochs=8)
+    return net, _images(calib), _images(test)
+
+
+def cnn_pc() -> ZooModel:
+    net, calib, test = _digits_cnn(DigitsCNN)
     return ZooModel("cnn_pc", DigitsCNN.__doc__, f"torch {torch.__version__} (dynamo=False)",
-                    lambda: _export_torch(net, _images(test)[0], "logits"),
-                    _images(calib), _images(test))
+                    lambda: _export_torch(net, test[0], "logits"), calib, test)
 
 
 class PoolConcat(nn.Module):
@@ -164,27 +169,19 @@ class PoolConcat(nn.Module):
 
 
 def pool_cat() -> ZooModel:
-    split, calib, test = _digits()
-    _deterministic()
-    net = PoolConcat()
-    _train(net, split.x_train.reshape(-1, 1, 8, 8), split.y_train, epochs=8)
+    net, calib, test = _digits_cnn(PoolConcat)
     return ZooModel("pool_cat", PoolConcat.__doc__, f"torch {torch.__version__} (dynamo=False)",
-                    lambda: _export_torch(net, _images(test)[0], "logits"),
-                    _images(calib), _images(test))
+                    lambda: _export_torch(net, test[0], "logits"), calib, test)
 
 
 def cnn_dynamo() -> ZooModel:
     """The digits CNN of ``cnn_pc`` (same seed and training), written by the
     torch.export-based exporter."""
-    split, calib, test = _digits()
-    _deterministic()
-    net = DigitsCNN()
-    _train(net, split.x_train.reshape(-1, 1, 8, 8), split.y_train, epochs=8)
+    net, calib, test = _digits_cnn(DigitsCNN)
     return ZooModel("cnn_dynamo", "The digits CNN of cnn_pc, exported by the torch.export-"
                     "based exporter.", f"torch {torch.__version__} (dynamo=True, onnxscript "
                     f"{__import__('onnxscript').__version__})",
-                    lambda: _export_dynamo(net, _images(test)[0], "logits"),
-                    _images(calib), _images(test))
+                    lambda: _export_dynamo(net, test[0], "logits"), calib, test)
 
 
 def mlp_skl() -> ZooModel:
