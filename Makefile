@@ -32,7 +32,7 @@ help:
 	@echo "make synth    the ULX3S bitstream and its report (CONFIG=small|default FREQ=MHZ; build/synth/ulx3s/report.md)"
 	@echo "make synth-hierarchy  the NPU's cells per block, Yosys alone (FAMILY=ecp5|ice40 CONFIG=NAME|floor)"
 	@echo "make lint     ruff + verilator --lint-only"
-	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md)"
+	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md, docs/compiler.md's coverage table)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
 	@echo "make bench-npu       256^3 GEMM on the Verilator NPU vs its roofline, swap stall (npu.json)"
 	@echo "make bench-adaptive  moe over a phase-shifting stream: unfused vs static vs adaptive (adaptive.json, .png)"
@@ -73,6 +73,7 @@ lint: setup
 
 docs: setup
 	$(PY) -m firmware.docgen docs
+	$(PY) -m verif.coverage --write
 
 bench-%: setup
 	$(PY) -m bench.$* $(ARGS)
