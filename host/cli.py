@@ -3,11 +3,11 @@
 ::
 
     npu run MODEL.onnx [--backend golden|verilator|serial [--port PATH --baud N]]
-            [--digits N | --inputs FILE.npz]
+            [--digits N | --inputs FILE.npz] [--cpu-fallback] [--dim NAME=SIZE ...]
             [--adaptive [--phases 012|789] [--batch B] [--cache PATH | --no-cache]]
     npu report MODEL [--config NAME]
-    npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME]
-    npu disasm MODEL.onnx [--config NAME]
+    npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
+    npu disasm MODEL.onnx [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
     npu info [--backend golden|verilator|serial] [--config NAME]
     npu precompile --profile NAME [--model M ...] [--cache PATH]
     npu cache info|verify|clear [--cache PATH] [--model M ...]
@@ -24,6 +24,7 @@ import argparse
 import enum
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -90,6 +91,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def dim_arg(text: str) -> tuple[str, int]:
+    """``--dim NAME=SIZE``: a size for a symbolic input dimension of the model."""
+    name, sep, size = text.partition("=")
+    if not sep or not name or not size.isdigit() or int(size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SIZE with a positive SIZE, "
+                                         "e.g. 'batch=4'")
+    return name, int(size)
+
+
+def load_model(opts):
+    """The IR graph of ``opts.model`` with the command's import options."""
+    from .onnx_import import load_onnx
+
+    return load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback,
+                     dims=dict(opts.dim or ()))
 
 
 def phases_arg(text: str) -> str:
@@ -187,12 +205,11 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
     from .adaptive.timeline import attach_timeline
     from .compiler import compile_model
     from .driver import NPUDriver
-    from .onnx_import import load_onnx
     from .runtime import Session
 
     console = console or Console()
     drv = NPUDriver(device)
-    graph = load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback)
+    graph = load_model(opts)
     for note in graph.notes:
         console.print(f"note: {note}", highlight=False)
     if opts.adaptive:
@@ -410,10 +427,8 @@ def _on_backend(opts, argv) -> int:
 
 def compile_cmd(opts) -> int:
     from .compiler import compile_model
-    from .onnx_import import load_onnx
 
-    model = compile_model(load_onnx(model_path(opts.model),
-                                    allow_cpu_fallback=opts.cpu_fallback), CONFIGS[opts.config])
+    model = compile_model(load_model(opts), CONFIGS[opts.config])
     console = Console()
     table = Table("unit", "nodes", "inputs", "outputs", "instructions", "scratchpad B",
                   title=f"{model.graph.name} for the {opts.config} config")
@@ -434,10 +449,8 @@ def compile_cmd(opts) -> int:
 
 def disasm_cmd(opts) -> int:
     from .compiler import compile_model
-    from .onnx_import import load_onnx
 
-    model = compile_model(load_onnx(model_path(opts.model),
-                                    allow_cpu_fallback=opts.cpu_fallback), CONFIGS[opts.config])
+    model = compile_model(load_model(opts), CONFIGS[opts.config])
     sys.stdout.write(model.disasm())
     return 0
 
@@ -573,6 +586,9 @@ def _parser() -> argparse.ArgumentParser:
                    "and optional 'labels'")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
     p.add_argument("--cpu-fallback", action="store_true", help="run unsupported ops on the CPU")
+    p.add_argument("--dim", type=dim_arg, action="append", metavar="NAME=SIZE",
+                   help="a size for a symbolic input dimension (repeatable; a symbolic "
+                   "batch dimension is 1 without it)")
     p.add_argument("--adaptive", action="store_true",
                    help="serve with the adaptive runtime (profile, fuse, hot-swap, validate)")
     p.add_argument("--phases", type=phases_arg, help="with --digits N: a stream whose class "
@@ -601,6 +617,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what)
         p.add_argument("model")
         p.add_argument("--cpu-fallback", action="store_true")
+        p.add_argument("--dim", type=dim_arg, action="append", metavar="NAME=SIZE")
         if name == "compile":
             p.add_argument("-o", "--output", help="write the program image here")
         common(p, False)
@@ -646,8 +663,9 @@ def failure(err: Exception) -> tuple[ExitCode, str]:
             CPU_FALLBACK_HINT, "or run with --cpu-fallback to run it on the CPU")
     if isinstance(err, CompileError):
         return ExitCode.UNSUPPORTED, f"the compiler cannot map the model onto this NPU: {err}"
-    if isinstance(err, ModelError):
-        return ExitCode.BAD_MODEL, f"bad model: {err}"
+    if isinstance(err, ModelError):  # the command's flag for the library's dims=
+        return ExitCode.BAD_MODEL, "bad model: " + re.sub(
+            r"pass dims=\{'([^']*)': N\} to load_onnx", r"run with --dim \1=N", str(err))
     if isinstance(err, DeviceError):
         return ExitCode.DEVICE, f"device error: {err}"
     if isinstance(err, MismatchError):
