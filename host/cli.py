@@ -4,6 +4,7 @@
 
     npu run MODEL.onnx [--backend golden|verilator|serial [--port PATH --baud N]]
             [--digits N | --inputs FILE.npz] [--cpu-fallback] [--dim NAME=SIZE ...]
+            [--cycle-budget N] [--timeout S]
             [--adaptive [--phases 012|789] [--batch B] [--cache PATH | --no-cache]]
     npu report MODEL [--config NAME]
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
@@ -52,6 +53,7 @@ class ExitCode(enum.IntEnum):
                      # one the compiler cannot map onto this NPU
     DEVICE = 5       # the NPU, its bus or its serial port reported an error
     MISMATCH = 6     # a result differs from the reference interpreter
+    LIMIT = 7        # a run went past its cycle budget or wall-clock timeout
 
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(
@@ -108,6 +110,22 @@ def load_model(opts):
 
     return load_onnx(model_path(opts.model), allow_cpu_fallback=opts.cpu_fallback,
                      dims=dict(opts.dim or ()))
+
+
+def cycle_budget_arg(text: str) -> int:
+    from .limits import MAX_BUDGET
+
+    value = int(text)
+    if not 0 <= value <= MAX_BUDGET:
+        raise argparse.ArgumentTypeError(f"must be 0 (no budget) to {MAX_BUDGET}, not {value}")
+    return value
+
+
+def timeout_arg(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 for none, not {text}")
+    return value
 
 
 def phases_arg(text: str) -> str:
@@ -205,10 +223,12 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
     from .adaptive.timeline import attach_timeline
     from .compiler import compile_model
     from .driver import NPUDriver
+    from .limits import RunLimits
     from .runtime import Session
 
     console = console or Console()
     drv = NPUDriver(device)
+    drv.limits = RunLimits(opts.cycle_budget, opts.timeout)
     graph = load_model(opts)
     for note in graph.notes:
         console.print(f"note: {note}", highlight=False)
@@ -585,6 +605,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--inputs", help=".npz with one array per graph input (first axis: samples) "
                    "and optional 'labels'")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
+    p.add_argument("--cycle-budget", type=cycle_budget_arg, metavar="N",
+                   help="NPU cycles one run may take before the NPU stops it (default: "
+                   "16x the program's cost-model estimate, at least 100000; 0: none)")
+    p.add_argument("--timeout", type=timeout_arg, metavar="S",
+                   help="wall-clock seconds to wait for one run (default: 10 s plus the "
+                   "cycle budget at 10k cycles/s, the slowest backend; 0: none)")
     p.add_argument("--cpu-fallback", action="store_true", help="run unsupported ops on the CPU")
     p.add_argument("--dim", type=dim_arg, action="append", metavar="NAME=SIZE",
                    help="a size for a symbolic input dimension (repeatable; a symbolic "
@@ -654,10 +680,14 @@ def failure(err: Exception) -> tuple[ExitCode, str]:
     from .compiler.plan import CompileError
     from .driver import DeviceError
     from .errors import CPU_FALLBACK_HINT, ModelError, UnsupportedOpError
+    from .limits import LimitExceeded
     from .runtime import MismatchError
 
     if isinstance(err, (UsageError, CacheFileError)):
         return ExitCode.USAGE, str(err)
+    if isinstance(err, LimitExceeded):
+        return ExitCode.LIMIT, (f"{err}: a program that does not end, or a limit too tight "
+                                f"for it (raise it with {err.option}, 0 for none)")
     if isinstance(err, UnsupportedOpError):
         return ExitCode.UNSUPPORTED, str(err).replace(
             CPU_FALLBACK_HINT, "or run with --cpu-fallback to run it on the CPU")

@@ -25,6 +25,7 @@ from firmware.regs import (
 )
 
 from .device import Device
+from .limits import LimitExceeded, RunLimits, wait_irq_within
 
 CTRL_START = field_mask("CTRL", "start")
 CTRL_SWAP = field_mask("CTRL", "swap")
@@ -82,6 +83,8 @@ class NPUDriver:
             raise DeviceError(f"ID register reads {magic:#010x}, expected {ID_MAGIC:#010x}")
         caps = {n: device.read_reg(a) for n, a in base.items() if n.startswith("CAPS_")}
         self.config: NPUConfig = caps_to_config(caps)
+        # What a Session bounds each run by (None figures: derived from its program).
+        self.limits = RunLimits()
         self.addr = addresses(self.config)
         self._counters = counter_names(self.config)
         self.write("IRQ_ENABLE", field_mask("IRQ_ENABLE", "done")
@@ -187,10 +190,21 @@ class NPUDriver:
             self.write(f"ARG{i}", int(a))
         self.write("CTRL", CTRL_START)
 
-    def wait(self, timeout_cycles: int = 50_000_000) -> RunStatus:
-        """Wait for the run to finish (interrupt), acknowledge it, return its status."""
-        if not self.device.wait_irq(timeout_cycles):
+    def wait(self, timeout_cycles: int | None = 50_000_000,
+             timeout_s: float | None = None) -> RunStatus:
+        """Wait for the run to finish (interrupt), acknowledge it, return its status.
+
+        Raises ``DeviceError`` after ``timeout_cycles`` NPU cycles and
+        :class:`~host.limits.LimitExceeded` after ``timeout_s`` wall-clock seconds
+        without the interrupt (None or 0: no such limit); the run is then still in
+        progress (its CYCLE_BUDGET, when set, stops it on the device).
+        """
+        ran_out = wait_irq_within(self.device, timeout_cycles or None, timeout_s)
+        if ran_out == "cycles":
             raise DeviceError(f"no interrupt within {timeout_cycles} cycles")
+        if ran_out == "seconds":
+            raise LimitExceeded(f"the run did not end within its timeout of {timeout_s:g} s "
+                                "(wall clock)", option="--timeout")
         self.write("IRQ_STATUS", IRQ_DONE | IRQ_ERROR)
         return self.last_status()
 

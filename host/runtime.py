@@ -7,6 +7,10 @@ model's CPU nodes (the boundary Quantize/Dequantize, CPU fallbacks, the CPU tail
 of branches) on the host and its NPU segments on the device, reading back only
 the tensors the host needs. With ``check=True`` every result is compared with
 the reference interpreter and a mismatch raises :class:`MismatchError`.
+
+Every NPU run is bounded by the driver's :class:`~host.limits.RunLimits`,
+resolved against the running plan's cost-model estimate: a program that does not
+end raises :class:`~host.limits.LimitExceeded` instead of running on.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from firmware.golden import TraceRecord
+from firmware.isa import ErrorCode
 
 from .compiler import CompiledModel
 from .compiler.lower import scope_tensors
 from .driver import STATUS_SWAP_PENDING, NPUDriver
 from .ir import Equal, Graph, If, Node
+from .limits import LimitExceeded, RunLimits, estimate_cycles, wait_cycles
 from .reference import eval_node, run_reference, to_external, to_internal
 
 PAGE = 4096
@@ -142,6 +148,15 @@ class Session:
         self.index = _GraphIndex(staged.graph)
         return True
 
+    def limits(self) -> RunLimits:
+        """The running plan's limits: the driver's, derived figures filled in from
+        the plan's cost-model estimate."""
+        key = (self.model, self.driver.limits)
+        cached = getattr(self, "_limits", None)
+        if cached is None or cached[0] is not key[0] or cached[1] != key[1]:
+            self._limits = (*key, key[1].resolve(estimate_cycles(self.model)))
+        return self._limits[2]
+
     # ---- inference ------------------------------------------------------------------
     def run(self, inputs: dict, while_running=None) -> Inference:
         """One inference on ``inputs`` (graph input name -> array).
@@ -234,11 +249,17 @@ class _Executor:
                 data = m.layouts[r].to_device(self.env[r]).astype(np.int8)
                 drv.write_mem(self.s.arena_base + off, data)
                 self.written.add(r)
-        drv.write("CYCLE_BUDGET", 0)
+        lim = self.s.limits()
+        drv.write("CYCLE_BUDGET", lim.cycle_budget)
         drv.start(args=(self.s.const_base, self.s.arena_base, k))
         if k == self.last_segment and self.while_running is not None:
             self.while_running()
-        status = drv.wait()
+        status = drv.wait(timeout_cycles=wait_cycles(lim.cycle_budget), timeout_s=lim.timeout_s)
+        if status.error == ErrorCode.TIMEOUT:
+            raise LimitExceeded(f"the run stopped at its cycle budget of {lim.cycle_budget} "
+                                f"cycles (pc {status.pc}; the program's estimate is "
+                                f"{estimate_cycles(m):.0f} cycles per inference)",
+                                option="--cycle-budget")
         status.check()
         self.trace += drv.read_trace()
         regs = drv.regs()

@@ -1,8 +1,10 @@
-"""Golden-model runs are bounded the way the RTL's are.
+"""Runs are bounded: a cycle budget and a wall-clock timeout on every run.
 
 The golden device advances a run only while the host waits for it, so a program that
 never ends costs a wait its timeout (the driver's DeviceError) or stops with TIMEOUT
-at CYCLE_BUDGET, in well under a second, and the device stays usable.
+at CYCLE_BUDGET, in well under a second, and the device stays usable. A Session
+sets every run's budget from its program's estimate (host/limits.py); the driver's
+wait gives up after the wall-clock timeout on any device.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from host import cli
 from host.cli import ExitCode
 from host.device import GoldenDevice
 from host.driver import STATUS_BUSY, STATUS_SWAP_PENDING, DeviceError, NPUDriver
+from host.limits import (
+    BUDGET_FACTOR,
+    MIN_BUDGET,
+    MIN_TIMEOUT_S,
+    LimitExceeded,
+    RunLimits,
+    estimate_cycles,
+)
 
 SPIN = asm.assemble("li r8, 0\nspin: addi r8, r8, 1\nbr.always r0, r0, spin\nend")
 GOOD = asm.assemble("li r9, 42\nend")
@@ -83,21 +93,91 @@ def test_waiting_in_steps_changes_no_cycle():
     assert ends[0] == ends[1]
 
 
-def test_npu_reports_a_run_that_does_not_end(monkeypatch, capsys):
-    """``npu run``: a program that never ends is a device error, one line, exit 5.
-
-    (The golden timeline measured at compile time would refuse it first, as a bad
-    model; it is skipped so the run on the device meets the program.)"""
+def spin_instead_of_the_program(monkeypatch):
+    """Every program ``npu run`` writes becomes SPIN. (The golden timeline measured at
+    compile time would refuse it first, as a bad model; it is skipped so the run on
+    the device meets the program.)"""
     from host.adaptive import timeline
     monkeypatch.setattr(timeline, "attach_timeline", lambda model: model)
-    write_program, wait = NPUDriver.write_program, NPUDriver.wait
+    write_program = NPUDriver.write_program
     monkeypatch.setattr(NPUDriver, "write_program",
                         lambda self, words, version=None: write_program(self, SPIN, version))
-    monkeypatch.setattr(NPUDriver, "wait",
-                        lambda self, timeout_cycles=20_000: wait(self, timeout_cycles))
-    t0 = time.perf_counter()
-    code = cli.main(["run", "mlp", "--digits", "1", "--no-cache", "--no-check"])
+
+
+@pytest.mark.parametrize("args, budget", [([], 100_000), (["--cycle-budget", "20000"], 20_000)])
+def test_npu_stops_a_run_that_does_not_end(monkeypatch, capsys, args, budget):
+    """``npu run``: a program that never ends stops at its cycle budget (by default
+    derived from the program's estimate), one line naming the option, exit 7."""
+    spin_instead_of_the_program(monkeypatch)
+    code = cli.main(["run", "mlp", "--digits", "1", "--no-cache", "--no-check", *args])
     err = capsys.readouterr().err
-    assert time.perf_counter() - t0 < 5.0
-    assert code == ExitCode.DEVICE, err
-    assert err.strip().splitlines() == ["npu: device error: no interrupt within 20000 cycles"]
+    assert code == ExitCode.LIMIT, err
+    line, = err.strip().splitlines()
+    assert line.startswith(f"npu: the run stopped at its cycle budget of {budget} cycles"), line
+    assert "raise it with --cycle-budget" in line
+
+
+def test_npu_wall_clock_timeout_without_a_budget(monkeypatch, capsys):
+    """With no cycle budget the wall-clock timeout still ends the wait."""
+    spin_instead_of_the_program(monkeypatch)
+    code = cli.main(["run", "mlp", "--digits", "1", "--no-cache", "--no-check",
+                     "--cycle-budget", "0", "--timeout", "0.3"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.LIMIT, err
+    assert err.strip().splitlines() == [
+        "npu: the run did not end within its timeout of 0.3 s (wall clock): a program that "
+        "does not end, or a limit too tight for it (raise it with --timeout, 0 for none)"]
+
+
+class SilentDevice(GoldenDevice):
+    """A device that never raises its interrupt (a board that stopped answering)."""
+
+    def __init__(self):
+        super().__init__(CONFIGS["default"])
+        self.waits = 0
+
+    def wait_irq(self, timeout_cycles):
+        self.waits += 1
+        time.sleep(0.002)
+        return False
+
+
+def test_wall_clock_timeout_on_any_device():
+    dev = SilentDevice()
+    drv = NPUDriver(dev)
+    drv.load(GOOD, TABLE)
+    drv.start()
+    with pytest.raises(LimitExceeded, match=r"timeout of 0.1 s") as info:
+        drv.wait(timeout_cycles=None, timeout_s=0.1)
+    assert info.value.option == "--timeout" and dev.waits > 1
+
+
+def test_session_limits_follow_the_program_and_the_driver():
+    from host.adaptive.timeline import zero_inputs
+    from host.compiler import compile_model
+    from host.onnx_import import load_onnx
+    from host.runtime import Session
+
+    model = compile_model(load_onnx("host/models/cnn.onnx"), CONFIGS["default"])
+    drv = NPUDriver(GoldenDevice(CONFIGS["default"]))
+    session = Session(drv, model, check=True)
+    est = estimate_cycles(model)
+    assert est > 0
+    assert session.limits() == RunLimits(max(MIN_BUDGET, int(BUDGET_FACTOR * est)),
+                                         MIN_TIMEOUT_S + session.limits().cycle_budget / 10_000)
+    session.load()
+    r = session.run(zero_inputs(model))
+    assert r.checked and r.cycles < session.limits().cycle_budget
+    drv.limits = RunLimits(cycle_budget=r.cycles // 4)  # too tight for this program
+    with pytest.raises(LimitExceeded, match=f"cycle budget of {r.cycles // 4} cycles"):
+        session.run(zero_inputs(model))
+    drv.limits = RunLimits()  # the device is usable afterwards
+    assert session.run(zero_inputs(model)).checked
+
+
+def test_run_limits_refuse_nonsense():
+    with pytest.raises(ValueError):
+        RunLimits(cycle_budget=1 << 32)
+    with pytest.raises(ValueError):
+        RunLimits(timeout_s=float("nan"))
+    assert RunLimits(0, 0).resolve(1e9) == RunLimits(0, 0)
