@@ -7,6 +7,7 @@ from firmware.config import NPUConfig
 
 from ..ir import ArgMax, Equal, Graph, If, Node, QConv, QGemm, Subgraph
 from .emit import SEGMENT, Emitter
+from .estimate import check_fits
 from .layout import Layout
 from .lower import (
     Lowering,
@@ -55,6 +56,7 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     if not simplified:
         graph, log = simplify(graph)
     check_supported(graph)
+    check_fits(graph, config)  # before lowering: refuse hopeless work in linear time
     if units is None:
         units = initial_units(graph)
     # Fresh records: the compiled model owns its units (callers' records, shared

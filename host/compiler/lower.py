@@ -31,6 +31,7 @@ that fit the accumulators. Units that fit are emitted exactly as before.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -332,7 +333,7 @@ class Lowering:
         count = ceil_div(rows, cap)
         base, extra = divmod(rows, count)
         sizes = [base + 1] * extra + [base] * (count - extra)
-        starts = [sum(sizes[:t]) for t in range(count)]
+        starts = list(itertools.accumulate(sizes, initial=0))
         tile = sizes[0]
         buffers = {r: [self.alloc(tile * row_bytes[r], r) for _ in range(k)] for r, k in bufs}
 
