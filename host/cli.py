@@ -269,19 +269,13 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     events live and its report at the end (saved for ``npu report``)."""
     from .adaptive import AdaptiveConfig, AdaptiveRuntime
     from .adaptive.cache import CompileCache, default_cache_path
-    from .adaptive.report import (
-        load_state,
-        print_report,
-        report_path,
-        save_report,
-        state_path,
-        stream_figures,
-    )
+    from .adaptive.report import print_report, stream_figures
+    from .adaptive.saved import load_state, model_digest, report_path, save_json, state_path
 
+    model_file = model_path(opts.model)
+    state = None if opts.fresh or opts.no_cache else load_state(model_file, drv.config)
     cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()),
                          fresh=opts.fresh)
-    saved = state_path(Path(opts.model).stem, drv.config)
-    state = None if opts.fresh or opts.no_cache else load_state(saved)
     rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
                                                     async_compile=not opts.inline_compile),
                          cache=cache, state=state, on_event=lambda e: console.print(
@@ -299,10 +293,11 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     report(rt.model, results, labels, console)
     rep = rt.report()
     rep["stream"] = stream_figures(results)
+    rep["model_digest"] = model_digest(model_file)
     print_report(rep, console)
-    path = save_report(rep, report_path(Path(opts.model).stem, drv.config))
+    path = save_json(rep, report_path(model_file, drv.config))
     if not opts.no_cache:
-        save_report(rt.state(), saved)
+        save_json(rt.state(), state_path(model_file, drv.config))
     cache.close()  # checkpoints the WAL into the file
     console.print(f"report saved to {path} (npu report {opts.model})", highlight=False)
     return all(r.checked for r in results) or opts.no_check
@@ -566,9 +561,12 @@ def cache_verify(cache, names: list[str]) -> int:
 
 
 def report_cmd(opts) -> int:
-    from .adaptive.report import load_report, print_report, report_path
+    from .adaptive.report import print_report
+    from .adaptive.saved import load_report
 
-    rep = load_report(report_path(Path(opts.model).stem, CONFIGS[opts.config]))
+    config = "" if opts.config == "default" else f" --config {opts.config}"
+    rep = load_report(model_path(opts.model), CONFIGS[opts.config],
+                      f"npu run {opts.model} --adaptive{config}")
     print_report(rep, Console())
     return 0
 
@@ -677,13 +675,14 @@ def _parser() -> argparse.ArgumentParser:
 def failure(err: Exception) -> tuple[ExitCode, str]:
     """The exit code and the one line ``npu`` prints for an exception a command raised."""
     from .adaptive.cache import CacheFileError
+    from .adaptive.saved import SavedFileError
     from .compiler.plan import CompileError
     from .driver import DeviceError
     from .errors import CPU_FALLBACK_HINT, ModelError, UnsupportedOpError
     from .limits import LimitExceeded
     from .runtime import MismatchError
 
-    if isinstance(err, (UsageError, CacheFileError)):
+    if isinstance(err, (UsageError, CacheFileError, SavedFileError)):
         return ExitCode.USAGE, str(err)
     if isinstance(err, LimitExceeded):
         return ExitCode.LIMIT, (f"{err}: a program that does not end, or a limit too tight "

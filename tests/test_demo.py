@@ -6,7 +6,9 @@ machine, 40 of them can end before a worker thread's compile does (the test then
 no swap; the worker-thread path is tested in tests/test_adaptive.py).
 """
 
-from host import demo
+from firmware.config import CONFIGS
+from host import cli, demo
+from host.adaptive.saved import report_path
 
 
 def test_demo_serves_the_gated_moe_adaptively(capsys, tmp_path, monkeypatch):
@@ -17,7 +19,7 @@ def test_demo_serves_the_gated_moe_adaptively(capsys, tmp_path, monkeypatch):
     assert "moe on the golden NPU with the adaptive runtime" in out
     assert "40/40 results equal the reference interpreter" in out
     assert "specialized" in out and "route8[" in out and "speedup:" in out
-    assert (tmp_path / "reports" / "moe-default.json").exists()
+    assert report_path(cli.MODELS / "moe.onnx", CONFIGS["default"]).exists()
 
 
 def test_demo_one_at_a_time_fuses_and_swaps(capsys, tmp_path, monkeypatch):

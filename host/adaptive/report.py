@@ -2,44 +2,16 @@
 
 ``npu run MODEL --adaptive`` streams the runtime's events as they happen and ends
 with :func:`print_report`; the report (``AdaptiveRuntime.report()`` plus per
-inference figures) is saved as JSON next to the compile cache, where
-``npu report MODEL`` finds it again.
+inference figures) is saved as JSON next to the compile cache (:mod:`.saved`),
+where ``npu report MODEL`` finds it again.
 """
 
 from __future__ import annotations
-
-import json
-import os
-from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
-from firmware.config import NPUConfig
-
-from ..profiles import profile_key, profile_name
-
-
-def report_path(model_name: str, config: NPUConfig) -> Path:
-    """Where the last adaptive run of a model on a profile leaves its report."""
-    root = Path(os.environ.get("NPU_CACHE_DIR", Path.home() / ".cache" / "npu"))
-    return root / "reports" / f"{model_name}-{profile_name(config) or profile_key(config)}.json"
-
-
-def state_path(model_name: str, config: NPUConfig) -> Path:
-    """Where the adaptive runtime keeps a model's profile and plan between runs."""
-    return report_path(model_name, config).parent.parent / "state" / \
-        report_path(model_name, config).name
-
-
-def load_state(path: Path) -> dict | None:
-    """A saved runtime state, or None when there is none (or it is unreadable)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def stream_figures(results) -> dict:
@@ -66,20 +38,6 @@ def stream_figures(results) -> dict:
         "mean_cycles_second_half": float(np.mean(cycles[half:])) if cycles else None,
         "checked": int(sum(r.checked for r in results)),
     }
-
-
-def save_report(report: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
-    return path
-
-
-def load_report(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SystemExit(f"no adaptive report at {path}: run `npu run MODEL --adaptive` "
-                         "first") from None
 
 
 def _halves(fig: dict) -> str:

@@ -1,0 +1,226 @@
+"""The files an adaptive run leaves behind: where they live, and reading them safely.
+
+A model's runtime state (profile and plan) and its last report are keyed by the
+digest of the model file's bytes, with its name in front for people: a user's own
+``moe.onnx`` never reads or overwrites the bundled model's files, and ``npu report
+/any/moe.onnx`` shows that file's own report. Files are written whole (a temporary
+file renamed over the old one), so a killed run leaves the previous file or the
+new one, never half of one. Every read is validated; a file ``npu`` cannot use
+raises :class:`SavedFileError`, whose message names the file and the way out.
+
+State saved by earlier versions under the model's name alone is still read as a
+warm start (the runtime ignores a state of another model: it checks the graph's
+signature) and left where it is; such a report is never shown as this model's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from firmware.config import NPUConfig
+
+from ..profiles import profile_key, profile_name
+
+DIGEST_CHARS = 16
+
+
+class SavedFileError(Exception):
+    """A saved state or report that is damaged or belongs to another model."""
+
+
+class Maybe:
+    """A schema that also accepts None (JSON null), or a missing key."""
+
+    def __init__(self, schema):
+        self.schema = schema
+
+
+NUM = (int, float)
+STATE_SCHEMA = {"version": int, "graph": str, "profile": str, "timing": str,
+                "profiler": dict, "merged": [[int]], "inferences": int}
+REPORT_SCHEMA = {
+    "model": str, "model_digest": str, "plan": [int], "inferences": int, "swaps": int,
+    "rollbacks": int, "compiles": int, "restored_plan": Maybe([int]),
+    "cost_model_error": {"profile": NUM, "refit": NUM},
+    "cache": {"compiles": int, "hits": int},
+    "units": [{"id": int, "kind": str, "state": str, "nodes": [str], "exec_count": int,
+               "history": [{"inference": int, "kind": str, "reason": Maybe(str)}]}],
+    "speculation": Maybe({"bets": int, "misspeculations": int, "threshold": NUM,
+                          "active": Maybe({"branch": str, "unit": int, "hit_rate": NUM,
+                                           "break_even": NUM})}),
+    "batch_variants": Maybe(dict),
+    "stream": Maybe({"cycles": [int], "host_ms": [NUM], "checked": int,
+                     "mean_cycles_first_half": Maybe(NUM),
+                     "mean_cycles_second_half": Maybe(NUM),
+                     "initial_plan_cycles": Maybe(NUM),
+                     "speedup_second_half_over_initial": Maybe(NUM),
+                     "misspeculation_rate": Maybe(NUM)}),
+}
+
+
+def model_digest(model_file: Path) -> str:
+    """The digest of a model file's bytes (what its state and report are keyed by)."""
+    h = hashlib.sha256()
+    with open(model_file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:DIGEST_CHARS]
+
+
+def cache_root() -> Path:
+    """``$NPU_CACHE_DIR`` (when set and not empty), else ``~/.cache/npu``."""
+    base = os.environ.get("NPU_CACHE_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "npu"
+
+
+def _file_name(model_file: Path, config: NPUConfig, digest: str | None) -> str:
+    key = profile_name(config) or profile_key(config)
+    middle = f"-{digest}" if digest else ""
+    return f"{Path(model_file).stem}{middle}-{key}.json"
+
+
+def report_path(model_file: Path, config: NPUConfig) -> Path:
+    """Where the last adaptive run of a model file on a profile leaves its report."""
+    return cache_root() / "reports" / _file_name(model_file, config, model_digest(model_file))
+
+
+def state_path(model_file: Path, config: NPUConfig) -> Path:
+    """Where the adaptive runtime keeps a model file's profile and plan between runs."""
+    return cache_root() / "state" / _file_name(model_file, config, model_digest(model_file))
+
+
+def legacy_path(kind: str, model_file: Path, config: NPUConfig) -> Path:
+    """Where earlier versions kept a ``kind`` ("state", "reports") under the name alone."""
+    return cache_root() / kind / _file_name(model_file, config, None)
+
+
+def save_json(data: dict, path: Path) -> Path:
+    """Write ``data`` to ``path`` whole: a crash leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json(path: Path, schema: dict, way_out: str) -> dict | None:
+    """The object in ``path`` if it conforms to ``schema``; None when there is no file.
+
+    Raises :class:`SavedFileError` naming the file, what is wrong and ``way_out``.
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+        data = json.loads(text)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        why = getattr(err, "strerror", None) or type(err).__name__
+        raise SavedFileError(f"{path} is unreadable or damaged ({why}); {way_out}") from None
+    problem = conform(data, schema)
+    if problem:
+        raise SavedFileError(f"{path} is damaged ({problem}); {way_out}")
+    return data
+
+
+def load_state(model_file: Path, config: NPUConfig) -> dict | None:
+    """A model file's saved runtime state, or None when it has none.
+
+    A state saved under the name alone is read when there is no keyed one (and
+    ignored if it is damaged: it may be another model's); raises
+    :class:`SavedFileError` for a damaged keyed state.
+    """
+    from .profiler import Profiler
+
+    way_out = "run with --fresh to start over and replace it"
+    path = state_path(model_file, config)
+    legacy = legacy_path("state", model_file, config)
+    state = read_json(path, STATE_SCHEMA, way_out)
+    if state is None and legacy.is_file():
+        try:
+            state, path = read_json(legacy, STATE_SCHEMA, way_out), legacy
+        except SavedFileError:
+            return None
+    if state is None:
+        return None
+    try:
+        Profiler.from_dict(state["profiler"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        if path == legacy:
+            return None
+        raise SavedFileError(f"{path} is damaged (its profiler state: {type(err).__name__}: "
+                             f"{err}); {way_out}") from None
+    return state
+
+
+def load_report(model_file: Path, config: NPUConfig, command: str) -> dict:
+    """The last adaptive report of a model file on a profile.
+
+    Raises :class:`SavedFileError` when there is none, or it is damaged, or it is
+    another model file's; ``command`` is the ``npu run`` that writes it.
+    """
+    path = report_path(model_file, config)
+    way_out = f"`{command} --fresh` writes a new one"
+    rep = read_json(path, REPORT_SCHEMA, way_out)
+    if rep is None:
+        legacy = legacy_path("reports", model_file, config)
+        note = (f" ({legacy} was saved by name alone, maybe for another model of that "
+                "name, and is not shown)" if legacy.is_file() else "")
+        raise SavedFileError(f"no adaptive report of {model_file} at {path}: run "
+                             f"`{command}` first{note}")
+    if rep["model_digest"] != model_digest(model_file):
+        raise SavedFileError(f"{path} is another model's report (digest "
+                             f"{rep['model_digest']}); {way_out}")
+    bad = [u["id"] for u in rep["units"] if u["state"] == "quarantined"
+           and not (u["history"] and isinstance(u["history"][-1].get("reason"), str))]
+    if bad:
+        raise SavedFileError(f"{path} is damaged (quarantined units {bad} without a "
+                             f"reason); {way_out}")
+    return rep
+
+
+def conform(value, schema, where: str = "the file") -> str | None:
+    """The first way ``value`` departs from ``schema``, or None.
+
+    A schema is a type or tuple of types, a dict of required keys (a
+    :class:`Maybe` value may be missing or null), a one-item list (every item
+    conforms), or a :class:`Maybe`.
+    """
+    if isinstance(schema, Maybe):
+        return None if value is None else conform(value, schema.schema, where)
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return f"{where} is not an object"
+        for key, sub in schema.items():
+            if key not in value:
+                if isinstance(sub, Maybe):
+                    continue
+                return f"{where} has no {key!r}"
+            problem = conform(value[key], sub, f"{key!r}")
+            if problem:
+                return problem
+        return None
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return f"{where} is not a list"
+        for i, item in enumerate(value):
+            problem = conform(item, schema[0], f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    types = schema if isinstance(schema, tuple) else (schema,)
+    if isinstance(value, bool) and bool not in types:
+        return f"{where} is {value!r}, not {' or '.join(t.__name__ for t in types)}"
+    if not isinstance(value, types):
+        return f"{where} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
+    return None
