@@ -70,6 +70,7 @@ class Program:
 
 
 _UNOPS = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
+_MAX_BITS = 4096  # wider than any field: bounds what a hostile expression can build
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.LShift: operator.lshift,
@@ -98,15 +99,26 @@ def _eval(expr: str, names: dict[str, int]) -> int:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
             return _UNOPS[type(node.op)](ev(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.LShift) and right > _MAX_BITS:
+                raise AsmError(f"shift by {right} in {expr!r} (values are at most "
+                               f"{_MAX_BITS} bits)")
+            value = _BINOPS[type(node.op)](left, right)
+            if value.bit_length() > _MAX_BITS:
+                raise AsmError(f"{expr!r} is wider than {_MAX_BITS} bits")
+            return value
         raise AsmError(f"cannot evaluate {expr!r}")
 
     try:
         with _PARSE_LOCK:
             tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
+        return ev(tree.body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        if isinstance(err, AsmError):
+            raise
         raise AsmError(f"bad expression {expr!r}") from None
-    return ev(tree.body)
+    except ArithmeticError as err:  # division by zero
+        raise AsmError(f"cannot evaluate {expr!r}: {err}") from None
 
 
 _LABEL = re.compile(r"^([A-Za-z_][\w.]*)\s*:\s*(.*)$")
@@ -127,6 +139,12 @@ _PSEUDO = {
 
 def _strip_comment(line: str) -> str:
     return re.split(r"[;#]", line, maxsplit=1)[0].strip()
+
+
+def _head(text: str) -> tuple[str, str]:
+    """The mnemonic (or directive) and the operand text after any whitespace."""
+    head, *rest = text.split(None, 1)
+    return head, rest[0] if rest else ""
 
 
 def _split_operands(text: str) -> list[str]:
@@ -172,7 +190,7 @@ class _Assembler:
         return Program(words, dict(self.labels), lines, self.source)
 
     def _directive(self, text, no, raw):
-        name, _, rest = text.partition(" ")
+        name, rest = _head(text)
         args = _split_operands(rest)
         if name == ".equ" and len(args) == 2:
             try:
@@ -217,7 +235,7 @@ class _Assembler:
             if not 0 <= value < (1 << isa.WORD_BITS):
                 raise AsmError(f".word value {value:#x} is not 64 bits")
             return value
-        head, _, rest = text.partition(" ")
+        head, rest = _head(text)
         if head.lower() in _PSEUDO:
             head, rest = _PSEUDO[head.lower()](rest)
         mnemonic, _, suffix = head.lower().partition(".")

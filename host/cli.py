@@ -62,6 +62,7 @@ EXIT_CODES_HELP = "exit codes: " + ", ".join(
 
 
 DIGITS = 20  # held-out digits ``npu run`` runs by default
+DIGIT_PIXELS = 64  # one 8x8 held-out digit
 
 
 class UsageError(Exception):
@@ -182,6 +183,9 @@ def check_arrays(path, arrays: dict[str, np.ndarray], labels, graph) -> None:
             # the reference interpreter would quantize NaN to an arbitrary integer and
             # the run would still "equal the reference"
             raise UsageError(f"--inputs {path}: {k!r} contains NaN or infinity")
+    if labels is not None and (labels.ndim != 1 or labels.dtype.kind not in "biuf"):
+        raise UsageError(f"--inputs {path}: 'labels' must be one class number per sample "
+                         f"(it holds {labels.dtype}, shape {labels.shape})")
     if labels is not None and len(labels) < count:
         # accuracy over the missing labels would silently read 0 %
         raise UsageError(f"--inputs {path}: {len(labels)} labels for {count} samples")
@@ -204,15 +208,23 @@ def load_inputs(graph, opts) -> tuple[list[dict], np.ndarray | None]:
         count = len(next(iter(arrays.values())))
         return [{k: v[i].reshape(graph.tensors[k].shape) for k, v in arrays.items()}
                 for i in range(count)], labels
-    if int(np.prod(shape)) != 64:
-        raise UsageError(f"the model's input {name!r} has shape {shape}, not an 8x8 digit: "
-                         "pass --inputs FILE.npz")
+    check_digits_fit(graph, DIGIT_PIXELS)
     from .datasets import load_digits_split
 
     split = load_digits_split(seed=0)
     n = min(opts.digits or DIGITS, len(split.x_test))
     xs = [{name: split.x_test[i].reshape(shape).astype(np.float32)} for i in range(n)]
     return xs, split.y_test[:n]
+
+
+def check_digits_fit(graph, pixels: int) -> None:
+    """Refuse a model the held-out digits cannot feed (one input of ``pixels`` values)."""
+    shapes = {k: graph.tensors[k].shape for k in graph.inputs}
+    sizes = [int(np.prod(s)) for s in shapes.values()]
+    if sizes != [pixels]:
+        inputs = ", ".join(f"{k!r} {s}" for k, s in shapes.items()) or "none"
+        raise UsageError(f"the model's input is {inputs}, not an 8x8 digit ({pixels} values "
+                         "as one input): pass --inputs FILE.npz")
 
 
 # ---- commands on a device -------------------------------------------------------------------
@@ -260,6 +272,7 @@ def phase_inputs(graph, opts) -> tuple[list[dict], np.ndarray]:
     shape = graph.tensors[name].shape
     phases = [{int(c): 1.0 for c in ph} for ph in opts.phases.split("|")]
     samples = list(class_mix_stream(opts.digits or DIGITS, phases, seed=opts.seed))
+    check_digits_fit(graph, DIGIT_PIXELS)
     return ([{name: s.x.reshape(shape).astype(np.float32)} for s in samples],
             np.array([s.label for s in samples]))
 
@@ -455,10 +468,18 @@ def compile_cmd(opts) -> int:
     for line in model.log:
         console.print(f"simplified: {line}")
     if opts.output:
-        Path(opts.output).write_bytes(model.program.to_bytes())
-        Path(opts.output).with_suffix(".const").write_bytes(model.const_image())
-        console.print(f"wrote {opts.output} ({len(model.program) * 8} bytes) and its "
-                      "constants (.const)")
+        program, consts = Path(opts.output), Path(opts.output).with_suffix(".const")
+        if program == consts:  # the constants would overwrite the program
+            raise UsageError(f"-o {opts.output}: the constants go to PROGRAM.const; name "
+                             "the program otherwise (e.g. prog.bin)")
+        for path, data in ((program, model.program.to_bytes()), (consts, model.const_image())):
+            try:
+                path.write_bytes(data)
+            except OSError as err:
+                raise UsageError(f"-o {opts.output}: cannot write {path} "
+                                 f"({err.strerror or err})") from None
+        console.print(f"wrote {program} ({len(model.program) * 8} bytes) and its "
+                      f"constants {consts}")
     return 0
 
 

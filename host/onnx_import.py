@@ -457,6 +457,10 @@ class _Importer:
             handler(node, [self.lookup(i) if i else None for i in node.input], _attrs(node))
         except _NotOnNpu as e:
             self.unsupported(node, e.reason)
+        except ValueError as e:  # a value the IR refuses (a scale of inf, ...)
+            if isinstance(e, ModelError):
+                raise
+            raise ModelError(str(e), node.name) from None
 
     def locate(self, e: ModelError, current: str = "") -> ModelError:
         """Name the ONNX node an error is about: its index, op and domain (the node

@@ -62,3 +62,15 @@ def _rtl_tests_are_marked(request, monkeypatch):
         raise RuntimeError(f"{request.node.nodeid} runs Verilator: mark it @pytest.mark.rtl")
 
     monkeypatch.setattr(sim, "_verilator_root", refuse)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz tests' case counts (``record_property("fuzz", ...)``; xdist carries
+    them from the workers), so every run says how many cases it tried."""
+    lines = [value for reports in terminalreporter.stats.values() for r in reports
+             for name, value in getattr(r, "user_properties", ()) if name == "fuzz"
+             and getattr(r, "when", "call") == "call"]
+    if lines:
+        terminalreporter.section("fuzz cases tried")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)

@@ -58,6 +58,23 @@ def npz(tmp_path, name="in.npz", **arrays):
     return tmp_path / name
 
 
+def batch_of_mlp(tmp_path, rows):
+    """The bundled MLP declared for ``rows`` samples at once (the digits feed one)."""
+    model = onnx.load(cli.MODELS / "mlp.onnx")
+    for v in (*model.graph.input, *model.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = rows
+    onnx.save(model, tmp_path / "mlp_rows.onnx")
+    return tmp_path / "mlp_rows.onnx"
+
+
+def infinite_scale(tmp_path):
+    model = onnx.load(cli.MODELS / "mlp.onnx")
+    init = next(i for i in model.graph.initializer if i.name == "fc1_relu_out_scale")
+    init.CopyFrom(onnx.numpy_helper.from_array(np.float32(np.inf), init.name))
+    onnx.save(model, tmp_path / "inf.onnx")
+    return tmp_path / "inf.onnx"
+
+
 def mlp_samples(n=3):
     return np.random.default_rng(0).uniform(0, 16, (n, 64)).astype(np.float32)
 
@@ -95,6 +112,18 @@ CASES = {
     "fewer labels": (lambda t: ["run", "mlp", "--inputs",
                                 str(npz(t, input=mlp_samples(3), labels=np.array([1])))],
                      ExitCode.USAGE, "1 labels for 3 samples"),
+    # found by tests/test_fuzz.py
+    "labels not a list": (lambda t: ["run", "mlp", "--inputs",
+                                     str(npz(t, input=mlp_samples(1), labels=np.array(1.5)))],
+                          ExitCode.USAGE, "one class number per sample"),
+    "digits do not fit": (lambda t: ["run", str(batch_of_mlp(t, 3))], ExitCode.USAGE,
+                          "pass --inputs"),
+    "infinite scale": (lambda t: ["run", str(infinite_scale(t))], ExitCode.BAD_MODEL,
+                       "positive and finite"),
+    "output a directory": (lambda t: ["compile", "mlp", "-o", str(t)], ExitCode.USAGE,
+                           "cannot write"),
+    "output .const": (lambda t: ["compile", "mlp", "-o", str(t / "prog.const")],
+                      ExitCode.USAGE, "PROGRAM.const"),
     "serial port": (lambda t: ["info", "--backend", "serial", "--port", str(t / "ttyNONE")],
                     ExitCode.DEVICE, "cannot open the serial port"),
 }

@@ -1,0 +1,460 @@
+"""Fuzzing: ``npu`` and the assembler under random and mutated input.
+
+Property, for every case: a clean error (a documented exit code with one line on
+stderr, or the assembler's ``AsmError``) or a result equal to the reference
+interpreter (``npu run`` checks every inference and fails otherwise), within the
+per-case deadline (a hang fails the case; the figure is generous, it catches
+hangs, not slowness). Inputs:
+
+* ONNX models: the bundled ones mutated (shapes, initializers, attributes,
+  operators, graph wiring, bytes) and small random graphs, run by ``npu run``;
+* ``--inputs`` files: random arrays, dtypes, names, shapes, NaN and labels;
+* ``npu`` argument lists drawn from its commands, options and hostile values;
+* assembly text: the bundled programs mutated and random lines.
+
+Seeded from the session seed (``--seed N`` reproduces a run); ``make regress``
+(``--regress``) tries ten times as many cases. Each test reports how many cases it
+tried (the ``fuzz`` lines of the pytest summary).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from firmware import asm
+from host import cli
+from host.cli import ExitCode
+
+CLEAN = {ExitCode.OK, ExitCode.USAGE, ExitCode.BAD_MODEL, ExitCode.UNSUPPORTED,
+         ExitCode.DEVICE, ExitCode.LIMIT}
+DEADLINE = timedelta(seconds=60)  # per case: a hang, not a slow case
+MODELS = ["mlp", "cnn", "moe", "early_exit"]
+
+
+def fuzz(test_seed: int, regress: bool, examples: int):
+    """Hypothesis settings for a fuzz property: seeded, bounded, no example database."""
+    def wrap(fn):
+        fn = settings(max_examples=examples * (10 if regress else 1), deadline=DEADLINE,
+                      database=None, derandomize=False,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                             HealthCheck.filter_too_much])(fn)
+        return hypothesis_seed(test_seed)(fn)
+    return wrap
+
+
+class Tally:
+    """How many cases a fuzz test tried, by outcome; reported in the pytest summary."""
+
+    def __init__(self, name: str, record):
+        self.name, self.record, self.counts = name, record, {}
+
+    def add(self, outcome) -> None:
+        key = outcome.name.lower() if isinstance(outcome, ExitCode) else str(outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def report(self) -> None:
+        total = sum(self.counts.values())
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        self.record("fuzz", f"{self.name}: {total} cases ({detail})")
+        print(f"\nfuzz {self.name}: {total} cases ({detail})")
+
+
+def npu(argv: list[str]) -> tuple[int, str, str]:
+    """Run ``npu`` in-process: exit code, stdout, stderr (argparse's exits included)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else ExitCode.INTERNAL
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_clean(argv, code, out, err):
+    assert code in CLEAN, f"npu {argv}: exit {code}\n{err[-3000:]}"
+    assert "Traceback" not in err and "Traceback" not in out, f"npu {argv}:\n{err}"
+    if code != ExitCode.OK and "usage:" not in err:
+        assert len(err.strip().splitlines()) == 1, f"npu {argv}: not one line:\n{err}"
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """A cache directory and working directory of the test's own."""
+    monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# ---- ONNX models: mutated and random ------------------------------------------------------
+
+ODD_DIMS = [0, 1, 2, 3, 7, 8, 64, 65, 1000, 4097, 10**6, 10**12]
+ODD_FLOATS = [0.0, -1.0, 1e-30, 1e30, float("nan"), float("inf")]
+OP_TYPES = ["Relu", "Gemm", "MatMul", "Add", "Conv", "MaxPool", "Flatten", "Reshape",
+            "QuantizeLinear", "DequantizeLinear", "Sigmoid", "Clip", "ArgMax", "Erf",
+            "QLinearMatMul", "Identity", "Softmax", "NotAnOp"]
+
+
+@st.composite
+def mutated_model(draw) -> bytes:
+    """A bundled model with one to three mutations."""
+    model = onnx.load(str(cli.MODELS / f"{draw(st.sampled_from(MODELS))}.onnx"))
+    g = model.graph
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["batch", "batch", "dim", "init_value", "init_dims",
+                                     "attr", "op", "drop_node", "drop_init", "rewire",
+                                     "elem_type", "bytes"]))
+        if kind == "batch":  # consistent: the model stays valid, its work grows
+            rows = draw(st.sampled_from([2, 3, 7, 300, 1025, 4097, 10**6]))
+            for v in (*g.input, *g.output):
+                v.type.tensor_type.shape.dim[0].dim_value = rows
+        elif kind == "dim":
+            v = draw(st.sampled_from([*g.input, *g.output]))
+            dims = v.type.tensor_type.shape.dim
+            if dims:
+                dims[draw(st.integers(0, len(dims) - 1))].dim_value = draw(
+                    st.sampled_from(ODD_DIMS))
+        elif kind == "init_value" and g.initializer:
+            i = draw(st.integers(0, len(g.initializer) - 1))
+            arr = numpy_helper.to_array(g.initializer[i]).copy()
+            if arr.size:
+                flat = arr.reshape(-1)
+                j = draw(st.integers(0, flat.size - 1))
+                if arr.dtype.kind == "f":
+                    flat[j] = draw(st.sampled_from(ODD_FLOATS))
+                else:
+                    info = np.iinfo(arr.dtype)
+                    flat[j] = draw(st.sampled_from([info.min, info.max, 0]))
+                g.initializer[i].CopyFrom(numpy_helper.from_array(arr, g.initializer[i].name))
+        elif kind == "init_dims" and g.initializer:
+            init = g.initializer[draw(st.integers(0, len(g.initializer) - 1))]
+            arr = numpy_helper.to_array(init)
+            if arr.size > 1:
+                init.CopyFrom(numpy_helper.from_array(arr.reshape(-1)[:-1].copy(), init.name))
+        elif kind == "attr":
+            attrs = [a for n in g.node for a in n.attribute
+                     if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS,
+                                   onnx.AttributeProto.FLOAT)]
+            if attrs:
+                a = draw(st.sampled_from(attrs))
+                if a.type == onnx.AttributeProto.INT:
+                    a.i = draw(st.sampled_from([-1, 0, 1, 2, 3, 100]))
+                elif a.type == onnx.AttributeProto.FLOAT:
+                    a.f = draw(st.sampled_from(ODD_FLOATS))
+                elif a.ints:
+                    a.ints[draw(st.integers(0, len(a.ints) - 1))] = draw(
+                        st.sampled_from([-1, 0, 1, 2, 5, 100]))
+        elif kind == "op" and g.node:
+            g.node[draw(st.integers(0, len(g.node) - 1))].op_type = draw(
+                st.sampled_from(OP_TYPES))
+        elif kind == "drop_node" and len(g.node) > 1:
+            del g.node[draw(st.integers(0, len(g.node) - 1))]
+        elif kind == "drop_init" and g.initializer:
+            del g.initializer[draw(st.integers(0, len(g.initializer) - 1))]
+        elif kind == "rewire" and len(g.node) > 1:
+            a, b = (g.node[draw(st.integers(0, len(g.node) - 1))] for _ in range(2))
+            if a.input and b.output:
+                a.input[draw(st.integers(0, len(a.input) - 1))] = b.output[0]
+        elif kind == "elem_type":
+            g.input[0].type.tensor_type.elem_type = draw(st.sampled_from(
+                [TensorProto.UINT8, TensorProto.INT8, TensorProto.DOUBLE, TensorProto.STRING]))
+        elif kind == "bytes":
+            data = bytearray(model.SerializeToString())
+            for _ in range(draw(st.integers(1, 8))):
+                data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+            cut = draw(st.sampled_from([len(data), len(data) // 2, 40]))
+            return bytes(data[:cut])
+    return model.SerializeToString()
+
+
+@st.composite
+def random_model(draw) -> bytes:
+    """A small chain of float or quantize/dequantize operators on one input."""
+    width = first = draw(st.sampled_from([64, 64, 8]))  # 64: the digits feed it
+    nodes, inits, cur = [], [], "x"
+    rng = np.random.default_rng(draw(st.integers(0, 1 << 16)))
+    for i in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["Relu", "Gemm", "MatMul", "Add", "QDQ", "Sigmoid", "Clip"]))
+        out = f"t{i}"
+        if op in ("Gemm", "MatMul"):
+            n_out = draw(st.sampled_from([1, 3, 8]))
+            w = f"w{i}"
+            inits.append(numpy_helper.from_array(rng.normal(size=(width, n_out))
+                                                 .astype(np.float32), w))
+            nodes.append(helper.make_node(op, [cur, w], [out], name=f"n{i}"))
+            width = n_out
+        elif op == "Add":
+            b = f"b{i}"
+            inits.append(numpy_helper.from_array(rng.normal(size=(width,)).astype(np.float32), b))
+            nodes.append(helper.make_node("Add", [cur, b], [out], name=f"n{i}"))
+        elif op == "QDQ":
+            s, z, q = f"s{i}", f"z{i}", f"q{i}"
+            inits.append(numpy_helper.from_array(np.float32(draw(st.sampled_from(
+                [0.05, 0.1, 1.0]))), s))
+            inits.append(numpy_helper.from_array(np.int8(draw(st.integers(-128, 127))), z))
+            nodes.append(helper.make_node("QuantizeLinear", [cur, s, z], [q], name=f"q{i}"))
+            nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [out], name=f"n{i}"))
+        else:
+            nodes.append(helper.make_node(op, [cur], [out], name=f"n{i}"))
+        cur = out
+    graph = helper.make_graph(
+        nodes, "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, first])],
+        [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [1, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString()
+
+
+def matching_inputs(model: Path, npz: Path, fallback: bool, seed: int) -> list[str] | None:
+    """``--inputs`` with two random samples of every graph input, when the model
+    imports and its inputs are small; else None."""
+    from host.onnx_import import load_onnx
+
+    try:
+        graph = load_onnx(model, allow_cpu_fallback=fallback)
+    except Exception:  # noqa: BLE001 - npu reports it; this only picks the inputs
+        return None
+    shapes = {k: graph.tensors[k].shape for k in graph.inputs}
+    if not shapes or any(np.prod(s) > 1 << 16 for s in shapes.values()):
+        return None
+    rng = np.random.default_rng(seed)
+    np.savez(npz, **{k: rng.normal(scale=4, size=(2, *s)).astype(np.float32)
+                     for k, s in shapes.items()})
+    return ["--inputs", str(npz)]
+
+
+def test_fuzz_onnx_models(sandbox, seed, regress, record_property):
+    tally = Tally("onnx models", record_property)
+
+    @fuzz(seed, regress, examples=40)
+    @given(data=st.one_of(mutated_model(), random_model()), fallback=st.booleans(),
+           feed=st.booleans(), input_seed=st.integers(0, 1 << 16))
+    def prop(data, fallback, feed, input_seed):
+        path = sandbox / "fuzz.onnx"
+        path.write_bytes(data)
+        flags = ["--cpu-fallback"] if fallback else []
+        inputs = ["--digits", "2"]
+        if feed:  # inputs of the model's own shapes: past the digits' 64 values
+            inputs = matching_inputs(path, sandbox / "in.npz", fallback, input_seed) or inputs
+        argv = ["run", str(path), *inputs, "--no-cache", *flags]
+        code, out, err = npu(argv)
+        assert_clean(argv, code, out, err)
+        if code == ExitCode.OK:
+            assert "2/2 results equal the reference" in out, out
+        tally.add(ExitCode(code))
+
+    prop()
+    tally.report()
+
+
+# ---- --inputs files -------------------------------------------------------------------------
+
+DTYPES = [np.float32, np.float64, np.int8, np.uint8, np.int64, np.bool_, np.complex64,
+          np.float16]
+
+
+@st.composite
+def npz_arrays(draw) -> dict:
+    count = draw(st.integers(0, 4))
+    arrays = {}
+    for name in draw(st.lists(st.sampled_from(["input", "labels", "x", "input "]), min_size=0,
+                              max_size=3, unique=True)):
+        dtype = draw(st.sampled_from(DTYPES))
+        n = count if draw(st.booleans()) else draw(st.integers(0, 5))
+        shape = draw(st.sampled_from([(n, 64), (n, 1, 64), (n, 63), (n,), (), (n, 8, 8)]))
+        if name == "labels":
+            shape = draw(st.sampled_from([(n,), (max(0, n - 1),), ()]))
+        values = draw(st.sampled_from(["normal", "huge", "nan", "zero"]))
+        rng = np.random.default_rng(draw(st.integers(0, 1 << 16)))
+        a = rng.normal(scale=8, size=shape)
+        if values == "huge":
+            a = a * 1e30
+        elif values == "nan":
+            a.reshape(-1)[:1] = np.nan
+        elif values == "zero":
+            a = np.zeros(shape)
+        with np.errstate(invalid="ignore", over="ignore"):
+            arrays[name] = a.astype(dtype)
+    return arrays
+
+
+@st.composite
+def plausible_npz(draw) -> dict:
+    """What a user means to pass: samples of the right size, in some dtype and shape."""
+    n = draw(st.integers(1, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 1 << 16)))
+    shape = draw(st.sampled_from([(n, 64), (n, 1, 64), (n, 8, 8), (n, 1, 1, 8, 8)]))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.int8, np.uint8, np.int64]))
+    scale = draw(st.sampled_from([1.0, 16.0, 1e6]))
+    with np.errstate(invalid="ignore", over="ignore"):
+        arrays = {"input": (rng.normal(size=shape) * scale).astype(dtype)}
+    if draw(st.booleans()):
+        arrays["labels"] = rng.integers(0, 10, n)
+    return arrays
+
+
+def test_fuzz_input_files(sandbox, seed, regress, record_property):
+    tally = Tally("npz inputs", record_property)
+
+    @fuzz(seed, regress, examples=40)
+    @given(arrays=st.one_of(plausible_npz(), npz_arrays()),
+           raw=st.one_of(st.none(), st.none(), st.binary(max_size=64)),
+           model=st.sampled_from(["mlp", "cnn"]))
+    def prop(arrays, raw, model):
+        path = sandbox / "in.npz"
+        if raw is not None:
+            path.write_bytes(raw)
+        else:
+            np.savez(path, **arrays)
+        argv = ["run", model, "--inputs", str(path), "--no-cache"]
+        code, out, err = npu(argv)
+        assert_clean(argv, code, out, err)
+        assert code in (ExitCode.OK, ExitCode.USAGE), (argv, err)
+        if code == ExitCode.OK:
+            assert "results equal the reference" in out, out
+        tally.add(ExitCode(code))
+
+    prop()
+    tally.report()
+
+
+# ---- argument lists -------------------------------------------------------------------------
+
+VALUES = ["0", "1", "2", "-1", "abc", "", "1e9", "nan", "inf", "0.5", "012|789", "|", "99999",
+          "4294967296", "mlp", "nope.onnx", ".", "/", "small", "default"]
+OPTIONS = {
+    "run": ["--digits", "--inputs", "--no-check", "--cpu-fallback", "--adaptive", "--phases",
+            "--seed", "--batch", "--cache", "--no-cache", "--inline-compile", "--fresh",
+            "--config", "--backend", "--port", "--baud", "--cycle-budget", "--timeout",
+            "--debug"],
+    "report": ["--config"],
+    "info": ["--config", "--backend", "--port"],
+    "compile": ["-o", "--config", "--cpu-fallback"],
+    "disasm": ["--config", "--cpu-fallback"],
+    "cache": ["--cache", "--model"],
+}
+FLAGS = {"--no-check", "--cpu-fallback", "--adaptive", "--no-cache", "--inline-compile",
+         "--fresh", "--debug"}
+SMALL_NUMBERS = {"--digits": ["1", "2", "3"], "--batch": ["1", "2", "0", "-3"],
+                 "--seed": ["0", "7"]}
+
+
+@st.composite
+def argv(draw) -> list[str]:
+    command = draw(st.sampled_from([*OPTIONS, "", "bogus"]))
+    args = [command] if command else []
+    if command in ("run", "report", "compile", "disasm"):
+        args.append(draw(st.sampled_from([*MODELS, "nope", ".", "", "model.onnx"])))
+    if command == "cache":
+        args.append(draw(st.sampled_from(["info", "verify", "clear", "bogus"])))
+    for _ in range(draw(st.integers(0, 4))):
+        opt = draw(st.sampled_from(OPTIONS.get(command, ["--help", "--debug", "-x"])))
+        args.append(opt)
+        if opt not in FLAGS:
+            pool = SMALL_NUMBERS.get(opt, VALUES)
+            if opt == "--backend":
+                pool = ["golden", "serial", "bogus"]  # verilator builds the RTL: not here
+            if opt == "--model":
+                pool = ["mlp", "nope"]
+            args.append(draw(st.sampled_from(pool)))
+    if "--digits" not in args and "--inputs" not in args and command == "run":
+        args += ["--digits", "2"]
+    return args
+
+
+def test_fuzz_arguments(sandbox, seed, regress, record_property):
+    tally = Tally("npu arguments", record_property)
+    (sandbox / "model.onnx").write_bytes(b"\x08\x07garbage")
+
+    @fuzz(seed, regress, examples=40)
+    @given(args=argv())
+    def prop(args):
+        code, out, err = npu(args)
+        if "--debug" not in args:  # --debug shows tracebacks on purpose
+            assert_clean(args, code, out, err)
+        else:
+            assert code in CLEAN, (args, err[-3000:])
+        tally.add(ExitCode(code))
+
+    prop()
+    tally.report()
+
+
+# ---- assembly text --------------------------------------------------------------------------
+
+PROGRAMS = sorted(Path("firmware/programs").glob("*.s"))
+ASM_WORDS = ["li", "addi", "add", "br.always", "br.eq", "loop", "end", "load", "store",
+             "gemm.overwrite", "wload", "vreq", "region.begin", ".equ", ".reg", ".word", "jmp",
+             "mov", "r0", "r1", "r15", "r99", "p0", "p9", "pop=next", "push=prev", "x:", ","]
+EXPRESSIONS = ["1", "-1", "0x7fffffff", "1<<40", "1<<(1<<40)", "5//0", "5%0", "2**3",
+               "(" * 300 + "1" + ")" * 300, "-" * 3000 + "1", "a", "1+", "1 if 1 else 0",
+               "9" * 5000, "~0", "(1<<4000)*(1<<4000)"]
+
+
+@st.composite
+def assembly(draw) -> str:
+    if draw(st.booleans()):
+        lines = draw(st.sampled_from(PROGRAMS)).read_text().splitlines()
+        for _ in range(draw(st.integers(1, 4))):
+            i = draw(st.integers(0, max(0, len(lines) - 1)))
+            kind = draw(st.sampled_from(["replace_number", "insert", "delete", "tab", "junk"]))
+            line = lines[i] if lines else ""
+            if kind == "replace_number":
+                words = line.split(",")
+                words[-1] = " " + draw(st.sampled_from(EXPRESSIONS))
+                lines[i:i + 1] = [",".join(words)]
+            elif kind == "insert":
+                lines.insert(i, " ".join(draw(st.lists(st.sampled_from(ASM_WORDS + EXPRESSIONS),
+                                                       max_size=6))))
+            elif kind == "delete" and lines:
+                del lines[i]
+            elif kind == "tab":
+                lines[i:i + 1] = [line.replace(" ", "\t", 1)]
+            else:
+                lines.insert(i, draw(st.text(max_size=40)))
+        return "\n".join(lines)
+    return "\n".join(" ".join(draw(st.lists(st.sampled_from(ASM_WORDS + EXPRESSIONS),
+                                            max_size=6)))
+                     for _ in range(draw(st.integers(0, 6))))
+
+
+def test_fuzz_assembly_text(seed, regress, record_property):
+    tally = Tally("assembly text", record_property)
+
+    @fuzz(seed, regress, examples=300)
+    @given(source=assembly())
+    def prop(source):
+        try:
+            program = asm.assemble(source)
+        except asm.AsmError as err:
+            assert str(err), source
+            tally.add("asm error")
+            return
+        assert all(0 <= w < 1 << 64 for w in program.words)
+        tally.add("assembled")
+
+    prop()
+    tally.report()
+
+
+@pytest.mark.parametrize("expr", ["5//0", "5%0", "1<<(1<<40)", "(1<<4000)*(1<<4000)",
+                                  "-" * 3000 + "1", "1<<-1"])
+def test_hostile_expressions_are_assembler_errors(expr):
+    """Found by the assembly fuzzing: these raised ZeroDivisionError, MemoryError,
+    RecursionError or ValueError instead of an ``AsmError`` naming the line."""
+    for source in (f"li r1, {expr}\nend", f".equ X, {expr}\nli r1, X\nend"):
+        with pytest.raises(asm.AsmError, match="line 1"):
+            asm.assemble(source)
+
+
+def test_a_tab_separates_the_mnemonic():
+    assert asm.assemble("li\tr1, 5\n\tend").words == asm.assemble("li r1, 5\nend").words
