@@ -468,7 +468,11 @@ def compile_cmd(opts) -> int:
     for line in model.log:
         console.print(f"simplified: {line}")
     if opts.output:
-        program, consts = Path(opts.output), Path(opts.output).with_suffix(".const")
+        program = Path(opts.output)
+        if program.is_dir() or program.name in ("", ".", ".."):
+            raise UsageError(f"-o {opts.output}: is a directory; name the program file "
+                             "(e.g. -o out/prog.bin)")
+        consts = program.with_suffix(".const")
         if program == consts:  # the constants would overwrite the program
             raise UsageError(f"-o {opts.output}: the constants go to PROGRAM.const; name "
                              "the program otherwise (e.g. prog.bin)")
