@@ -119,6 +119,12 @@ _SEMANTICS = """
   `qmul / 2^qshift ~= S`. ReLU is `clip_lo = qzp`; Clip(a, b) is
   `clip_lo, clip_hi = quantized a, b`. Saturation to int8 is implied by the
   int8 range of `clip_lo`/`clip_hi`.
+* `vreq ... tab=1` (per-channel requantization): column `j` uses the table entry
+  `(mul_j, shift_j)` that `vqtab` loaded instead of `(qmul, qshift)`, so each output
+  channel has its own scale `S_j ~= mul_j / 2^shift_j`; zero point and clamp stay
+  per tensor. A table entry is 8 bytes: the int32le multiplier, then a byte whose
+  low 6 bits are the shift (the other bits and bytes are ignored, so every stored
+  entry is in range: the table is data that no dispatch check sees).
 * `vadd`: `y = clamp(qzp + rshift_rne(add_mul_a*(a - add_zp_a) + add_mul_b*(b - add_zp_b),
   qshift), clip_lo, clip_hi)`; choose `add_mul_x / 2^qshift ~= scale_x / scale_y`.
 * `vargmax`: index of the first maximum (ONNX ArgMax with select_last_index=0).
@@ -185,7 +191,8 @@ Parameters (`firmware.golden.CostModel`):
   `gemm_intake` after its queue could; results are ready after `m + rows + cols +
   array_stages + sp_read - 3`. A `swap=1` GEMM waits for the last `wload`.
 * Vector ops: `rows * ceil(n / cols) + vector_latency` cycles (`vadd_latency`,
-  `vbias_latency`, `vargmax_latency` for those), starting `handoff` cycles after
+  `vbias_latency`, `vargmax_latency` for those; `vqtab n` takes
+  `ceil(8n / bus_bytes) + vqtab_latency`), starting `handoff` cycles after
   the GEMMs before them have finished. A dispatch that reads the register of an
   in-flight `vargmax` ends `reg_writeback` cycles after the `vargmax`.
 * A pop waits for the completion time of the instruction that pushed the token;

@@ -66,6 +66,7 @@ class CostModel:
     vadd_latency: int = 15  # ... for vadd (two source reads)
     vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
     vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
+    vqtab_latency: int = 4  # ... for vqtab (table words into the unit's registers)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
     wload_latency: int = 1  # a swap gemm may follow a k-row wload k + this cycles after its start
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
@@ -260,6 +261,9 @@ class Machine:
         cfg = self.config
         self.regs = [0] * isa.NUM_REGS
         self.cfg = dict(isa.CFG_RESET)
+        # The per-column requantization table (vqtab): multipliers and shifts.
+        self.qtab_mul = np.full(cfg.cols, isa.CFG_RESET[CfgField.QMUL], dtype=np.int64)
+        self.qtab_shift = np.full(cfg.cols, isa.CFG_RESET[CfgField.QSHIFT], dtype=np.int64)
         self.acc = np.zeros((cfg.acc_rows, cfg.cols), dtype=np.int32)
         self.w = [np.zeros((cfg.rows, cfg.cols), dtype=np.int8) for _ in range(2)]
         self.wdims = [(0, 0), (0, 0)]
@@ -627,10 +631,24 @@ class Machine:
         offset = (self._reg(o["sp"]) + o["off"]) & MASK32
         rows = self._sp_rows(o["p"], offset, mrows, n, self.cfg[CfgField.OUT_STRIDE])
         c = self.cfg
-        y = requantize(self.acc[acc, :n], c[CfgField.QMUL], c[CfgField.QSHIFT], c[CfgField.QZP],
+        if o["tab"]:
+            mul, shift = self.qtab_mul[:n], self.qtab_shift[:n]
+        else:
+            mul, shift = c[CfgField.QMUL], c[CfgField.QSHIFT]
+        y = requantize(self.acc[acc, :n], mul, shift, c[CfgField.QZP],
                        c[CfgField.CLIP_LO], c[CfgField.CLIP_HI])
         self._sp_write(rows, y)
         return self._vec_cycles(mrows, n)
+
+    def _op_vqtab(self, o):
+        n = o["n"]
+        self._cols(n)
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, isa.QTAB_ENTRY_BYTES * n)
+        entries = self.sp[base: base + isa.QTAB_ENTRY_BYTES * n].reshape(n, -1)
+        self.qtab_mul[:n] = entries[:, :4].copy().view("<i4").reshape(n)
+        self.qtab_shift[:n] = entries[:, 4] & ((1 << isa.QTAB_SHIFT_BITS) - 1)
+        return -(-isa.QTAB_ENTRY_BYTES * n // self.config.bus_bytes)
 
     def _op_vadd(self, o):
         mrows, n, c = o["m"], o["n"], self.cfg
@@ -768,10 +786,11 @@ class _Timeline:
         elif m == "wload":
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken
-        elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax"):
+        elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax", "vqtab"):
             start = max(start, self.array_done + c.handoff)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
-                                        "vargmax": c.vargmax_latency}.get(m, c.vector_latency)
+                                        "vargmax": c.vargmax_latency,
+                                        "vqtab": c.vqtab_latency}.get(m, c.vector_latency)
         elif isinstance(cycles, tuple):  # a tag hit
             latency, issue = cycles
         elif q in ("load", "store"):

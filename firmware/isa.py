@@ -160,6 +160,15 @@ CFG_RANGE = {
 }
 CFG_RESET = {f: r[0] for f, r in CFG_RANGE.items()}
 
+# The per-column requantization table (``vqtab``, ``vreq ... tab=1``): one entry per
+# array column, reset with the configuration registers to cfg.qmul's and cfg.qshift's
+# reset values. An entry in the scratchpad is QTAB_ENTRY_BYTES bytes: the int32le
+# multiplier, then the shift byte, of which bits QTAB_SHIFT_BITS-1..0 count (shifts
+# 0..63, so no stored value is out of range: the table is data, checked by nobody at
+# dispatch); the other bits and bytes are ignored.
+QTAB_ENTRY_BYTES = 8
+QTAB_SHIFT_BITS = 6
+
 
 class ErrorCode(enum.IntEnum):
     """Why a program stopped. The RTL reports the same codes in its status register."""
@@ -500,10 +509,14 @@ SPECS: tuple[InstrSpec, ...] = (
          _reg("acc", 41, "first accumulator row"),
          _f("m", 29, 12, Kind.COUNT, "rows"),
          _f("n", 21, 8, Kind.COUNT, "columns, 1..array cols"),
+         _f("tab", 16, 1, Kind.UINT, "1: column j's multiplier and shift from the "
+            "requantization table (vqtab)", default=0),
          _f("off", 0, 16, Kind.UINT, "immediate added to the offset", default=0)),
         "Requantize accumulator rows to int8 (with clamp: ReLU / clip fused).",
-        "y = clamp(cfg.qzp + rshift_rne(acc * cfg.qmul, cfg.qshift), cfg.clip_lo, "
-        "cfg.clip_hi); row i goes to sp+off + i*(cfg.out_stride or n).",
+        "y = clamp(cfg.qzp + rshift_rne(acc * mul_j, shift_j), cfg.clip_lo, "
+        "cfg.clip_hi) with (mul_j, shift_j) = (cfg.qmul, cfg.qshift), or with tab=1 "
+        "the table entry of column j (per-channel requantization); row i goes to "
+        "sp+off + i*(cfg.out_stride or n).",
         "vector",
     ),
     InstrSpec(
@@ -550,6 +563,18 @@ SPECS: tuple[InstrSpec, ...] = (
         "Index of the first maximum of an int8 vector, into a scalar register.",
         "rd = argmax(int8 sp[p][s+off : +n]) (first index on ties). Later "
         "instructions that read rd wait for it.",
+        "vector",
+    ),
+    InstrSpec(
+        "vqtab", 0x21, Queue.COMPUTE,
+        (_part("p", 49), _reg("sp", 45, "scratchpad byte offset of the table entries"),
+         _f("n", 21, 8, Kind.COUNT, "entries (columns), 1..array cols"),
+         _f("off", 0, 16, Kind.UINT, "immediate added to the offset", default=0)),
+        "Load the per-column requantization table that vreq ... tab=1 uses.",
+        "for j < n: e = sp[p][sp+off + 8j : +8]; tab[j] = (int32le(e[0:4]), e[4] & 63). "
+        "Entries from n on keep their values; a run starts with every entry at the "
+        "reset values of cfg.qmul and cfg.qshift. The table lives in the vector unit, "
+        "so vreq reads no table bytes per row.",
         "vector",
     ),
 )

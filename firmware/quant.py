@@ -7,24 +7,37 @@ import math
 import numpy as np
 
 
-def rshift_rne(x, shift: int):
+def rshift_rne(x, shift):
     """Arithmetic right shift rounding half to even (ONNX QuantizeLinear rounding).
 
-    ``x`` is an int64 array (or int) with ``|x| < 2**62``; ``0 <= shift <= 63``.
+    ``x`` is an int64 array (or int) with ``|x| < 2**62``; ``0 <= shift <= 63``, an int
+    or an integer array broadcast against ``x`` (a shift per element or column).
     """
     x = np.asarray(x, dtype=np.int64)
-    if shift == 0:
-        return x
+    if np.ndim(shift) == 0:
+        shift = int(shift)
+        if shift == 0:
+            return x
+        q = x >> shift
+        r = x - (q << shift)
+        half = np.int64(1) << (shift - 1)
+        up = (r > half) | ((r == half) & ((q & 1) == 1))
+        return q + up.astype(np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
     q = x >> shift
     r = x - (q << shift)
-    half = np.int64(1) << (shift - 1)
-    up = (r > half) | ((r == half) & ((q & 1) == 1))
+    half = (np.int64(1) << np.maximum(shift - 1, 0)) * (shift > 0)
+    up = (shift > 0) & ((r > half) | ((r == half) & ((q & 1) == 1)))
     return q + up.astype(np.int64)
 
 
-def requantize(acc, mult: int, shift: int, zp: int, lo: int = -128, hi: int = 127):
-    """``clamp(zp + rshift_rne(acc * mult, shift), lo, hi)`` as int8 (the ``vreq`` formula)."""
-    prod = np.asarray(acc, dtype=np.int64) * np.int64(mult)
+def requantize(acc, mult, shift, zp: int, lo: int = -128, hi: int = 127):
+    """``clamp(zp + rshift_rne(acc * mult, shift), lo, hi)`` as int8 (the ``vreq`` formula).
+
+    ``mult`` and ``shift`` are ints, or arrays broadcast against ``acc`` (per-column
+    requantization: one multiplier and shift per output channel).
+    """
+    prod = np.asarray(acc, dtype=np.int64) * np.asarray(mult, dtype=np.int64)
     y = rshift_rne(prod, shift) + zp
     return np.clip(y, max(lo, -128), min(hi, 127)).astype(np.int8)
 

@@ -204,6 +204,7 @@ class VectorOp(enum.IntEnum):
     CLIP = 4  # sp[d + i*ostride + j] = clamp(sp[a + i*istride + j])
     MAX = 5  # sp[d + i*ostride + j] = max_t sp[a + i*pool_istride + t*pool_stride + j]
     ARGMAX = 6  # result = first argmax of int8 sp[a : a+n]
+    QTAB = 7  # requantization table[j] = (int32le(sp[a + 8j]), sp[a + 8j + 4] & 63), j < n
 
 
 def vector_command_layout(config: NPUConfig) -> data.StructLayout:
@@ -212,7 +213,9 @@ def vector_command_layout(config: NPUConfig) -> data.StructLayout:
     The vector unit holds the configuration registers (``firmware.isa.CfgField``),
     resets them to ``CFG_RESET`` on ``run_start`` and resolves zero strides itself
     (``istride``/``ostride`` = ``cfg.in_stride``/``cfg.out_stride`` or ``n``).
-    ``a``/``b`` are source addresses, ``d`` the destination, all absolute.
+    ``a``/``b`` are source addresses, ``d`` the destination, all absolute; ``tab``
+    makes a ``REQ`` take column ``j``'s multiplier and shift from the table ``QTAB``
+    loads.
     """
     sp = sp_addr_bits(config)
     return data.StructLayout({
@@ -225,6 +228,7 @@ def vector_command_layout(config: NPUConfig) -> data.StructLayout:
         "acc": acc_addr_bits(config),
         "m": M_BITS,
         "n": N_BITS,
+        "tab": 1,  # REQ: per-column multipliers and shifts from the table
     })
 
 

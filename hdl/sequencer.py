@@ -76,7 +76,7 @@ DEC = isa.decoder_constants()
 OPC = DEC["opcodes"]
 NUM_CHECKS = 3
 QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
-             "vargmax")
+             "vargmax", "vqtab")
 # The register-reading fields of each instruction, numbered in field order: (mnemonic,
 # field) -> read slot. ``rd`` fields are written, never read.
 SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
@@ -758,6 +758,15 @@ class Sequencer(wiring.Component):
                          vec.op.eq(VectorOp.BIAS if mn == "vbias" else VectorOp.REQ),
                          vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n)]
             m.d.comb += (vec.a if mn == "vbias" else vec.d).eq(self.chk[0].addr)
+            if mn == "vreq":
+                m.d.comb += vec.tab.eq(fieldof("tab"))
+        elif mn == "vqtab":
+            n = fieldof("n")
+            fail(wbad, ErrorCode.BAD_OPERAND)  # n larger than the array
+            e = check(0, fieldof("p"), offset("sp"), n, isa.QTAB_ENTRY_BYTES)
+            fail(e != 0, e, at=0)
+            m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.QTAB),
+                         vec.a.eq(self.chk[0].addr), vec.n.eq(n), vec.m.eq(1)]
         elif mn == "vadd":
             mr, n = fieldof("m"), fieldof("n")
             src = rows_span(eff(CfgField.IN_STRIDE, n), n)
@@ -834,7 +843,7 @@ def operands_bad(word, mn: str, config: NPUConfig):
                    for c, (_, lo, hi) in isa.CFG_RANGE.items()).any()
     if mn == "wload":
         return (f("k") > config.rows) | (f("n") > config.cols)
-    if mn in ("vbias", "vreq"):
+    if mn in ("vbias", "vreq", "vqtab"):
         return f("n") > config.cols
     if mn in ("loop", "loopr"):
         return f("end") >= config.imem_depth + 1

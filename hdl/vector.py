@@ -14,7 +14,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from firmware.config import NPUConfig
-from firmware.isa import CFG_RESET, CfgField
+from firmware.isa import CFG_RESET, QTAB_ENTRY_BYTES, QTAB_SHIFT_BITS, CfgField
 
 from .fifo import HeadRegisterFIFO
 from .ports import (
@@ -271,6 +271,11 @@ class VectorUnit(wiring.Component):
         regs = {f: Signal(shape, name=f"cfg_{f.name.lower()}", init=CFG_RESET[f])
                 for f, shape in CFG_SHAPES.items()}
         m.d.comb += self.gemm_stride.eq(regs[CfgField.GEMM_STRIDE])
+        # The per-column requantization table (QTAB writes it, REQ with ``tab`` reads it).
+        tab_mul = [Signal(signed(32), name=f"qtab_mul{j}", init=CFG_RESET[CfgField.QMUL])
+                   for j in range(C)]
+        tab_shift = [Signal(QTAB_SHIFT_BITS, name=f"qtab_shift{j}",
+                            init=CFG_RESET[CfgField.QSHIFT]) for j in range(C)]
 
         # ---- command acceptance --------------------------------------------------------
         busy = Signal()
@@ -299,6 +304,8 @@ class VectorUnit(wiring.Component):
             m.d.sync += busy.eq(0)
         with m.If(self.run_start):
             m.d.sync += [reg.eq(CFG_RESET[f]) for f, reg in regs.items()]
+            m.d.sync += [r.eq(CFG_RESET[CfgField.QMUL]) for r in tab_mul]
+            m.d.sync += [r.eq(CFG_RESET[CfgField.QSHIFT]) for r in tab_shift]
 
         n = cmd.n
         istride = Mux(regs[CfgField.IN_STRIDE] == 0, n, regs[CfgField.IN_STRIDE])
@@ -359,6 +366,9 @@ class VectorUnit(wiring.Component):
                     ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
                 with m.Case(VectorOp.ARGMAX):
                     wa.load(m, base=cmd.a, rows=1, n=n)
+                with m.Case(VectorOp.QTAB):
+                    wa.load(m, base=cmd.a, rows=1, n=n,
+                            chunks=((n * QTAB_ENTRY_BYTES) + (W - 1)) >> shift_w)
 
         # A request goes out only when its response is sure to find room: a queue's
         # entries plus the reads in flight to it stay under its depth. That sum cannot
@@ -454,12 +464,8 @@ class VectorUnit(wiring.Component):
         # operands reach S2 cycles later, so the copy is never stale when used, and
         # the multipliers start from registers, not from the opcode decoder.
         req, add = op == VectorOp.REQ, is_add
-        coef_a = Signal(signed(32))
+        coef_a = Signal(signed(32))  # the narrow lanes' (j >= cols) multipliers
         coef_b = Signal(signed(32))
-        # What a full lane's second pair of multipliers multiplies the operand's high
-        # half by (S2): QMUL for REQ; ADD_MUL_B for ADD, whose second source is that
-        # half; 1 otherwise.
-        coef_c = Signal(signed(32))
         add_q = Signal()
         qshift = Signal(6)
         zp, lo, hi = Signal(signed(8)), Signal(signed(8)), Signal(signed(8))
@@ -480,11 +486,28 @@ class VectorUnit(wiring.Component):
         lo_m, hi_m = Signal(signed(10)), Signal(signed(10))
         lo_gt_hi = Signal()
         shift_now = Mux(req | add, regs[CfgField.QSHIFT], 0)
+        coef_a_now = Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))
+        # What a full lane's second pair of multipliers multiplies the operand's high
+        # half by (S2): QMUL for REQ; ADD_MUL_B for ADD, whose second source is that
+        # half; 1 otherwise.
+        coef_c_now = Mux(add, regs[CfgField.ADD_MUL_B], Mux(req, regs[CfgField.QMUL], 1))
+        # The full lanes (j < cols, column j of a REQ) have their own copies, which a REQ
+        # with ``tab`` takes from the table: one multiplier and shift per output channel.
+        # Their rounding constants and saturation masks are decoded from the lane's
+        # shift where they are used, so a lane costs 70 flip-flops, not 260.
+        lane_tab = req & cmd.tab
+        lane_coef_a = [Signal(signed(32), name=f"lane_coef_a{j}") for j in range(C)]
+        lane_coef_c = [Signal(signed(32), name=f"lane_coef_c{j}") for j in range(C)]
+        lane_shift = [Signal(6, name=f"lane_shift{j}") for j in range(C)]
+        for j in range(C):
+            m.d.sync += [
+                lane_coef_a[j].eq(Mux(lane_tab, tab_mul[j], coef_a_now)),
+                lane_coef_c[j].eq(Mux(lane_tab, tab_mul[j], coef_c_now)),
+                lane_shift[j].eq(Mux(lane_tab, tab_shift[j], shift_now)),
+            ]
         m.d.sync += [
-            coef_a.eq(Mux(req, regs[CfgField.QMUL], Mux(add, regs[CfgField.ADD_MUL_A], 1))),
+            coef_a.eq(coef_a_now),
             coef_b.eq(Mux(add, regs[CfgField.ADD_MUL_B], 0)),
-            coef_c.eq(Mux(add, regs[CfgField.ADD_MUL_B],
-                          Mux(req, regs[CfgField.QMUL], 1))),
             add_q.eq(add),
             qshift.eq(shift_now),
             zp.eq(Mux(req | add, regs[CfgField.QZP], 0)),
@@ -496,15 +519,14 @@ class VectorUnit(wiring.Component):
             lo_m.eq(lo - zp),
             hi_m.eq(hi - zp),
             lo_gt_hi.eq(lo > hi),
-            # bit by bit, no shifter or subtractor: bit i of (1 << (s-1)) - 1 is set
-            # iff i + 1 < s
-            half_m1.eq(Cat(qshift > i + 1 for i in range(62))),  # bit 62: never (s <= 63)
-            half_c.eq(Cat(qshift == i + 1 for i in range(63))),
-            sat_mask.eq(Cat(qshift + 9 <= i for i in range(66))),
+            # (the narrow lanes': the full lanes decode their own shift)
+            *(c.eq(v) for c, v in zip((half_m1, half_c, sat_mask), shift_constants(qshift),
+                                      strict=True)),
         ]
 
         # S1
         s1_valid, s1_row, s1_am, s1_final = Signal(), Signal(), Signal(), Signal()
+        s1_tab = Signal()  # the last table window was taken
         s1_addr = Signal(accb)
         # Lanes below ``cols`` also carry accumulator words; the others only bytes.
         opa = [Signal(signed(32 if j < C else 9), name=f"s1_opa{j}") for j in range(W)]
@@ -527,6 +549,7 @@ class VectorUnit(wiring.Component):
                     req | add | (op == VectorOp.CLIP) | ((op == VectorOp.MAX) & tag.last))),
                 s1_row.eq(take & (op == VectorOp.BIAS) & tag.row),
                 s1_am.eq(take & (op == VectorOp.ARGMAX)),
+                s1_tab.eq(take & (op == VectorOp.QTAB) & tag.final),
                 s1_final.eq(tag.final),
                 s1_addr.eq(tag.addr),
             ]
@@ -554,6 +577,21 @@ class VectorUnit(wiring.Component):
                         m.d.sync += opa[j].eq(Mux(keep, opa[j], a_bytes[j]))
                 with m.If(~add):
                     m.d.sync += opb[j].eq(0) if j >= C else xsign[j].eq(0)
+            # The table entries arrive W bytes at a time, like the bias words below;
+            # entries from n on keep their values.
+            with m.If(op == VectorOp.QTAB):
+                for kk in range(-(-QTAB_ENTRY_BYTES * C // W)):
+                    with m.If(tag.k == kk):
+                        for j in range(W):
+                            e, at = divmod(kk * W + j, QTAB_ENTRY_BYTES)
+                            byte = head.data[8 * j: 8 * j + 8]
+                            if e >= C or at > 4:
+                                continue
+                            with m.If(cmd.n > e):
+                                if at < 4:
+                                    m.d.sync += tab_mul[e][8 * at: 8 * at + 8].eq(byte)
+                                else:
+                                    m.d.sync += tab_shift[e].eq(byte[:QTAB_SHIFT_BITS])
             # The bias words arrive W bytes at a time, chunk k holding bytes kW..kW+W-1.
             with m.If((op == VectorOp.BIAS) & ~tag.row):
                 for kk in range(-(-4 * C // W)):
@@ -626,7 +664,7 @@ class VectorUnit(wiring.Component):
             with m.If(s3_final):
                 m.d.comb += complete.eq(1)
                 m.d.sync += [self.result.eq(new_idx), self.result_valid.eq(1)]
-        with m.If(s1_row & s1_final):
+        with m.If((s1_row | s1_tab) & s1_final):
             m.d.comb += complete.eq(1)
 
         # S2: partial products. The 32-bit factors are split into 16-bit halves
@@ -643,7 +681,6 @@ class VectorUnit(wiring.Component):
         # zero point and clamps.
         ca_lo, ca_hi = coef_a[:16], coef_a[16:].as_signed()
         cb_lo, cb_hi = coef_b[:16], coef_b[16:].as_signed()
-        cc_lo, cc_hi = coef_c[:16], coef_c[16:].as_signed()
         s2_valid, s3_valid, s4_valid, s5_valid, s6_valid, s7_valid, s8_valid = (
             Signal(name=f"s{i}_valid") for i in range(2, 9))
 
@@ -681,8 +718,9 @@ class VectorUnit(wiring.Component):
                     hh = Signal(signed(32), name=f"s2_hh{j}")
                     s3_lo = Signal(signed(65), name=f"s3_lo{j}")
                     s3_mid = Signal(signed(35), name=f"s3_mid{j}")
-                    m.d.sync += [ll.eq(x_lo * ca_lo), lh.eq(x_lo * ca_hi),
-                                 hl.eq(x_hi * cc_lo), hh.eq(x_hi * cc_hi),
+                    la, lc = lane_coef_a[j], lane_coef_c[j]
+                    m.d.sync += [ll.eq(x_lo * la[:16]), lh.eq(x_lo * la[16:].as_signed()),
+                                 hl.eq(x_hi * lc[:16]), hh.eq(x_hi * lc[16:].as_signed()),
                                  s3_lo.eq(Mux(add_q, ll + hl, Cat(ll[:32], hh).as_signed())),
                                  s3_mid.eq(lh + Mux(add_q, hh, hl))]
                 else:
@@ -700,19 +738,25 @@ class VectorUnit(wiring.Component):
                 # y = clamp(r >> qshift, -512, 511): r >> qshift fits in 10 bits iff
                 # the bits of r under sat_mask all equal its sign; then it is the 10
                 # bits of r from qshift on (sign-extended), found in two steps.
+                if j < C:
+                    l_shift = l_sel = lane_shift[j]
+                    l_half_m1, l_half_c, l_sat = shift_constants(l_shift)
+                else:
+                    l_shift, l_sel, l_half_m1, l_half_c, l_sat = (
+                        qshift, qsel, half_m1, half_c, sat_mask)
                 r_neg = r[65]
                 r_ext = Cat(r, r_neg.replicate(16))
                 m.d.sync += [
                     v.eq(s3_lo + (s3_mid << 16)),
                     vq.eq(v),
                     # qshift <= 63; v sign-extended
-                    lsb.eq(select(list(Cat(v, v[-1].replicate(max(64 - vw, 0)))[:64]), qsel)),
-                    r.eq(vq + Mux(lsb, half_c, half_m1)),
-                    t.eq(select([r_ext[8 * k: 8 * k + 17] for k in range(8)], qshift[3:])),
+                    lsb.eq(select(list(Cat(v, v[-1].replicate(max(64 - vw, 0)))[:64]), l_sel)),
+                    r.eq(vq + Mux(lsb, l_half_c, l_half_m1)),
+                    t.eq(select([r_ext[8 * k: 8 * k + 17] for k in range(8)], l_shift[3:])),
                     neg.eq(r_neg),
-                    over.eq(Mux(r_neg, (~r & sat_mask).any(), (r & sat_mask).any())),
+                    over.eq(Mux(r_neg, (~r & l_sat).any(), (r & l_sat).any())),
                     y.eq(Mux(over, Mux(neg, -512, 511),
-                             select([t[f: f + 10] for f in range(8)], qshift[:3]))),
+                             select([t[f: f + 10] for f in range(8)], l_shift[:3]))),
                 ]
             # min(max(y + zp, lo), hi)
             out.append(Mux(lo_gt_hi | (y > hi_m), hi, Mux(y < lo_m, lo, y + zp))[:8])
@@ -750,6 +794,19 @@ class VectorUnit(wiring.Component):
             (self.rd_a.valid & ~self.rd_a.ready) | (self.rd_b.valid & ~self.rd_b.ready)
             | (self.wr.valid & ~self.wr.ready)))
         return m
+
+
+def shift_constants(s):
+    """The rounding constants and saturation mask of a requantization shift ``s``.
+
+    ``(1 << (s-1)) - 1`` and ``1 << (s-1)`` (zero for ``s = 0``): with bit ``s`` of the
+    value added, the floor shift rounds half to even. The mask holds the bits at and
+    above ``s + 9``, which must all equal the value's sign for the shifted value to fit
+    in 10 bits. Bit by bit, no shifter or subtractor.
+    """
+    return (Cat(s > i + 1 for i in range(62)),  # bit 62: never (s <= 63)
+            Cat(s == i + 1 for i in range(63)),
+            Cat(s + 9 <= i for i in range(66)))
 
 
 def _sext(value, width):

@@ -423,6 +423,52 @@ def test_vbias_wraps_int32():
     assert not m.acc[3:5, 4:].any() and not m.acc[5].any() and not m.acc[2].any()
 
 
+def _qtab(mults, shifts, junk=0):
+    """``vqtab`` entries: int32le multiplier, shift byte (``junk`` in its ignored bits
+    and in the padding bytes)."""
+    e = np.full((len(mults), 8), junk, dtype=np.uint8)
+    e[:, :4] = np.asarray(mults, dtype="<i4").view(np.uint8).reshape(-1, 4)
+    e[:, 4] = (np.asarray(shifts) | (junk & 0xC0)).astype(np.uint8)
+    return e
+
+
+def test_vreq_tab_requantizes_per_column():
+    """vreq ... tab=1: column j uses table entry j (vqtab), zero point and clamp from cfg;
+    a vqtab of fewer entries keeps the others; the next run starts on the reset entries."""
+    m = prepare()
+    acc = np.arange(-20, 20, dtype=np.int32).reshape(5, 8) * 1001
+    sp_put(m, 0, 0, acc.astype("<i4"))  # accumulator rows 2..6, one vbias each
+    mults = [1 << 30, 3 << 28, -(1 << 31), (1 << 31) - 1, 12345, 1, 1 << 20, 7]
+    shifts = [38, 38, 39, 40, 22, 0, 63, 2]
+    sp_put(m, 1, 0, _qtab(mults, shifts, junk=0xFF))
+    sp_put(m, 1, 64, _qtab([5 << 27], [31]))
+    rows = "".join(f"li r1, {2 + i}\nvbias p0, r0, r1, 1, 8, off={32 * i}\n" for i in range(5))
+    m = run_ok(rows + """
+        li r1, 2
+        cfg.qzp 3
+        cfg.clip_lo -100
+        vqtab p1, r0, 8
+        vreq p2, r0, r1, 5, 8, tab=1
+        vqtab p1, r0, 1, off=64
+        vreq p2, r0, r1, 5, 8, off=40, tab=1
+        vreq p2, r0, r1, 5, 8, off=80
+        end
+    """, m)
+    want = np.stack([requantize(acc[:, j], mults[j], shifts[j], 3, -100, 127)
+                     for j in range(8)], axis=1)
+    assert len(np.unique(want)) > 8
+    assert (sp_get(m, 2, 0, 40).reshape(5, 8) == want).all()
+    want[:, 0] = requantize(acc[:, 0], 5 << 27, 31, 3, -100, 127)
+    assert (sp_get(m, 2, 40, 40).reshape(5, 8) == want).all()
+    reset = isa.CFG_RESET
+    per_tensor = requantize(acc, reset[isa.CfgField.QMUL], reset[isa.CfgField.QSHIFT], 3,
+                            -100, 127)
+    assert (sp_get(m, 2, 80, 40).reshape(5, 8) == per_tensor).all()
+    m = run_ok(rows + "li r1, 2\nvreq p2, r0, r1, 5, 8, off=120, tab=1\nend", m)
+    reset_tab = requantize(acc, reset[isa.CfgField.QMUL], reset[isa.CfgField.QSHIFT], 0)
+    assert (sp_get(m, 2, 120, 40).reshape(5, 8) == reset_tab).all()
+
+
 # ---- tile tags -----------------------------------------------------------------------
 def test_tile_tags_hit_miss_and_invalidate():
     m = Machine(dram_bytes=1 << 16)
@@ -683,6 +729,9 @@ ERROR_CASES = [
     ("bad_operand_gemm_no_wload", "nop\ngemm.overwrite p0, r0, r0, 1\nend",
      ErrorCode.BAD_OPERAND, 1, {}, {}),
     ("bad_operand_vreq_n", "vreq p0, r0, r0, 1, 9\nend", ErrorCode.BAD_OPERAND, 0, {}, {}),
+    ("bad_operand_vqtab_n", "vqtab p0, r0, 9\nend", ErrorCode.BAD_OPERAND, 0, {}, {}),
+    ("partition_vqtab_entries", "li r1, 4032\nvqtab p0, r1, 8, off=1\nend",
+     ErrorCode.PARTITION_BOUNDS, 1, {}, {}),
     ("bad_operand_ptsel", "ptsel 2\nend", ErrorCode.BAD_OPERAND, 0, {}, {}),
     ("bad_operand_partition_index", "load p4, r0, r0, r0, 1, 1\nend",
      ErrorCode.BAD_OPERAND, 0, {"config": CONFIGS["small"]}, {}),

@@ -29,6 +29,7 @@ def _operands_bad(mn: str, f: dict, cfg) -> bool:
         "wload": lambda: f["k"] + 1 > cfg.rows or f["n"] + 1 > cfg.cols,
         "vbias": lambda: f["n"] + 1 > cfg.cols,
         "vreq": lambda: f["n"] + 1 > cfg.cols,
+        "vqtab": lambda: f["n"] + 1 > cfg.cols,
         "loop": lambda: f["end"] > cfg.imem_depth,
         "loopr": lambda: f["end"] > cfg.imem_depth,
         "br": lambda: f["target"] >= cfg.imem_depth,
@@ -80,6 +81,7 @@ def _boundary_words(cfg) -> list[int]:
                 word("load", tag=cfg.tag_slots + edge),
                 word("wload", k=cfg.rows - 1 + edge), word("wload", n=cfg.cols - 1 + edge),
                 word("vbias", n=cfg.cols - 1 + edge), word("vreq", n=cfg.cols - 1 + edge),
+                word("vqtab", n=cfg.cols - 1 + edge),
                 word("loop", end=cfg.imem_depth + edge),
                 word("loopr", end=cfg.imem_depth + edge),
                 word("br", target=cfg.imem_depth - 1 + edge)]

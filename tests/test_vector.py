@@ -97,7 +97,7 @@ def run_and_check(config: NPUConfig, stim: Stimulus, seed: int, **kw) -> dict:
 
 CONFIG_NAMES = ["default", "small"]
 OPS = [VectorOp.BIAS, VectorOp.REQ, VectorOp.ADD, VectorOp.CLIP, VectorOp.MAX,
-       VectorOp.ARGMAX]
+       VectorOp.ARGMAX, VectorOp.QTAB]
 
 
 @pytest.mark.parametrize("op", OPS, ids=[o.name.lower() for o in OPS])
@@ -229,6 +229,29 @@ def test_run_start_resets_cfg(seed):
         sp, results, stats = await run_commands(io, config, stim, seed)  # pulses run_start
         acc = await read_acc(io, config, ACC_WINDOW)
         check(config, stim, sp, results, acc, seed)
+
+    simulate(config, bench)
+
+
+def test_run_start_resets_table(seed):
+    """run_start puts every requantization-table entry back to the reset qmul/qshift:
+    a REQ with ``tab`` and no QTAB in its run equals one with the reset cfg values."""
+    config = CONFIGS["default"]
+    first = op_sequence(config, seed, VectorOp.QTAB, 3)  # leaves a table behind
+    second = Stimulus(config, seed + 1)
+    for _ in range(3):
+        second.bias(edge=True)
+    second.tables = 1  # pretend a table was loaded: REQs may use it
+    for _ in range(6):
+        second.req()
+    assert any(c["op"] == VectorOp.REQ and c["tab"] for c in second.cmds)
+
+    async def bench(io, dut):
+        io.set("acc_sel", 1)
+        await run_commands(io, config, first, seed)
+        sp, results, stats = await run_commands(io, config, second, seed)
+        acc = await read_acc(io, config, ACC_WINDOW)
+        check(config, second, sp, results, acc, seed)
 
     simulate(config, bench)
 

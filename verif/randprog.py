@@ -24,7 +24,7 @@ import numpy as np
 from firmware import asm, isa
 from firmware.config import NPUConfig
 from firmware.golden import Machine
-from firmware.isa import Queue, Token
+from firmware.isa import QTAB_ENTRY_BYTES, Queue, Token
 from firmware.quant import quantize_multiplier
 
 IN_BASE, IN_BYTES = 0x0, 0x10000  # random input data
@@ -122,11 +122,17 @@ class _Gen:
         x_off = self.alloc(0, m * k * ktiles)
         w_off = self.alloc(1, k * n * ktiles)
         bp = 3 if len(self.partitions) > 3 else 1  # bias partition
-        b_off = self.alloc(bp, 4 * n)
+        # Per-channel requantization: a table of random entries (any multiplier, the
+        # shift byte's ignored bits set at random) for vreq ... tab=1, after the biases.
+        per_channel = self.rng.random() < 0.4
+        b_off = self.alloc(bp, (4 + QTAB_ENTRY_BYTES * per_channel) * n)
+        t_off = b_off + 4 * n
         y_off = self.alloc(2, m * n)
         self.load(0, x_off, self.src_addr(m * k * ktiles), m, k * ktiles)
         self.load(1, w_off, self.src_addr(k * n * ktiles), 1, k * n * ktiles, tag=tag)
         self.load(bp, b_off, self.src_addr(4 * n) & ~3, 1, 4 * n)
+        if per_channel:
+            self.load(bp, t_off, self.src_addr(QTAB_ENTRY_BYTES * n), 1, QTAB_ENTRY_BYTES * n)
         acc = self.r(0, c.acc_rows - m)
         ins = [f"cfg.gemm_stride {k * ktiles}", *self.requant_cfg()]
         wregs = ("r13", "r15")
@@ -135,10 +141,12 @@ class _Gen:
             ins.append(f"wload p1, {wregs[t]}, {k}, {n}")
             mode = "overwrite" if t == 0 else "accumulate"
             ins.append(f"gemm.{mode} p0, r0, r5, {m}, swap=1, off={x_off + t * k}")
-        ins += [f"vbias p{bp}, r0, r5, {m}, {n}, off={b_off}",
-                f"vreq p2, r0, r5, {m}, {n}, off={y_off}"]
+        ins.append(f"vbias p{bp}, r0, r5, {m}, {n}, off={b_off}")
+        if per_channel:
+            ins.append(f"vqtab p{bp}, r0, {n}, off={t_off}")
+        ins.append(f"vreq p2, r0, r5, {m}, {n}, off={y_off}" + (", tab=1" if per_channel else ""))
         self.emit(f"li r5, {acc}")
-        self.compute(ins, 3)
+        self.compute(ins, 4 if per_channel else 3)
         self.store(2, y_off, m, n)
 
     def eltwise_group(self, kind):

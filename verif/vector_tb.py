@@ -28,7 +28,14 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from firmware.config import CONFIGS, NPUConfig
 from firmware.golden import Machine
-from firmware.isa import CFG_RANGE, CFG_RESET, CfgField, make
+from firmware.isa import (
+    CFG_RANGE,
+    CFG_RESET,
+    QTAB_ENTRY_BYTES,
+    QTAB_SHIFT_BITS,
+    CfgField,
+    make,
+)
 from hdl.accumulator import Accumulator
 from hdl.ports import (
     SP_READ_LATENCY,
@@ -89,7 +96,7 @@ def command(op: VectorOp, **fields) -> dict:
     cmd = {"op": op, "field": junk.randrange(16), "value": junk.randrange(1 << 32),
            "d": junk.randrange(1 << 10), "a": junk.randrange(1 << 10),
            "b": junk.randrange(1 << 10), "acc": junk.randrange(4), "m": junk.randrange(1, 9),
-           "n": junk.randrange(1, 9)}
+           "n": junk.randrange(1, 9), "tab": junk.randrange(2)}
     cmd.update(fields)
     return cmd
 
@@ -137,8 +144,13 @@ def golden(config: NPUConfig, sp_init: np.ndarray, cmds: list[dict]) -> Expected
         elif op in (VectorOp.BIAS, VectorOp.REQ):
             li(1, c["a"] if op == VectorOp.BIAS else c["d"])
             li(4, c["acc"])
-            prog.append(make("vbias" if op == VectorOp.BIAS else "vreq",
-                             p=0, sp=1, acc=4, m=mm, n=n))
+            if op == VectorOp.BIAS:
+                prog.append(make("vbias", p=0, sp=1, acc=4, m=mm, n=n))
+            else:
+                prog.append(make("vreq", p=0, sp=1, acc=4, m=mm, n=n, tab=c["tab"]))
+        elif op == VectorOp.QTAB:
+            li(1, c["a"])
+            prog.append(make("vqtab", p=0, sp=1, n=n))
         elif op == VectorOp.ADD:
             li(1, c["a"]), li(2, c["b"]), li(3, c["d"])
             prog.append(make("vadd", pd=0, d=3, pa=0, a=1, pb=0, b=2, m=mm, n=n))
@@ -176,6 +188,7 @@ class Stimulus:
         self.cmds: list[dict] = []
         self.cfg = dict(CFG_RESET)
         self.argmax_count = 0
+        self.tables = 0  # QTAB commands so far (REQ uses the table only after one)
 
     # -- helpers
     def set_cfg(self, f: CfgField, value: int):
@@ -263,7 +276,23 @@ class Stimulus:
                         CfgField.OUT_STRIDE: outs})
         acc = r.randrange(ACC_WINDOW - m + 1)
         d = self.region((m - 1) * (outs or n) + n)
-        self.cmds.append(command(VectorOp.REQ, d=d, acc=acc, m=m, n=n))
+        tab = int(self.tables and r.random() < 0.5)
+        self.cmds.append(command(VectorOp.REQ, d=d, acc=acc, m=m, n=n, tab=tab))
+
+    def qtab(self):
+        """A per-column requantization table: multipliers and shifts as :meth:`quant`
+        picks them, shift bytes with junk in their ignored bits and padding bytes."""
+        r, c = self.rng, self.config
+        n = r.choice([c.cols, r.randint(1, c.cols)])
+        a = self.region(QTAB_ENTRY_BYTES * n)
+        for j in range(n):
+            mul, shift, _ = self.quant()
+            self.plant(a + QTAB_ENTRY_BYTES * j, [mul], "<i4")
+            junk = [r.randrange(256) for _ in range(QTAB_ENTRY_BYTES - 4)]
+            junk[0] = shift | (r.randrange(4) << QTAB_SHIFT_BITS)
+            self.plant(a + QTAB_ENTRY_BYTES * j + 4, junk, np.uint8)
+        self.cmds.append(command(VectorOp.QTAB, a=a, n=n))
+        self.tables += 1
 
     def add(self):
         r = self.rng
@@ -341,7 +370,8 @@ class Stimulus:
 
     def op(self, op: VectorOp):
         {VectorOp.BIAS: self.bias, VectorOp.REQ: self.req, VectorOp.ADD: self.add,
-         VectorOp.CLIP: self.clip, VectorOp.MAX: self.vmax, VectorOp.ARGMAX: self.argmax}[op]()
+         VectorOp.CLIP: self.clip, VectorOp.MAX: self.vmax, VectorOp.ARGMAX: self.argmax,
+         VectorOp.QTAB: self.qtab}[op]()
 
 
 def op_sequence(config: NPUConfig, seed: int, op: VectorOp, count: int) -> Stimulus:
@@ -350,6 +380,7 @@ def op_sequence(config: NPUConfig, seed: int, op: VectorOp, count: int) -> Stimu
     if op == VectorOp.REQ:
         for _ in range(6):
             st.bias(edge=True)
+        st.qtab()
     if op == VectorOp.ARGMAX:
         count = min(count, len(ARGMAX_REGS))
     for _ in range(count):
@@ -363,7 +394,7 @@ def mixed_sequence(config: NPUConfig, seed: int, count: int) -> Stimulus:
     for _ in range(3):
         st.bias()
     ops = [VectorOp.BIAS, VectorOp.REQ, VectorOp.ADD, VectorOp.CLIP, VectorOp.MAX,
-           VectorOp.ARGMAX]
+           VectorOp.ARGMAX, VectorOp.QTAB]
     for _ in range(count):
         op = st.rng.choice(ops)
         if op == VectorOp.ARGMAX and st.argmax_count == len(ARGMAX_REGS):
