@@ -48,13 +48,18 @@ def requant_for(scale: float, zp: int, relu: bool = False, clip: tuple | None = 
                 out_scale: float | None = None) -> Requant:
     """The :class:`Requant` for accumulators of real scale ``scale`` into an int8 output.
 
-    ``scale`` is ``s_in * s_w / s_out`` (already divided by the output scale).
+    ``scale`` is ``s_in * s_w / s_out`` (already divided by the output scale), or an
+    array of them, one per output channel (per-channel weight scales).
     ``clip`` = (lo, hi) real bounds (need ``out_scale``); ``relu`` clamps at real 0.
     The multiplier holds the scale exactly when the scale's significant bits fit
     (every float32 scale >= 2**-40: 24 bits, shift <= 63), so ``vreq`` rounds the
     exact product ``acc * scale``; see :func:`firmware.quant.quantize_multiplier`.
     """
-    mult, shift = quantize_multiplier(float(scale))
+    if np.ndim(scale) > 0:  # one scale per output channel: the NPU's requantization table
+        pairs = [quantize_multiplier(float(s)) for s in np.ravel(scale)]
+        mult, shift = tuple(m for m, _ in pairs), tuple(s for _, s in pairs)
+    else:
+        mult, shift = quantize_multiplier(float(scale))
     lo, hi = clamp_bounds(zp, relu, clip, out_scale)
     return Requant(mult, shift, zp, lo, hi)
 

@@ -103,28 +103,54 @@ class Requant:
     """The ``vreq`` parameters: ``clamp(zp + rshift_rne(acc * mult, shift), lo, hi)``.
 
     ``mult`` is int32, ``shift`` 0..63, ``zp``/``lo``/``hi`` int8 (ReLU is ``lo = zp``).
+    Per-channel requantization (``vqtab`` + ``vreq ... tab=1``) gives ``mult`` and
+    ``shift`` as tuples, one entry per output channel; zero point and clamp stay
+    per tensor.
     """
 
-    mult: int
-    shift: int
+    mult: int | tuple[int, ...]
+    shift: int | tuple[int, ...]
     zp: int
     lo: int = -128
     hi: int = 127
 
     def __post_init__(self):
-        if not -(1 << 31) <= self.mult < (1 << 31):
-            raise ValueError(f"requant multiplier {self.mult} outside int32")
-        if not 0 <= self.shift <= 63:
-            raise ValueError(f"requant shift {self.shift} outside 0..63")
+        per_channel = [np.ndim(v) > 0 for v in (self.mult, self.shift)]
+        if any(per_channel):
+            mult = tuple(int(v) for v in np.broadcast_to(self.mult, np.shape(
+                self.mult if per_channel[0] else self.shift)))
+            shift = tuple(int(v) for v in np.broadcast_to(self.shift, (len(mult),)))
+            if not mult:
+                raise ValueError("per-channel requant without channels")
+        else:
+            mult, shift = int(self.mult), int(self.shift)
+        object.__setattr__(self, "mult", mult)
+        object.__setattr__(self, "shift", shift)
+        for m in np.atleast_1d(mult):
+            if not -(1 << 31) <= m < (1 << 31):
+                raise ValueError(f"requant multiplier {m} outside int32")
+        for sh in np.atleast_1d(shift):
+            if not 0 <= sh <= 63:
+                raise ValueError(f"requant shift {sh} outside 0..63")
         for what in ("zp", "lo", "hi"):
             if not -128 <= getattr(self, what) <= 127:
                 raise ValueError(f"requant {what} {getattr(self, what)} outside int8")
         if self.lo > self.hi:
             raise ValueError(f"requant clamp [{self.lo}, {self.hi}] is empty")
 
-    def apply(self, acc) -> np.ndarray:
-        """Requantize int32 accumulators to int8 exactly as the NPU does."""
-        return requantize(acc, self.mult, self.shift, self.zp, self.lo, self.hi)
+    @property
+    def per_channel(self) -> bool:
+        """One multiplier and shift per output channel (the NPU's requantization table)."""
+        return isinstance(self.mult, tuple)
+
+    def apply(self, acc, channel_shape=(-1,)) -> np.ndarray:
+        """Requantize int32 accumulators to int8 exactly as the NPU does; per-channel
+        parameters are reshaped to ``channel_shape`` (the output channels' axis)."""
+        if not self.per_channel:
+            return requantize(acc, self.mult, self.shift, self.zp, self.lo, self.hi)
+        mult = np.asarray(self.mult, dtype=np.int64).reshape(channel_shape)
+        shift = np.asarray(self.shift, dtype=np.int64).reshape(channel_shape)
+        return requantize(acc, mult, shift, self.zp, self.lo, self.hi)
 
 
 # ---- nodes ---------------------------------------------------------------------------------
@@ -218,6 +244,7 @@ class QGemm(Node):
         _check_bias(self, self.bias, (*w.shape[:-2], w.shape[-1]))
         if self.requant is None and self.device != "cpu":
             self._fail("an int32-output GEMM (no requant) must run on the CPU")
+        _check_channels(self, w.shape[-1])
 
     def infer(self, ins):
         (x,) = ins
@@ -229,6 +256,13 @@ class QGemm(Node):
             self._fail(f"batched weights {w.shape} need an input of shape "
                        f"({w.shape[0]}, M, {w.shape[1]}), got {x.shape}")
         return [((*x.shape[:-1], w.shape[-1]), "int8" if self.requant else "int32")]
+
+
+def _check_channels(node, channels: int):
+    """A per-channel requantization has one multiplier and shift per output channel."""
+    r = node.requant
+    if r is not None and r.per_channel and len(r.mult) != channels:
+        node._fail(f"per-channel requant of {len(r.mult)} channels for {channels} outputs")
 
 
 def conv_out_size(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int) -> int:
@@ -267,6 +301,7 @@ class QConv(Node):
             self._fail(f"pads {self.pads} must be four non-negative ints")
         if self.requant is None and self.device != "cpu":
             self._fail("an int32-output convolution (no requant) must run on the CPU")
+        _check_channels(self, w.shape[0])
 
     def infer(self, ins):
         (x,) = ins

@@ -727,7 +727,14 @@ class _Importer:
             io = "uint8" if zy.dtype == np.uint8 else None
             zy8 = self._zero_point(node, zy, io == "uint8", "output")
             scale = self._combined_scale(node, sx, sw, sy)
-            wi, bias, scale = _common_factor(wi, bias, scale)
+            if np.ndim(scale):  # per output channel
+                self._per_channel_weights(kind, wi.shape, 0 if kind == "conv"
+                                          else wi.ndim - 1, 0 if zw is None else zw)
+                if np.size(scale) != (wi.shape[0] if kind == "conv" else wi.shape[-1]):
+                    raise ModelError(f"{np.size(scale)} weight scales for weights "
+                                     f"{wi.shape}", node.name)
+            else:
+                wi, bias, scale = _common_factor(wi, bias, scale)
             requant = self._requant(node, scale, zy8)
         weight, wide = self._fit_int8(node, wi)
         device = "cpu" if (requant is None or wide) else "npu"
@@ -819,18 +826,21 @@ class _Importer:
                 "weights symmetric)", (), node.domain)
         return wi.astype(np.int16), True
 
-    def _combined_scale(self, node, sx, sw, sy) -> float:
-        """``sx * sw / sy`` computed in the scales' own float type, like ONNX does."""
+    def _combined_scale(self, node, sx, sw, sy) -> float | np.ndarray:
+        """``sx * sw / sy`` computed in the scales' own float type, like ONNX does: one
+        per output channel (an array) when the weight scales are per channel."""
         for s, what in ((sx, "input"), (sw, "weight"), (sy, "output")):
             if s is None or s.dtype.kind != "f":
                 raise ModelError(f"dtype mismatch: {what} scale must be a float tensor",
                                  node.name)
-            if np.unique(s.reshape(-1)).size != 1:
+            if what != "weight" and np.unique(s.reshape(-1)).size != 1:
                 raise _NotOnNpu(f"per-axis {what} scales")
-            if not s.reshape(-1)[0] > 0:
-                raise ModelError(f"{what} scale {s.reshape(-1)[0]} must be positive", node.name,
-                                 fix=_REQUANTIZE)
+            if not np.all(s > 0):
+                raise ModelError(f"{what} scale {s.reshape(-1).min()} must be positive",
+                                 node.name, fix=_REQUANTIZE)
         one = lambda s: s.reshape(-1)[:1]  # noqa: E731 - keeps the float type
+        if np.unique(sw.reshape(-1)).size != 1:
+            return one(sx) * sw.reshape(-1) / one(sy)
         return float((one(sx) * one(sw) / one(sy))[0])
 
     def _requant(self, node, scale: float, zp: int, lo=-np.inf, hi=np.inf,
@@ -1061,7 +1071,9 @@ class _Importer:
         sx = np.asarray(p.x.scale).reshape(1)
         sw = np.asarray(w.scale).reshape(-1)
         if np.unique(sw).size != 1:
-            raise _NotOnNpu("per-channel weight scales (the NPU requantizes per tensor)")
+            self._per_channel_weights(p.kind, w.q.shape, w.axis, w.zp)
+        else:
+            sw = sw[:1]
         zw = w.zp.reshape(-1)
         if zw.size > 1:
             if p.kind == "conv" and w.axis == 0:
@@ -1074,8 +1086,10 @@ class _Importer:
             zw = zw.reshape(())
         weight, wide = self._fit_int8(p.root, w.q - zw)
         alpha = np.float32(p.attrs.get("alpha", 1.0))
-        acc_scale = (sx[:1].astype(np.float32) * sw[:1].astype(np.float32))[0]
-        scale = float(acc_scale * alpha / np.float32(sy))
+        acc_scale = sx[:1].astype(np.float32) * sw.astype(np.float32)
+        scale = acc_scale * alpha / np.float32(sy)  # float32, like onnxruntime
+        if scale.size == 1:
+            acc_scale, scale = acc_scale[0], float(scale[0])
         bias = self._bias_ints(p, acc_scale, float(p.attrs.get("beta", 1.0)))
         requant = self._requant(p.root, scale, zy, p.lo, p.hi, float(sy))
         if p.kind == "gemm" and weight.ndim == 3 and bias is not None:
@@ -1089,15 +1103,17 @@ class _Importer:
         c = p.bias
         if c is None:
             return None
+        acc = np.asarray(acc_scale, dtype=np.float64).reshape(-1)  # per tensor or channel
         if isinstance(c, _DequantConst) and c.q.dtype.kind == "i" and beta == 1.0 \
                 and np.all(c.zp == 0) \
-                and np.unique(c.scale).size == 1 \
-                and np.isclose(float(c.scale.reshape(-1)[0]), float(acc_scale), rtol=1e-6,
-                               atol=0):
+                and c.scale.size in (1, acc.size) \
+                and np.allclose(c.scale.reshape(-1).astype(np.float64), acc, rtol=1e-6,
+                                atol=0):
             ints = c.q  # onnxruntime writes the bias quantized to s_x * s_w
         else:
             f = c.value if isinstance(c, _DequantConst) else np.asarray(c.value, dtype=np.float32)
-            ints = np.rint(f.astype(np.float64) * beta / float(acc_scale))
+            f = f.astype(np.float64)
+            ints = np.rint(f * beta / (acc if acc.size > 1 else acc[0]))
         n = p.w.q.shape[0] if p.kind == "conv" else p.w.q.shape[-1]
         ints = np.broadcast_to(np.asarray(ints).reshape(-1) if np.size(ints) > 1
                                else np.asarray(ints).reshape(()), (n,))
@@ -1105,6 +1121,18 @@ class _Importer:
             raise ModelError("bias leaves int32 at the accumulator scale", p.root.name,
                              fix=_REQUANTIZE)
         return ints.astype(np.int32)
+
+    @staticmethod
+    def _per_channel_weights(kind: str, wshape, axis: int, zp):
+        """Refuse (to the CPU) per-channel weight scales the NPU's requantization table
+        cannot take: not along the output channels, or with non-zero zero points."""
+        out_axis = 0 if kind == "conv" else len(wshape) - 1
+        if axis != out_axis:
+            raise _NotOnNpu(f"per-axis weight scales on axis {axis} (the NPU scales "
+                            "output channels)")
+        if np.any(np.asarray(zp) != 0):
+            raise _NotOnNpu("per-channel weights with non-zero zero points (the NPU takes "
+                            "symmetric per-channel weights)")
 
     def _requant_add(self, node, a: _DequantTensor, b: _DequantTensor, b_weight: float, sy,
                      zy: int, io, lo=-np.inf, hi=np.inf, out_name=None) -> str:

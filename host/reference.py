@@ -109,7 +109,7 @@ def _acc_finish(node, acc, bias_shape) -> np.ndarray:
     acc = _wrap32(acc)
     if node.bias is not None:
         acc = _wrap32(acc.astype(np.int64) + node.bias.astype(np.int64).reshape(bias_shape))
-    return node.requant.apply(acc) if node.requant is not None else acc
+    return node.requant.apply(acc, bias_shape) if node.requant is not None else acc
 
 
 def _eval(node: Node, xs: list, scope: ChainMap) -> list[np.ndarray]:

@@ -136,8 +136,6 @@ def _zoo(name):
 @pytest.mark.parametrize("file, node, reason", [
     ("dwsep.qdq-pt-s8.onnx", "/depthwise/Conv", "group != 1"),
     ("dwsep.qop-pt-u8.onnx", "/depthwise/Conv_quant", "group != 1"),
-    ("cnn_pc.qdq-pc-s8.onnx", "/body/body.0/Conv", "per-channel weight scales"),
-    ("cnn_pc.qop-pc-s8.onnx", "/body/body.0/Conv_quant", "per-axis weight scales"),
 ])
 def test_unsupported_on_the_npu_falls_back_or_names_the_fix(file, node, reason):
     with pytest.raises(UnsupportedOpError) as e:

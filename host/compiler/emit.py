@@ -234,6 +234,10 @@ class Work:
             v["vector_ops"] += mult
             v["vector_rows"] += m * mult
             v["vector_bytes"] += m * n * mult
+        elif mnem == "vqtab":  # one table row of 8-byte entries
+            v["vector_ops"] += mult
+            v["vector_rows"] += mult
+            v["vector_bytes"] += int(pos[2]) * isa.QTAB_ENTRY_BYTES * mult
         elif mnem == "vargmax":
             v["vector_ops"] += mult
             v["vector_rows"] += mult

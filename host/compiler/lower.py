@@ -38,7 +38,9 @@ import numpy as np
 
 from firmware.config import NPUConfig
 
-from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QConv, QGemm
+from firmware.isa import QTAB_ENTRY_BYTES
+
+from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QConv, QGemm, Requant
 from .emit import Emitter
 from .layout import Layout
 from .plan import ALIASES, CompileError, UnitInfo
@@ -72,8 +74,9 @@ class Blob:
     """A node's constants packed in the order its code reads them.
 
     For each output-column tile ``j``: its weight tiles (dense ``k x n`` int8, in
-    reduction order), then its int32 biases. Full column tiles all have the same
-    size, so code can step from one to the next with one register.
+    reduction order), then its int32 biases, then (per-channel requantization) its
+    ``vqtab`` entries. Full column tiles all have the same size, so code can step
+    from one to the next with one register.
 
     Members
     -------
@@ -82,6 +85,8 @@ class Blob:
     rows, row_bytes : the one DMA transfer that moves it.
     tiles : byte offset of each weight tile, by ``(j, i)``.
     bias : byte offset of column tile ``j``'s biases (empty without bias).
+    qtab : byte offset of column tile ``j``'s requantization table (empty when the
+        node requantizes per tensor).
     dram : offset in the constants region.
     slot : tag slot (0: not resident, loaded into the working area each time).
     sp : offset in the weights partition when resident.
@@ -93,6 +98,7 @@ class Blob:
     row_bytes: int
     tiles: dict
     bias: dict
+    qtab: dict = field(default_factory=dict)
     dram: int = 0
     slot: int = 0
     sp: int = 0
@@ -102,11 +108,21 @@ class Blob:
         return self.tiles.get((1, 0), len(self.data)) - self.tiles[(0, 0)]
 
 
+def qtab_entries(requant: Requant) -> bytes:
+    """The ``vqtab`` entries of a per-channel requantization, one per output channel:
+    the int32le multiplier, the shift byte, zero padding (``firmware.isa``)."""
+    entries = np.zeros((len(requant.mult), QTAB_ENTRY_BYTES), dtype=np.uint8)
+    entries[:, :4] = np.asarray(requant.mult, dtype="<i4").view(np.uint8).reshape(-1, 4)
+    entries[:, 4] = requant.shift
+    return entries.tobytes()
+
+
 def _blob(node: str, w2d: np.ndarray, red_tiles: list[tuple[int, int]], bias,
-          cols: int) -> Blob:
+          cols: int, requant: Requant | None = None) -> Blob:
     """Pack ``w2d`` (reduction x outputs) as column tiles of ``red_tiles`` (start, k)."""
     parts: list[bytes] = []
-    tiles, biases, at = {}, {}, 0
+    tiles, biases, qtabs, at = {}, {}, {}, 0
+    table = qtab_entries(requant) if requant is not None and requant.per_channel else None
     nn = w2d.shape[1]
     for j in range(ceil_div(nn, cols)):
         for i, (r0, k) in enumerate(red_tiles):
@@ -123,6 +139,11 @@ def _blob(node: str, w2d: np.ndarray, red_tiles: list[tuple[int, int]], bias,
             biases[j] = at
             parts.append(raw)
             at += len(raw)
+        if table is not None:
+            raw = table[j * cols * QTAB_ENTRY_BYTES:(j + 1) * cols * QTAB_ENTRY_BYTES]
+            qtabs[j] = at
+            parts.append(raw)
+            at += len(raw)
         pad = align(at, 4) - at  # keep every column tile's start 4-aligned
         parts.append(b"\0" * pad)
         at += pad
@@ -133,7 +154,7 @@ def _blob(node: str, w2d: np.ndarray, red_tiles: list[tuple[int, int]], bias,
                            f"({MAX_ROWS} x {MAX_ROW_BYTES})", node)
     row_bytes = ceil_div(len(data), rows)
     data += b"\0" * (rows * row_bytes - len(data))
-    return Blob(node, data, rows, row_bytes, tiles, biases)
+    return Blob(node, data, rows, row_bytes, tiles, biases, qtabs)
 
 
 def gemm_tiles(k: int, rows: int) -> list[tuple[int, int]]:
@@ -148,14 +169,16 @@ def conv_tiles(kh: int, red: int, rows: int) -> list[tuple[int, int]]:
 
 def gemm_blob(n: QGemm, config: NPUConfig, perm) -> Blob:
     w = n.weight if perm is None else n.weight[perm, :]
-    return _blob(n.name, w, gemm_tiles(w.shape[0], config.rows), n.bias, config.cols)
+    return _blob(n.name, w, gemm_tiles(w.shape[0], config.rows), n.bias, config.cols,
+                 n.requant)
 
 
 def conv_blob(n: QConv, config: NPUConfig) -> Blob:
     """Rows ordered (kh, kw, c): a window row of a channels-last input is contiguous."""
     oc, c, kh, kw = n.weight.shape
     w2d = n.weight.transpose(2, 3, 1, 0).reshape(kh * kw * c, oc)
-    return _blob(n.name, w2d, conv_tiles(kh, kw * c, config.rows), n.bias, config.cols)
+    return _blob(n.name, w2d, conv_tiles(kh, kw * c, config.rows), n.bias, config.cols,
+                 n.requant)
 
 
 # ---- the program ---------------------------------------------------------------------------
@@ -514,8 +537,10 @@ class Lowering:
         return 0
 
     def _requant_cfg(self, r):
-        for name, v in (("qmul", r.mult), ("qshift", r.shift), ("qzp", r.zp),
-                        ("clip_lo", r.lo), ("clip_hi", r.hi)):
+        """The cfg writes of a requantization (a per-channel one's multipliers and
+        shifts come from the blob's table, ``vqtab`` per column tile)."""
+        scale = () if r.per_channel else (("qmul", r.mult), ("qshift", r.shift))
+        for name, v in (*scale, ("qzp", r.zp), ("clip_lo", r.lo), ("clip_hi", r.hi)):
             self.e.set_cfg(name, v)
 
     def _weights(self, n: Node) -> tuple[str, int, Blob]:
@@ -545,7 +570,12 @@ class Lowering:
             if blob.bias:
                 e.compute(f"vbias {part}, {wj}, {aj}, {m}, {n_j}, "
                           f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
-            e.compute(f"vreq {P_WORK}, {yj}, {aj}, {m}, {n_j}")
+            tab = ""
+            if blob.qtab:  # this column tile's multipliers and shifts
+                e.compute(f"vqtab {part}, {wj}, {n_j}, "
+                          f"off={blob.qtab[j] - blob.tiles[(j, 0)]}")
+                tab = ", tab=1"
+            e.compute(f"vreq {P_WORK}, {yj}, {aj}, {m}, {n_j}{tab}")
 
         def step():
             e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
