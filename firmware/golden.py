@@ -66,7 +66,7 @@ class CostModel:
     vadd_latency: int = 15  # ... for vadd (two source reads)
     vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
     vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
-    vqtab_latency: int = 4  # ... for vqtab (table words into the unit's registers)
+    vqtab_latency: int = 6  # ... for vqtab (table words into the unit's registers)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
     wload_latency: int = 1  # a swap gemm may follow a k-row wload k + this cycles after its start
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late

@@ -212,6 +212,19 @@ def test_value_records_check_their_ranges():
     assert Tensor("k", (2,), "int8", data=[1, 2]).is_const
 
 
+def test_per_channel_requant_applies_along_the_channels():
+    r = Requant([1 << 30, 1 << 29], (30, 31), 1)
+    assert r.per_channel and r.mult == (1 << 30, 1 << 29) and r.shift == (30, 31)
+    acc = np.array([[8, 8], [-6, -6]], dtype=np.int32)
+    assert r.apply(acc).tolist() == [[9, 3], [-5, -1]]  # -1.5 rounds to even: -2, +1
+    nchw = np.full((1, 2, 1, 1), 8, dtype=np.int32)
+    assert r.apply(nchw, (1, -1, 1, 1)).ravel().tolist() == [9, 3]
+    with pytest.raises(ValueError, match="shift 64"):
+        Requant([1, 1], [0, 64], 0)
+    with pytest.raises(ModelError, match="2 channels for 3 outputs"):
+        QGemm("g", ["x"], ["y"], weight=np.zeros((4, 3), np.int8), requant=r).check()
+
+
 def test_subgraph_record_and_edges():
     rng = np.random.default_rng(0)
     b = GraphBuilder()

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
 
 SCENARIO = "verif.model_scenarios:zoo_vs_golden"
 
-SMOKE_FILES = ("cnn_pc.qdq-pt-s8.onnx", "cnn_pc.qop-pt-u8.onnx")
-"""A QDQ and a QOperator file whose Conv and Gemm layers run on the NPU: the path
-from a real tool's file to the RTL, cheap enough for every CI run."""
+SMOKE_FILES = ("cnn_pc.qdq-pt-s8.onnx", "cnn_pc.qop-pt-u8.onnx", "cnn_pc.qdq-pc-s8.onnx")
+"""QDQ and QOperator files whose Conv and Gemm layers run on the NPU (the last with
+per-channel weight scales: vqtab and vreq ... tab=1): the path from a real tool's file
+to the RTL, cheap enough for every CI run."""
 
 REGRESS_INPUTS = 3
 """Stored inputs per file under ``make regress``: a few, since every file's RTL run

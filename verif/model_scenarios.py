@@ -145,8 +145,9 @@ def _zoo_file_vs_golden(file, device, config, count):
         outputs.append(rtl.outputs)
     stacked = {out: np.stack([o[out] for o in outputs]) for out in outputs[0]}
     assert_matches_onnxruntime(entry, stacked, npz, rows=list(rows))
-    print(f"{file}: {len(rows)} inputs, {rtl.cycles} cycles on the RTL for the last; "
-          "reference, golden model, counters, trace and onnxruntime agree")
+    print(f"{file}: {len(rows)} inputs, {rtl.cycles} cycles on the RTL for the last "
+          f"({gold.cycles} golden); reference, golden model, counters, trace and "
+          "onnxruntime agree")
 
 
 def _checked_session(graph, device) -> Session:

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from firmware.config import NPUConfig
-
 from firmware.isa import QTAB_ENTRY_BYTES
 
 from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QConv, QGemm, Requant
