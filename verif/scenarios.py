@@ -238,6 +238,8 @@ ERROR_CASES = [
     ("bad_wload_n", "nop\nwload p0, r0, 1, 9\nend"),
     ("bad_load_tag", "load p0, r0, r0, r0, 1, 1, tag=63\nend"),
     ("bad_vreq_n", "nop\nvreq p0, r0, r0, 1, 9\nend"),
+    ("bad_vqtab_n", "nop\nvqtab p0, r0, 9\nend"),
+    ("vqtab_partition_bounds", "li r1, 1020\nvqtab p0, r1, 1\nend"),
     ("pc_bounds_loop", "loopr r1, 5000\nnop\nend"),
     # an untaken branch may name any target: the fault is the ptsel after it
     ("untaken_branch_past_the_end", "li r1, 1\nbr.eq r0, r1, 5000\nptsel 3\nend"),
