@@ -58,6 +58,9 @@ and this page all derive from it.
   shadow buffer while the active one streams; `gemm ... swap=1` exchanges them.
 * **Compute configuration registers** (`cfg.*`): requantization and stride
   parameters, reset at the start of every run (table below).
+* **Requantization table**: `cols` entries of (int32 multiplier, shift 0..63) for
+  per-channel requantization, loaded by `vqtab` and used by `vreq ... tab=1`; reset
+  at the start of every run to the reset values of `cfg.qmul` and `cfg.qshift`.
 * Accumulators, weights, configuration, tokens and loop/region stacks are reset at
   the start of a run; scratchpad, tags and counters persist.
 

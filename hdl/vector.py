@@ -1,5 +1,6 @@
-"""The vector unit: configuration registers, bias add, requantization, element-wise add,
-clip, max-pool and argmax (the ``cfg`` and ``v*`` instructions of the compute queue).
+"""The vector unit: configuration registers, bias add, requantization (per tensor, or per
+column from its requantization table), element-wise add, clip, max-pool and argmax (the
+``cfg`` and ``v*`` instructions of the compute queue).
 
 Semantics are those of the golden model (``firmware.golden.Machine._op_cfg`` ...
 ``_op_vargmax``) and ``firmware.quant``; commands arrive resolved
@@ -178,7 +179,10 @@ class VectorUnit(wiring.Component):
     * ``BIAS``: ``acc[acc+i][j] += int32le(sp[a+4j : a+4j+4])`` for ``i < m``,
       ``j < n`` (``n <= cols``), wrapping at 32 bits.
     * ``REQ``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(acc[acc+i][j] * qmul,
-      qshift))`` with an exact 64-bit product and round-half-to-even shift.
+      qshift))`` with an exact 64-bit product and round-half-to-even shift; with
+      ``tab``, ``(qmul, qshift)`` of column ``j`` is table entry ``j``.
+    * ``QTAB``: table entry ``j = (int32le(sp[a+8j : a+8j+4]), sp[a+8j+4] & 63)`` for
+      ``j < n`` (``n <= cols``); the other entries keep their values.
     * ``ADD``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(add_mul_a*(x - add_zp_a)
       + add_mul_b*(y - add_zp_b), qshift))`` with ``x = sp[a + i*istride + j]``,
       ``y = sp[b + i*istride + j]``.
@@ -209,7 +213,8 @@ class VectorUnit(wiring.Component):
         Resolved commands. ``ready`` is high while the unit is idle.
     run_start : In(1)
         Start of a run: reset the configuration registers to ``CFG_RESET`` (wins
-        over a ``CFG`` accepted in the same cycle).
+        over a ``CFG`` accepted in the same cycle), and every table entry to the
+        reset ``(qmul, qshift)``.
     rd_a, rd_b : Out(sp_window_signature(config))
         Scratchpad read windows: ``rd_a`` reads ``a`` (all ops), ``rd_b`` reads
         ``b`` (``ADD``). Requests follow the window protocol (held until granted).
