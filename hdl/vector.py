@@ -499,7 +499,8 @@ class VectorUnit(wiring.Component):
         # The full lanes (j < cols, column j of a REQ) have their own copies, which a REQ
         # with ``tab`` takes from the table: one multiplier and shift per output channel.
         # Their rounding constants and saturation masks are decoded from the lane's
-        # shift where they are used, so a lane costs 70 flip-flops, not 260.
+        # shift where they are used: a lane holds 70 flip-flops (two multipliers and a
+        # shift), not the 267 that registered copies of those would add.
         lane_tab = req & cmd.tab
         lane_coef_a = [Signal(signed(32), name=f"lane_coef_a{j}") for j in range(C)]
         lane_coef_c = [Signal(signed(32), name=f"lane_coef_c{j}") for j in range(C)]
