@@ -218,15 +218,24 @@ class Lowering:
 
         A unit whose working set fits is emitted whole (every tensor on chip at
         once). Otherwise its rows are split into M tiles streamed through the
-        working partition (:meth:`_unit_tiled`); a unit that cannot be split
-        raises :class:`CompileError` saying why.
+        working partition (:meth:`_unit_tiled`), or a GEMM's weights or a
+        convolution's image stream through it (:mod:`.stream`); a unit that
+        cannot be split raises :class:`CompileError` saying why.
         """
         checkpoint = self.e.checkpoint()
         try:
             return self._unit_whole(u)
         except TooBig as err:
             self.e.rollback(checkpoint)
-            return self._unit_tiled(u, err)
+            try:
+                return self._unit_tiled(u, err)
+            except CompileError:
+                from .stream import stream_unit, streamable  # it builds on this module
+
+                if not streamable(u):
+                    raise
+                self.e.rollback(checkpoint)
+                return stream_unit(self, u, err)
 
     def _reset(self):
         self.sp: dict[str, int] = {}
@@ -546,11 +555,14 @@ class Lowering:
         part, sp = self._blob_at[n.name]
         return part, sp, self.place.blobs[n.name]
 
-    def _column_tiles(self, n: Node, part: str, wsp: int, blob: Blob, nn: int, m: int,
-                      y_off: int, chain, regs):
+    def _column_tiles(self, n: Node, part: str, wsp, blob: Blob, nn: int, m: int,
+                      y_off, chain, regs, j0: int = 0):
         """For each output-column tile: ``chain`` (the GEMMs into ``m`` accumulator
         rows), bias, requantization to ``y_off + j*cols`` (row pitch cfg.out_stride).
 
+        ``wsp`` and ``y_off`` are offsets, or ``(register, offset)`` where a base
+        register holds part of the address; ``j0`` is the blob's first column tile
+        here (streamed weights hold a group of column tiles, ``wsp`` at its start).
         Full column tiles run in a hardware loop stepping three registers.
         """
         cfg, e = self.config, self.e
@@ -560,13 +572,17 @@ class Lowering:
         full, rem = divmod(nn, cfg.cols)
         stepping = (full + (rem > 0)) * m <= cfg.acc_rows
         wj, yj, aj = regs
-        e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
-        e.op(f"li {yj}, {y_off}")
+        for reg, at in ((wj, wsp), (yj, y_off)):
+            if isinstance(at, tuple):
+                e.op(f"addi {reg}, {at[0]}, {at[1]}")
+            else:
+                e.op(f"li {reg}, {at + (blob.tiles[(0, 0)] if reg == wj else 0)}")
         e.op(f"li {aj}, 0")
 
         def one(j: int, n_j: int):
             chain(wj, aj, n_j)
             if blob.bias:
+                j += j0
                 e.compute(f"vbias {part}, {wj}, {aj}, {m}, {n_j}, "
                           f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
             tab = ""
@@ -595,20 +611,12 @@ class Lowering:
         if rem:
             one(full, rem)
 
-    def qgemm(self, n: QGemm) -> int:
+    def gemm_chain(self, part: str, k: int, m: int, x_off: int, wo: str, xt: str):
+        """The GEMM chain of one output-column tile: a function of (weight register,
+        accumulator register, columns) emitting every reduction tile's ``wload`` and
+        ``gemm`` of ``m`` rows read at ``x_off`` in the working area."""
         cfg, e = self.config, self.e
-        k, nn = n.weight.shape
-        m = self.size(n.inputs[0]) // k
-        if m > 4096:
-            raise TooBig(f"{m} rows exceed one gemm (4096)", n.name)
-        x_off, y_off = self.at(n.inputs[0]), self.out(n.outputs[0])
-        part, wsp, blob = self._weights(n)
-        if m > 1:
-            e.set_cfg("gemm_stride", k)
-            e.set_cfg("out_stride", nn)
-        self._requant_cfg(n.requant)
         tiles = gemm_tiles(k, cfg.rows)
-        wo, xt, *cols = e.scratch(5)
 
         def chain(wj, aj, n_j):
             k0 = tiles[0][1]
@@ -640,6 +648,22 @@ class Lowering:
                 e.compute(f"wload {part}, {wo}, {tiles[-1][1]}, {n_j}")
                 e.compute(f"gemm.accumulate {P_WORK}, {xt}, {aj}, {m}, swap=1")
 
+        return chain
+
+    def qgemm(self, n: QGemm) -> int:
+        cfg, e = self.config, self.e
+        k, nn = n.weight.shape
+        m = self.size(n.inputs[0]) // k
+        if m > 4096:
+            raise TooBig(f"{m} rows exceed one gemm (4096)", n.name)
+        x_off, y_off = self.at(n.inputs[0]), self.out(n.outputs[0])
+        part, wsp, blob = self._weights(n)
+        if m > 1:
+            e.set_cfg("gemm_stride", k)
+            e.set_cfg("out_stride", nn)
+        self._requant_cfg(n.requant)
+        wo, xt, *cols = e.scratch(5)
+        chain = self.gemm_chain(part, k, m, x_off, wo, xt)
         self._column_tiles(n, part, wsp, blob, nn, m, y_off, chain, cols)
         return m * k * nn
 
@@ -654,11 +678,6 @@ class Lowering:
         xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
         y_off = self.out(n.outputs[0])
         part, wsp, blob = self._weights(n)
-        red = kw * c
-        tiles = conv_tiles(kh, red, cfg.rows)
-        # Device offset of reduction row (r, t0) of a window: kernel row r is an
-        # input row further down; within it, (kw, c) bytes are contiguous.
-        rel = [(r0 // red) * wp * c + r0 % red for r0, _ in tiles]
         e.set_cfg("gemm_stride", sw * c)
         e.set_cfg("out_stride", oc)
         self._requant_cfg(n.requant)
@@ -670,28 +689,51 @@ class Lowering:
         per = oh if oh * ow <= cfg.acc_rows else cfg.acc_rows // ow
         groups = [(b, r0, min(per, oh - r0)) for b in range(bn) for r0 in range(0, oh, per)]
         for b, r0, nr in groups:
-            def chain(wj, aj, n_j, b=b, r0=r0, nr=nr):
-                # One output row (ow positions) per iteration: every reduction tile.
-                e.op(f"li {xo}, {xp + (b * hp + r0 * sh) * wp * c}")
-                e.op(f"addi {ao}, {aj}, 0")
-                end = e.new_label("rows") if nr >= 2 else None
-                if end:
-                    e.op(f"loop {nr}, {end}")
-                e.op(f"addi {wo}, {wj}, 0")
-                for i, ((_, k_t), off) in enumerate(zip(tiles, rel, strict=True)):
-                    e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
-                    mode = "accumulate" if i else "overwrite"
-                    e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {ow}, swap=1, off={off}")
-                    if i < len(tiles) - 1:
-                        e.op(f"addi {wo}, {wo}, {k_t * n_j}")
-                e.op(f"addi {xo}, {xo}, {sh * wp * c}")
-                e.op(f"addi {ao}, {ao}, {ow}")
-                if end:
-                    e.loop_end(end)
-
+            chain = self.conv_chain(n, part, wp, nr, ow, xp + (b * hp + r0 * sh) * wp * c,
+                                    (wo, xo, ao))
             self._column_tiles(n, part, wsp, blob, oc, nr * ow,
                                y_off + (b * oh + r0) * ow * oc, chain, cols)
         return bn * oh * ow * oc * c * kh * kw
+
+    def conv_chain(self, n: QConv, part: str, wp: int, nr: int, ow: int, x_at, regs):
+        """The chain of one output-column tile of a convolution: ``nr`` output rows
+        of ``ow`` positions, one per pass of a hardware loop, each every reduction
+        tile (a ``wload`` and a ``gemm`` of ``ow`` rows). The input window rows
+        start at ``x_at`` (an offset, or ``(register, offset)``), padded rows
+        ``wp`` pixels wide."""
+        cfg, e = self.config, self.e
+        oc, c, kh, kw = n.weight.shape
+        sh = n.strides[0]
+        red = kw * c
+        tiles = conv_tiles(kh, red, cfg.rows)
+        # Device offset of reduction row (r, t0) of a window: kernel row r is an
+        # input row further down; within it, (kw, c) bytes are contiguous.
+        rel = [(r0 // red) * wp * c + r0 % red for r0, _ in tiles]
+        wo, xo, ao = regs
+
+        def chain(wj, aj, n_j):
+            # One output row (ow positions) per iteration: every reduction tile.
+            if isinstance(x_at, tuple):
+                e.op(f"addi {xo}, {x_at[0]}, {x_at[1]}")
+            else:
+                e.op(f"li {xo}, {x_at}")
+            e.op(f"addi {ao}, {aj}, 0")
+            end = e.new_label("rows") if nr >= 2 else None
+            if end:
+                e.op(f"loop {nr}, {end}")
+            e.op(f"addi {wo}, {wj}, 0")
+            for i, ((_, k_t), off) in enumerate(zip(tiles, rel, strict=True)):
+                e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
+                mode = "accumulate" if i else "overwrite"
+                e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {ow}, swap=1, off={off}")
+                if i < len(tiles) - 1:
+                    e.op(f"addi {wo}, {wo}, {k_t * n_j}")
+            e.op(f"addi {xo}, {xo}, {sh * wp * c}")
+            e.op(f"addi {ao}, {ao}, {ow}")
+            if end:
+                e.loop_end(end)
+
+        return chain
 
     def _need_nhwc(self, n: Node, tensor: str):
         lay = self.layout(tensor)

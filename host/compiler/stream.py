@@ -1,0 +1,416 @@
+"""Streaming lowering: units whose working set does not fit the scratchpad at once.
+
+A unit of one GEMM or one convolution that neither fits whole nor splits into M
+tiles (:mod:`.lower`) streams through the working partition in *steps*:
+
+* a GEMM streams its weights: each step loads a group of output-column tiles
+  (their reduction tiles and biases, contiguous in the blob) and computes those
+  columns of every row; the activations stay on chip whole;
+* a convolution streams its image: each step loads a band of input rows with
+  the halo its kernel needs and computes a band of output rows, which leaves
+  for DRAM while the next band computes; its weights load once (or are
+  resident).
+
+Steps are double-buffered and software-pipelined (:func:`pipeline`): the load of
+step ``s + 2`` comes after the compute of step ``s`` in program order and writes
+the buffer that compute has just released, so the load queue fetches ahead while
+the array works. Steps whose code is the same (every step but those at the
+image borders or a last, partial group) run in one hardware loop, so a layer's
+program does not grow with its size. Dependency tokens are balanced inside the
+loop body; the tokens the first passes pop come from the prologue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import QConv, QGemm
+from .lower import ALIGN, MAX_ROW_BYTES, MAX_ROWS, P_WEIGHTS, P_WORK, CompileError, TooBig
+from .lower import align, ceil_div
+
+# Registers a streamed unit steps (never the scratch registers the operators own).
+# r3 selects the segment only at the program's entry; r4..r7, r14, r15 hold
+# vargmax results when a model has them.
+PIPE_REGS = ("r3", "r4", "r5", "r6", "r7", "r14", "r15")
+
+
+def pipe_regs(e, count: int, what: str) -> list[str]:
+    free = [r for r in PIPE_REGS if r not in e.result_regs.values()]
+    if len(free) < count:
+        raise CompileError(f"{what}: streaming needs {count} free registers, "
+                           f"{len(free)} are left besides the scalar results")
+    for r in free[:count]:
+        e.clobber(r)
+    return free[:count]
+
+
+def pipeline(e, n: int, load, compute, toggle, advance, same):
+    """Emit ``n`` double-buffered steps.
+
+    ``load(s, pop)`` emits step ``s``'s loads (the first pops ``pop``, the last
+    pushes a token to compute); ``compute(s, push)`` emits its compute (the first
+    instruction pops that token; with ``push`` the step ends by releasing its
+    buffer to the load queue); ``toggle()`` switches the buffer register to the
+    other buffer, ``advance()`` steps the compute's registers to the next step. ``same(s)`` says that step ``s``'s compute and step ``s + 2``'s
+    load emit the code any other such step emits: runs of them become one
+    hardware loop.
+
+    Program order: load 0, load 1, then per step ``s``: compute ``s``, load
+    ``s + 2`` (which pops the token compute ``s`` pushed: it writes the buffer
+    compute ``s`` read), toggle, advance. Every token pushed is popped.
+    """
+    load(0, "")
+    if n > 1:
+        toggle()
+        load(1, "")
+        toggle()
+    # The longest run of steps that can share one loop body (each with a load after it).
+    best, a = (0, 0), None
+    for s in range(n - 1):
+        ok = s + 2 < n and same(s)
+        if ok and a is None:
+            a = s
+        if not ok and a is not None:
+            best, a = max(best, (s - a, a)), None
+    length, start = best
+    s = 0
+    while s < n:
+        if s == start and length >= 2:
+            e.forget()  # the body's code must not rely on what the first pass set
+            end = e.new_label("steps")
+            e.op(f"loop {length}, {end}")
+            compute(s, True)
+            load(s + 2, "next")
+            toggle()
+            advance()
+            e.loop_end(end)
+            s += length
+            continue
+        compute(s, s + 2 < n)
+        if s + 2 < n:
+            load(s + 2, "next")
+        if s + 1 < n:
+            toggle()
+            advance()
+        s += 1
+
+
+def transfers(nbytes: int) -> list[tuple[int, int, int]]:
+    """DMA transfers (offset, rows, bytes per row) moving ``nbytes`` contiguous
+    bytes: one ``rows x bytes`` transfer when ``nbytes`` factors so, else pieces."""
+    for rows in range(1, MAX_ROWS + 1):
+        if nbytes % rows == 0 and nbytes // rows <= MAX_ROW_BYTES:
+            return [(0, rows, nbytes // rows)]
+    out, at = [], 0
+    while at < nbytes:
+        rows = min(MAX_ROWS, max(1, (nbytes - at) // MAX_ROW_BYTES))
+        row = min(MAX_ROW_BYTES, nbytes - at)
+        out.append((at, rows, row))
+        at += rows * row
+    return out
+
+
+@dataclass
+class _Stats:
+    macs: int
+    steps: int
+
+    def finish(self, low, e, work) -> dict:
+        return {"macs": self.macs, "scratchpad_bytes": low._top, "m_tiles": 1,
+                "streamed_steps": self.steps, "work": e.work.since(work)}
+
+
+def streamable(u) -> bool:
+    return len(u.nodes) == 1 and isinstance(u.nodes[0], (QGemm, QConv))
+
+
+def stream_unit(low, u, why: CompileError) -> dict:
+    """Emit unit ``u`` (one GEMM or convolution) as streamed steps; raise
+    ``CompileError`` (saying ``why`` it had to stream) when even one step does
+    not fit."""
+    n = u.nodes[0]
+    try:
+        if isinstance(n, QGemm):
+            return _GemmStream(low, u, n).emit()
+        return _ConvStream(low, u, n).emit()
+    except CompileError as err:
+        raise low._refuse(why, f"streaming: {err}") from None
+
+
+class _GemmStream:
+    """A GEMM whose weights stream through two buffers, a group of output-column
+    tiles per step (see the module docstring)."""
+
+    def __init__(self, low, u, n: QGemm):
+        self.low, self.u, self.n = low, u, n
+        self.e, self.cfg = low.e, low.config
+        self.blob = low.place.blobs[n.name]
+
+    def emit(self) -> dict:
+        low, e, cfg, n, blob = self.low, self.e, self.cfg, self.n, self.blob
+        k, nn = n.weight.shape
+        x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
+        m = low.tensor[x].size // k
+        if blob.slot:
+            raise CompileError("its weights are resident and its rows do not fit")
+        if m > min(cfg.acc_rows, 4096):
+            raise CompileError(f"{m} rows with streamed weights exceed the "
+                               f"{min(cfg.acc_rows, 4096)} accumulator rows (not built: "
+                               "streaming weights and rows together)")
+        work = e.work.snapshot()
+        low._reset()
+        ncol = ceil_div(nn, cfg.cols)
+        js = blob.j_stride() if ncol > 1 else len(blob.data)
+        try:
+            x_off, y_off = low.out(x), low.out(y)
+            room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
+            g = min(ncol, room // js)
+            if g < 1:
+                raise CompileError(f"one output-column tile of {n.name} ({js} bytes) "
+                                   f"exceeds half the {2 * room} bytes left (not built: "
+                                   "splitting the reduction into streamed pieces)")
+            pieces = []
+            for j0 in range(0, ncol, g):
+                start = blob.tiles[(j0, 0)]
+                end = blob.tiles[(j0 + g, 0)] if j0 + g < ncol else len(blob.data)
+                pieces.append((j0, min(g, ncol - j0), start, end - start))
+            size = max(p[3] for p in pieces)
+            bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(2)]
+        except TooBig as err:
+            raise CompileError(str(err)) from None
+        steps = len(pieces)
+        low._begin(self.u, f" (streamed weights: {steps} steps of {g} column tiles)")
+        ibuf, isum, ldram, yreg = pipe_regs(e, 4, n.name)
+        low._load_tensor(x, "")
+        if m > 1:
+            e.set_cfg("gemm_stride", k)
+            e.set_cfg("out_stride", nn)
+        low._requant_cfg(n.requant)
+        e.op(f"li {ibuf}, {bufs[0]}")
+        e.op(f"li {isum}, {bufs[0] + bufs[1]}")
+        e.op(f"addi {ldram}, r1, {blob.dram}")
+        e.op(f"li {yreg}, {y_off}")
+
+        def load(s, pop):
+            _, _, _, nbytes = pieces[s]
+            self._load(ibuf, ldram, nbytes, pop)
+            e.op(f"addi {ldram}, {ldram}, {g * js}")
+
+        def compute(s, push):
+            j0, gj, _, _ = pieces[s]
+            cols = min(gj * cfg.cols, nn - j0 * cfg.cols)
+            e.pop_next_compute("prev")
+            wo, xt, *regs = e.scratch(5)
+            chain = low.gemm_chain(P_WORK, k, m, x_off, wo, xt)
+            low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols, m, (yreg, 0), chain, regs,
+                              j0=j0)
+            if push:
+                e.push_after_last_compute("prev")
+
+        def toggle():
+            e.op(f"sub {ibuf}, {isum}, {ibuf}")
+
+        def advance():
+            e.op(f"addi {yreg}, {yreg}, {g * cfg.cols}")
+
+        def same(s):
+            return pieces[s][1] == g and pieces[s + 2][3] == pieces[0][3] \
+                if s + 2 < steps else False
+
+        pipeline(e, steps, load, compute, toggle, advance, same)
+        e.push_after_last_compute("next")
+        low._store_tensor(y)
+        e.op(f"region.end {self.u.id}")
+        return _Stats(m * k * nn, steps).finish(low, e, work)
+
+    def _load(self, dst: str, src: str, nbytes: int, pop: str):
+        e = self.e
+        parts = transfers(nbytes)
+        for i, (off, rows, row) in enumerate(parts):
+            d, s_ = dst, src
+            if off:
+                d, s_ = e.scratch(2)
+                e.op(f"addi {d}, {dst}, {off}")
+                e.op(f"addi {s_}, {src}, {off}")
+            e.op(f"load {P_WORK}, {d}, {s_}, r0, {rows}, {row}",
+                 pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
+                 queue="load")
+
+
+class _ConvStream:
+    """A convolution whose image streams in bands of output rows, each loaded with
+    its input halo into one of two band buffers (see the module docstring).
+
+    A band buffer holds ``HB`` padded input rows of ``wp * c`` bytes. Real rows
+    load ``wp * c`` bytes each from their start (the row and the first bytes of
+    the next one), placed ``pl`` pixels in, so one transfer moves a band; a
+    ``vclip`` to the pad value then rewrites the pad columns those extra bytes
+    landed in. Pad rows above the image are written once, before the first
+    band; pad rows below it by the bands that reach them.
+    """
+
+    def __init__(self, low, u, n: QConv):
+        self.low, self.u, self.n = low, u, n
+        self.e, self.cfg = low.e, low.config
+
+    def _geometry(self):
+        low, n, cfg = self.low, self.n, self.cfg
+        bn, c, h, w = low.tensor[n.inputs[0]].shape
+        oc, _, kh, kw = n.weight.shape
+        _, _, oh, ow = low.tensor[n.outputs[0]].shape
+        if bn != 1:
+            raise CompileError(f"a batch of {bn} images (not built: streaming batches)")
+        pt, pl, pb, pr = n.pads
+        wp = w + pl + pr
+        if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
+            raise CompileError(f"padded input rows of {wp * c} bytes or output rows of "
+                               f"{ow * oc} bytes exceed one DMA row ({MAX_ROW_BYTES})")
+        if ow > cfg.acc_rows:
+            raise CompileError(f"an output row of {ow} positions exceeds the "
+                               f"{cfg.acc_rows} accumulator rows")
+        return c, h, w, oc, kh, oh, ow, pt, pl, pr, wp
+
+    def emit(self) -> dict:
+        low, e, cfg, n = self.low, self.e, self.cfg, self.n
+        c, h, w, oc, kh, oh, ow, pt, pl, pr, wp = self._geometry()
+        sh = n.strides[0]
+        low._need_nhwc(n, n.inputs[0])
+        x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
+        blob = low.place.blobs[n.name]
+        work = e.work.snapshot()
+        low._reset()
+        row0 = pr * c  # buffer offset of band row 0 (the pad fix-up starts a row above)
+        try:
+            wpart, wsp = low._place_blob(blob)
+            room = low.work_limit() - low._top
+        except TooBig as err:
+            raise CompileError(f"{err} (not built: streaming convolution weights)") from None
+
+        def set_bytes(r):  # one buffer set: a band of input rows and its output rows
+            hb = (r - 1) * sh + kh
+            return align(row0 + hb * wp * c + pl * c) + align(r * ow * oc)
+
+        fits = [r for r in range(1, min(oh, cfg.acc_rows // ow, MAX_ROWS) + 1)
+                if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
+        if not fits:
+            raise CompileError(f"one output row of {n.name} needs {2 * set_bytes(1)} bytes "
+                               f"of scratchpad (double-buffered), {max(0, room)} are left")
+        rb = max(fits)
+        hb = (rb - 1) * sh + kh
+        steps = ceil_div(oh, rb)
+        inb = align(row0 + hb * wp * c + pl * c)
+        sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
+        fill = n.pad_value
+
+        def band(s):
+            nominal = s * rb * sh - pt  # input row at band row 0
+            lo, hi = max(0, nominal), min(h, nominal + hb)
+            return nominal, lo, hi, min(rb, oh - s * rb)
+
+        if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
+            raise CompileError(f"top padding of {pt} rows spans more than two bands")
+        low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows)")
+        ibuf, isum, ldram, sdram, stride, obuf = pipe_regs(e, 6, n.name)
+        e.op(f"li {ibuf}, {sets[0]}")
+        e.op(f"li {isum}, {sets[0] + sets[1]}")
+        e.op(f"addi {ldram}, r2, {low.place.arena[x] + (-pt) * w * c}")
+        e.op(f"addi {sdram}, r2, {low.place.arena[y]}")
+        e.op(f"li {stride}, {w * c}")
+        if not blob.slot:
+            low._load_blob(blob, "")
+        primed = steps >= 3  # every compute pops its output buffer's store token
+        if primed:  # the first two take theirs from stores of one byte (rewritten later)
+            for i in range(2):
+                e.op(f"addi {obuf}, {ibuf}, {inb + i * (sets[1] - sets[0])}")
+                e.op(f"store {P_WORK}, {obuf}, {sdram}, r0, 1, 1", push="prev",
+                     queue="store")
+        # Pad rows above the image, in the buffers of the bands that have them.
+        for s in range(min(2, steps)):
+            nominal, lo, _, _ = band(s)
+            if lo > nominal:
+                self._fill(sets[s] + row0, (lo - nominal) * wp * c)
+
+        def load(s, pop):
+            nominal, lo, hi, _ = band(s)
+            wide_hi = hi if (hi < h or pl + pr == 0) else hi - 1
+            parts = []
+            if wide_hi > lo:
+                parts.append((lo, wide_hi - lo, wp * c if pl + pr else w * c))
+            if wide_hi < hi:
+                parts.append((hi - 1, 1, w * c))
+            for i, (r, rows, nbytes) in enumerate(parts):
+                d_off = row0 + (r - nominal) * wp * c + pl * c
+                s_off = (r - nominal) * w * c
+                d, imm = ibuf, d_off
+                t1, t2 = e.scratch(2)
+                if d_off >= 1 << 11:
+                    e.op(f"addi {t1}, {ibuf}, {d_off}")
+                    d, imm = t1, 0
+                src = ldram
+                if s_off:
+                    e.op(f"addi {t2}, {ldram}, {s_off}")
+                    src = t2
+                strd = stride if rows > 1 and nbytes != w * c else "r0"
+                e.op(f"load {P_WORK}, {d}, {src}, {strd}, {rows}, {nbytes}, off={imm}",
+                     pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
+                     queue="load")
+            e.op(f"addi {ldram}, {ldram}, {rb * sh * w * c}")
+
+        def compute(s, push):
+            nominal, lo, hi, nr = band(s)
+            e.pop_next_compute("prev")
+            if primed or s >= 2:
+                e.pop_next_compute("next")
+            if hi < nominal + hb:  # pad rows below the image
+                e.op(f"addi {obuf}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
+                self._fill(obuf, (nominal + hb - hi) * wp * c, reg=True)
+            if pl + pr:  # the pad columns the wide rows' extra bytes landed in
+                for name, v in (("clip_lo", fill), ("clip_hi", fill),
+                                ("in_stride", wp * c), ("out_stride", wp * c)):
+                    e.set_cfg(name, v)
+                e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {hb + 1}, "
+                          f"{(pl + pr) * c}")
+            e.set_cfg("gemm_stride", n.strides[1] * c)
+            e.set_cfg("out_stride", oc)
+            low._requant_cfg(n.requant)
+            e.op(f"addi {obuf}, {ibuf}, {inb}")
+            wo, xo, ao, *cols = e.scratch(6)
+            chain = low.conv_chain(n, wpart, wp, nr, ow, (ibuf, row0), (wo, xo, ao))
+            low._column_tiles(n, wpart, wsp, blob, oc, nr * ow, (obuf, 0), chain, cols)
+            e.marker(push="prev,next" if push else "next")
+            e.op(f"store {P_WORK}, {obuf}, {sdram}, r0, {nr}, {ow * oc}", pop="prev",
+                 push="prev" if s + 2 < steps else "", queue="store")
+
+        def toggle():
+            e.op(f"sub {ibuf}, {isum}, {ibuf}")
+
+        def advance():
+            e.op(f"addi {sdram}, {sdram}, {rb * ow * oc}")
+
+        def uniform_load(s):
+            nominal, lo, hi, _ = band(s)
+            return lo == nominal and hi == nominal + hb and (hi < h or pl + pr == 0)
+
+        def same(s):
+            nominal, _, hi, nr = band(s)
+            return nr == rb and hi == nominal + hb and uniform_load(s + 2) \
+                and (primed or s >= 2)
+
+        pipeline(e, steps, load, compute, toggle, advance, same)
+        e.op(f"region.end {self.u.id}")
+        macs = oh * ow * oc * c * kh * n.weight.shape[3]
+        return _Stats(macs, steps).finish(low, e, work)
+
+    def _fill(self, at, nbytes: int, reg: bool = False):
+        """Write the pad value over ``nbytes`` bytes at ``at`` (an offset, or a
+        register holding it)."""
+        e, fill = self.e, self.n.pad_value
+        for name, v in (("clip_lo", fill), ("clip_hi", fill), ("in_stride", 0),
+                        ("out_stride", 0)):
+            e.set_cfg(name, v)
+        rows, row = transfers(nbytes)[0][1:] if len(transfers(nbytes)) == 1 \
+            else (nbytes // MAX_ROW_BYTES, MAX_ROW_BYTES)
+        if rows * row != nbytes or rows > 4096:
+            raise CompileError(f"a pad fill of {nbytes} bytes is not one vector operation")
+        r = at if reg else e.reg(at)
+        e.compute(f"vclip {P_WORK}, {r}, {P_WORK}, {r}, {rows}, {row}")
