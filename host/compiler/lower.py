@@ -695,12 +695,14 @@ class Lowering:
                                y_off + (b * oh + r0) * ow * oc, chain, cols)
         return bn * oh * ow * oc * c * kh * kw
 
-    def conv_chain(self, n: QConv, part: str, wp: int, nr: int, ow: int, x_at, regs):
+    def conv_chain(self, n: QConv, part: str, wp: int, nr: int, ow: int, x_at, regs,
+                   xq: str | None = None):
         """The chain of one output-column tile of a convolution: ``nr`` output rows
         of ``ow`` positions, one per pass of a hardware loop, each every reduction
         tile (a ``wload`` and a ``gemm`` of ``ow`` rows). The input window rows
         start at ``x_at`` (an offset, or ``(register, offset)``), padded rows
-        ``wp`` pixels wide."""
+        ``wp`` pixels wide. With a fourth register ``xq`` the full reduction
+        tiles of each kernel row run in a hardware loop (a shorter program)."""
         cfg, e = self.config, self.e
         oc, c, kh, kw = n.weight.shape
         sh = n.strides[0]
@@ -710,6 +712,36 @@ class Lowering:
         # input row further down; within it, (kw, c) bytes are contiguous.
         rel = [(r0 // red) * wp * c + r0 % red for r0, _ in tiles]
         wo, xo, ao = regs
+
+        def unrolled(n_j, first, last):
+            for i in range(first, last):
+                k_t, off = tiles[i][1], rel[i]
+                e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
+                mode = "accumulate" if i else "overwrite"
+                e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {ow}, swap=1, off={off}")
+                if i < len(tiles) - 1:
+                    e.op(f"addi {wo}, {wo}, {k_t * n_j}")
+
+        def looped(n_j):
+            per_row = len(tiles) // kh
+            for r in range(kh):
+                first, last = r * per_row, (r + 1) * per_row
+                if r == 0:  # the overwriting tile
+                    unrolled(n_j, 0, 1)
+                    first = 1
+                full = [i for i in range(first, last) if tiles[i][1] == cfg.rows]
+                if len(full) < 2:
+                    unrolled(n_j, first, last)
+                    continue
+                e.op(f"addi {xq}, {xo}, {rel[full[0]]}")
+                end = e.new_label("red")
+                e.op(f"loop {len(full)}, {end}")
+                e.compute(f"wload {part}, {wo}, {cfg.rows}, {n_j}")
+                e.compute(f"gemm.accumulate {P_WORK}, {xq}, {ao}, {ow}, swap=1")
+                e.op(f"addi {wo}, {wo}, {cfg.rows * n_j}")
+                e.op(f"addi {xq}, {xq}, {cfg.rows}")
+                e.loop_end(end)
+                unrolled(n_j, full[-1] + 1, last)
 
         def chain(wj, aj, n_j):
             # One output row (ow positions) per iteration: every reduction tile.
@@ -722,12 +754,10 @@ class Lowering:
             if end:
                 e.op(f"loop {nr}, {end}")
             e.op(f"addi {wo}, {wj}, 0")
-            for i, ((_, k_t), off) in enumerate(zip(tiles, rel, strict=True)):
-                e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
-                mode = "accumulate" if i else "overwrite"
-                e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {ow}, swap=1, off={off}")
-                if i < len(tiles) - 1:
-                    e.op(f"addi {wo}, {wo}, {k_t * n_j}")
+            if xq is None:
+                unrolled(n_j, 0, len(tiles))
+            else:
+                looped(n_j)
             e.op(f"addi {xo}, {xo}, {sh * wp * c}")
             e.op(f"addi {ao}, {ao}, {ow}")
             if end:
