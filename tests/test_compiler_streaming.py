@@ -1,0 +1,152 @@
+"""Streaming lowering (host/compiler/stream.py): GEMM weights and convolution
+images that do not fit the scratchpad stream through it in double-buffered
+steps, the uniform ones in one hardware loop.
+
+Every program runs on the golden NPU through the runtime (``Session(check=True)``:
+bit for bit against the reference interpreter), with balanced token channels and
+no races between the queues (tests/test_compiler_tiling.py's checks).
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from firmware.config import CONFIGS
+from host.builder import GraphBuilder
+from host.compiler import CompileError, compile_model
+from host.compiler.stream import pipeline, transfers
+from test_compiler_tiling import run_checked
+from verif.mlperf_shapes import fc_autoencoder, resnet8_convs, streamed_gemm
+
+SMALL, DEFAULT = CONFIGS["small"], CONFIGS["default"]
+
+
+def steps(model) -> list:
+    return [u.resources.get("streamed_steps") for u in model.units]
+
+
+def test_streamed_gemm_runs_in_a_hardware_loop(seed):
+    rng = np.random.default_rng(seed)
+    model = run_checked(streamed_gemm(seed), SMALL, rng)
+    (n,) = steps(model)
+    assert n >= 4
+    assert "loop " in model.source and "steps_" in model.source
+    # The program does not grow with the step count (only the last, partial step's
+    # shape changes its code).
+    sizes = {}
+    for cols in (256, 512, 1024):
+        wide = compile_model(streamed_gemm(seed, n=cols), SMALL)
+        assert steps(wide)[0] > n
+        sizes[cols] = wide.instructions
+    assert max(sizes.values()) <= model.instructions, sizes
+
+
+def test_fc_autoencoder_streams_on_the_default_profile(seed):
+    rng = np.random.default_rng(seed)
+    model = run_checked(fc_autoencoder(seed), DEFAULT, rng, runs=1)
+    assert model.instructions <= DEFAULT.imem_depth
+    first, *_, last = steps(model)
+    assert first and last  # the 640-wide layers stream their weights
+
+
+@pytest.mark.slow
+def test_fc_autoencoder_on_the_small_profile(seed):
+    """Every layer compiles on the small NPU; the whole model needs a 1024-deep bank."""
+    rng = np.random.default_rng(seed)
+    model = run_checked(fc_autoencoder(seed), dataclasses.replace(SMALL, imem_depth=1024),
+                        rng, runs=1)
+    assert all(steps(model)[i] for i in (0, 1, 2, 3, 6, 7, 8, 9))
+
+
+def conv_graph(rng, c, h, w, oc, pads, strides):
+    b = GraphBuilder("conv")
+    x = b.input("x", (1, c, h, w), scale=0.05, zp=int(rng.integers(-20, 20)))
+    y = b.qconv(x, rng.integers(-128, 128, (oc, c, 3, 3), dtype=np.int8),
+                rng.integers(-2000, 2000, oc), pads=pads, strides=strides, w_scale=0.002,
+                out_scale=0.05, out_zp=-3, relu=True)
+    b.output(y, "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("geom", [
+    (16, 32, 32, 16, (1, 1, 1, 1), (1, 1)),  # ResNet-8's first stage
+    (16, 32, 32, 16, (0, 0, 0, 0), (1, 1)),  # no halo padding
+    (16, 32, 32, 32, (1, 1, 1, 1), (2, 2)),  # strided, a stage boundary
+    (5, 40, 37, 12, (2, 1, 0, 2), (1, 2)),  # uneven pads, partial bands and tiles
+], ids=["pad1", "pad0", "stride2", "uneven"])
+def test_convolution_streams_bands_with_halos(geom, seed):
+    rng = np.random.default_rng(seed)
+    model = run_checked(conv_graph(rng, *geom), SMALL, rng)
+    (n,) = steps(model)
+    assert n >= 2
+    assert model.instructions <= SMALL.imem_depth
+
+
+def test_resnet8_stack_on_the_default_profile(seed):
+    rng = np.random.default_rng(seed)
+    run_checked(resnet8_convs(seed), DEFAULT, rng, runs=1)
+
+
+@pytest.mark.slow
+def test_resnet8_stack_on_the_small_profile(seed):
+    rng = np.random.default_rng(seed)
+    model = run_checked(resnet8_convs(seed), dataclasses.replace(SMALL, imem_depth=1024),
+                        rng, runs=1)
+    assert steps(model)[1] and steps(model)[2]
+
+
+def test_a_column_tile_larger_than_half_the_room_is_refused():
+    # K = 4000: one 4-column tile holds 16 KB of weights, more than the small NPU has.
+    with pytest.raises(CompileError, match="splitting the reduction"):
+        compile_model(streamed_gemm(0, k=4000, n=8), SMALL)
+
+
+@pytest.mark.parametrize("nbytes", [1, 4096, 5152, 4097 * 3, 256 * 4096 + 7])
+def test_transfers_cover_the_bytes(nbytes):
+    parts = transfers(nbytes)
+    assert sum(rows * row for _, rows, row in parts) == nbytes
+    assert all(rows <= 256 and row <= 4096 for _, rows, row in parts)
+    at = 0
+    for off, rows, row in parts:
+        assert off == at
+        at += rows * row
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_pipeline_balances_tokens_and_loops_uniform_steps(n):
+    log = []
+
+    class E:
+        def forget(self):
+            log.append("forget")
+
+        def new_label(self, stem):
+            return stem
+
+        def op(self, text):
+            log.append(text)
+
+        def loop_end(self, label):
+            log.append("end")
+
+    pipeline(E(), n, lambda s, pop: log.append(("load", s, pop)),
+             lambda s, push: log.append(("compute", s, push)),
+             lambda: None, lambda: None, lambda s: True)
+    loads = [x for x in log if x[0] == "load"]
+    computes = [x for x in log if x[0] == "compute"]
+    pushes = sum(1 for x in computes if x[2])
+    pops = sum(1 for x in loads if x[2] == "next")
+    assert pushes == pops  # compute>load
+    looped = n - 2 if n >= 4 else 0
+    assert sum(1 for x in log if isinstance(x, str) and x.startswith("loop")) == (looped > 0)
+    assert len(computes) == n - max(0, looped - 1)
+
+
+@pytest.mark.rtl
+def test_streamed_gemm_on_the_rtl(seed):
+    """The weights stream through the small NPU under Verilator: results, exact
+    counters, trace and cycles equal the golden model's, cold and warm."""
+    from verif.rtl_device import run_scenario
+
+    run_scenario("verif.mlperf_shapes:streamed_gemm_vs_golden", "small", seed=seed)
