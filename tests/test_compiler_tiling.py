@@ -228,9 +228,11 @@ def test_refuses_a_row_wider_than_the_scratchpad():
         compile_model(b.build(), SMALL)
 
 
-def test_refuses_a_convolution_larger_than_the_scratchpad(seed):
+def test_refuses_a_max_pool_larger_than_the_scratchpad(seed):
+    # The convolution streams its image in bands (tests/test_compiler_streaming.py);
+    # the max-pool after it does not stream.
     rng = np.random.default_rng(seed)
-    with pytest.raises(CompileError, match=r"scratchpad.*QConv .* does not work on "
+    with pytest.raises(CompileError, match=r"scratchpad.*MaxPool .* does not work on "
                                            r"independent rows"):
         compile_model(conv_graph(rng, 8, 40, 40, 8, (4, 4)), SMALL)
 

@@ -220,22 +220,34 @@ class Lowering:
         once). Otherwise its rows are split into M tiles streamed through the
         working partition (:meth:`_unit_tiled`), or a GEMM's weights or a
         convolution's image stream through it (:mod:`.stream`); a unit that
-        cannot be split raises :class:`CompileError` saying why.
+        cannot be split raises :class:`CompileError` saying why. A GEMM whose
+        weights are not resident and larger than :data:`STREAM_BYTES` streams
+        them even when they would fit: their loads then overlap its compute.
         """
+        from .stream import STREAM_BYTES, NotStreamable, stream_unit, streamable  # needs us
+
         checkpoint = self.e.checkpoint()
+        blob = self.place.blobs.get(u.nodes[0].name)
+        if streamable(u) and isinstance(u.nodes[0], QGemm) and not blob.slot \
+                and len(blob.data) > STREAM_BYTES:
+            try:
+                return stream_unit(self, u, CompileError("weights stream"))
+            except CompileError:
+                self.e.rollback(checkpoint)
         try:
             return self._unit_whole(u)
         except TooBig as err:
             self.e.rollback(checkpoint)
             try:
                 return self._unit_tiled(u, err)
-            except CompileError:
-                from .stream import stream_unit, streamable  # it builds on this module
-
+            except CompileError as tiled:
                 if not streamable(u):
                     raise
                 self.e.rollback(checkpoint)
-                return stream_unit(self, u, err)
+                try:
+                    return stream_unit(self, u, err)
+                except NotStreamable:
+                    raise tiled from None
 
     def _reset(self):
         self.sp: dict[str, int] = {}

@@ -32,6 +32,7 @@ from .lower import align, ceil_div
 # r3 selects the segment only at the program's entry; r4..r7, r14, r15 hold
 # vargmax results when a model has them.
 PIPE_REGS = ("r3", "r4", "r5", "r6", "r7", "r14", "r15")
+STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
 
 
 def pipe_regs(e, count: int, what: str) -> list[str]:
@@ -120,6 +121,10 @@ class _Stats:
                 "streamed_steps": self.steps, "work": e.work.since(work)}
 
 
+class NotStreamable(CompileError):
+    """Streaming would not help this unit (another way's refusal says more)."""
+
+
 def streamable(u) -> bool:
     return len(u.nodes) == 1 and isinstance(u.nodes[0], (QGemm, QConv))
 
@@ -133,6 +138,8 @@ def stream_unit(low, u, why: CompileError) -> dict:
         if isinstance(n, QGemm):
             return _GemmStream(low, u, n).emit()
         return _ConvStream(low, u, n).emit()
+    except NotStreamable:
+        raise
     except CompileError as err:
         raise low._refuse(why, f"streaming: {err}") from None
 
@@ -152,7 +159,7 @@ class _GemmStream:
         x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
         m = low.tensor[x].size // k
         if blob.slot:
-            raise CompileError("its weights are resident and its rows do not fit")
+            raise NotStreamable("its weights are resident: its rows do not fit")
         if m > min(cfg.acc_rows, 4096):
             raise CompileError(f"{m} rows with streamed weights exceed the "
                                f"{min(cfg.acc_rows, 4096)} accumulator rows (not built: "
@@ -164,7 +171,8 @@ class _GemmStream:
         try:
             x_off, y_off = low.out(x), low.out(y)
             room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
-            g = min(ncol, room // js)
+            # At least four steps where the columns allow: loads overlap compute.
+            g = min(ncol, room // js, max(1, ceil_div(ncol, 4)))
             if g < 1:
                 raise CompileError(f"one output-column tile of {n.name} ({js} bytes) "
                                    f"exceeds half the {2 * room} bytes left (not built: "

@@ -1,0 +1,62 @@
+"""Streamed layers at MLPerf Tiny sizes on the golden model (cycle-exact with the RTL).
+
+The FC autoencoder's dense stack and a ResNet-8 first stage (verif/mlperf_shapes.py)
+compiled for the default NPU, and for the small one with a 1024-deep instruction
+bank (their programs exceed its 512): warm cycles per inference (weights that fit
+stay resident), MAC utilization against the array's peak, DRAM bytes, program size,
+and how many layers stream. Run: ``make bench-tiling``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from bench.common import report
+from firmware.config import CONFIGS
+from host.compiler import compile_model
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.runtime import Session
+from verif.mlperf_shapes import fc_autoencoder, resnet8_convs
+
+PROFILES = {
+    "default": CONFIGS["default"],
+    "small_1024": dataclasses.replace(CONFIGS["small"], imem_depth=1024),
+}
+
+
+def measure(graph, config) -> dict:
+    model = compile_model(graph, config)
+    s = Session(NPUDriver(GoldenDevice(config)), model, check=True)
+    s.load()
+    x = {n: np.random.default_rng(0).integers(-128, 128, graph.tensors[n].shape,
+                                              dtype=np.int8) for n in graph.inputs}
+    s.run(x)  # cold: resident weights load
+    r = s.run(x)
+    macs = r.counters["macs"]
+    peak = config.peak_macs_per_cycle
+    return {
+        "cycles": r.cycles,
+        "macs": macs,
+        "mac_utilization": macs / (r.cycles * peak),
+        "dram_read_bytes": r.counters["dram_read_bytes"],
+        "dram_bound_cycles": r.counters["dram_read_bytes"] // config.bus_bytes,
+        "instructions": model.instructions,
+        "units_streamed": sum(1 for u in model.units if u.resources.get("streamed_steps")),
+        "units": len(model.units),
+    }
+
+
+def main():
+    figures = {}
+    for name, build in (("fc_autoencoder", fc_autoencoder), ("resnet8_stage1", resnet8_convs)):
+        graph = build()
+        for prof, config in PROFILES.items():
+            figures[f"{name} {prof}"] = measure(graph, config)
+    report("tiling", figures)
+
+
+if __name__ == "__main__":
+    main()
