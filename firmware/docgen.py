@@ -172,7 +172,8 @@ Parameters (`firmware.golden.CostModel`):
   `dispatch_queue` per load, compute or store instruction (its partition checks take
   a cycle of their own); a `br` costs `branch` more (its condition is registered
   a step before the checks) and a taken one `branch_taken` more. A full queue
-  (`queue_depth` entries) stalls dispatch. An idle queue starts an instruction
+  (`queue_depth` entries) stalls dispatch: the fire step waits for a slot, `fire_overlap`
+  cycles of the steps before it run meanwhile. An idle queue starts an instruction
   `queue_start` cycles after its dispatch began.
 * `load`/`store`: `load_latency`/`store_latency` + the bus beats of every row
   (`ceil((addr % bus + bytes) / bus)`); the queue's next transfer starts, and its
@@ -194,11 +195,16 @@ Parameters (`firmware.golden.CostModel`):
   `gemm_intake` after its queue could; results are ready after `m + rows + cols +
   array_stages + sp_read - 3`. A `swap=1` GEMM waits for the last `wload`.
 * Vector ops: `rows * ceil(n / cols) + vector_latency` cycles (`vadd_latency`,
-  `vbias_latency`, `vargmax_latency` for those; `vqtab n` takes
-  `ceil(8n / bus_bytes) + vqtab_latency`), starting `handoff` cycles after
-  the GEMMs before them have finished. A dispatch that reads the register of an
-  in-flight `vargmax` ends `reg_writeback` cycles after the `vargmax`.
-* A pop waits for the completion time of the instruction that pushed the token;
+  `vargmax_latency` for those; `vbias_latency` plus a cycle per `bus_bytes` window
+  of its `4n` bias bytes for `vbias`; `vqtab n` takes `ceil(8n / bus_bytes) +
+  vqtab_latency`), starting `handoff` cycles after the GEMMs before them have
+  finished; a `cfg` (the vector unit holds the registers) also waits for them. A
+  dispatch that reads the register of an in-flight `vargmax` ends `reg_writeback`
+  cycles after the `vargmax`.
+* A pop waits for the completion time of the instruction that pushed the token.
+  Compute instructions retire in program order, one a cycle, and push their tokens
+  then: `retire` after the end of a GEMM, `wload` or vector op (and of a `cfg`
+  that waited for the array), at the end of any other `cfg`;
   `end`, `sync`, `region` marks and `ptsel` wait for all queues to drain, `tinv`
   for the load queue (each ends `drain` cycles after the last completion).
 * Measured against the RTL (`test_golden_cost_model_is_exact` in

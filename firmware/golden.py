@@ -64,7 +64,7 @@ class CostModel:
     tag_check: int = 3  # ... and the load queue starts its next instruction this long after
     vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
     vadd_latency: int = 15  # ... for vadd (two source reads)
-    vbias_latency: int = 10  # ... for vbias (accumulators to accumulators, no scratchpad write)
+    vbias_latency: int = 6  # ... for vbias (accumulators to accumulators), plus its bias windows
     vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
     vqtab_latency: int = 6  # ... for vqtab (table words into the unit's registers)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
@@ -78,6 +78,8 @@ class CostModel:
     # reads' grants as the gemm's rows came: sp_read - 1 of it).
     array_exit: int = 3
     cfg: int = 1
+    fire_overlap: int = 2  # a dispatch into a full queue resumes this long before a slot frees
+    retire: int = 1  # an engine's completion to its compute instruction's retirement (tokens)
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
         return (addr % bus + nbytes + bus - 1) // bus
@@ -622,7 +624,9 @@ class Machine:
         base = self._sp_range(o["p"], offset, 4 * n)
         bias = self.sp[base: base + 4 * n].view("<i4").astype(np.int64)
         self.acc[acc, :n] = wrap32(self.acc[acc, :n].astype(np.int64) + bias[None, :])
-        return self._vec_cycles(mrows, n)
+        # The 4n bias bytes come first, one scratchpad window (bus_bytes, at any
+        # alignment) a cycle.
+        return self._vec_cycles(mrows, n) + -(-4 * n // self.config.bus_bytes)
 
     def _op_vreq(self, o):
         mrows, n = o["m"], o["n"]
@@ -732,6 +736,7 @@ class _Timeline:
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
+        self.retired = 0  # when the compute queue's latest instruction retired
         self.stall = 0
         self._start = self._ready = 0  # of the queue instruction being dispatched
 
@@ -760,8 +765,9 @@ class _Timeline:
     def begin(self, queue: Queue, tokens: Token, channels):
         q = queue.value
         starts = self.starts[q]
-        if len(starts) >= self.config.queue_depth:  # queue full: dispatch waits
-            self._wait(starts.popleft())
+        if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
+            # (the steps before it ran meanwhile)
+            self._wait(starts.popleft() - self.cost.fire_overlap)
         ready = self.now + self.cost.queue_start
         for flag in (Token.POP_PREV, Token.POP_NEXT):
             if tokens & flag:
@@ -776,6 +782,7 @@ class _Timeline:
     def complete(self, queue: Queue, ins: isa.Instr, cycles: int | tuple, channels):
         q, m, c = queue.value, ins.mnemonic, self.cost
         start = self._start
+        late = False
         if m == "gemm":
             start = max(start, self._ready + c.gemm_intake)
             if ins.ops["swap"]:
@@ -786,6 +793,11 @@ class _Timeline:
         elif m == "wload":
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken
+        elif m == "cfg":  # the vector unit holds the cfg registers: it waits for the array
+            after_array = self.array_done + c.handoff
+            late = after_array >= start  # its completion then reaches the queue later
+            start = max(start, after_array)
+            issue = latency = cycles
         elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax", "vqtab"):
             start = max(start, self.array_done + c.handoff)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
@@ -813,10 +825,16 @@ class _Timeline:
             self.wload_released = end - (c.sp_read - 1)
         elif m == "vargmax":
             self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
+        token = end + (c.dma_gap if q in ("load", "store") else 0)
+        if q == "compute":
+            # Compute instructions retire in program order, one a cycle; an engine's
+            # completion reaches the queue a cycle after its end (a cfg's at once).
+            slow = m != "cfg" or late
+            token = max(end + slow * c.retire, self.retired + 1)
+            self.retired = token
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
-                channels[isa.token_channel(queue, flag)].append(
-                    end + (c.dma_gap if q in ("load", "store") else 0))
+                channels[isa.token_channel(queue, flag)].append(token)
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:
         """Start and latency of a ``k``-row wload that its queue could start at ``start``."""

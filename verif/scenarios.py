@@ -654,6 +654,20 @@ COST_PROGRAMS = {
     "compute>load token": "cfg.qshift 9, push=prev\nload p0, r0, r0, r0, 1, 8, pop=next\n",
     "compute>store token": "cfg.qshift 9, push=next\nstore p0, r0, r0, r0, 1, 8, pop=prev\n",
     "store>compute token": "store p0, r0, r0, r0, 1, 8, push=prev\ncfg.qshift 9, pop=next\n",
+    # tokens from engines arrive as their instructions retire, in program order
+    "vreq>load token": "vreq p3, r0, r0, 8, 8, push=prev\nload p0, r0, r0, r0, 1, 8, pop=next\n",
+    "vreq, cfg>store token": "vreq p3, r0, r0, 8, 8\ncfg.qshift 9, push=next\n"
+                             "store p0, r0, r0, r0, 1, 8, pop=prev\n",
+    "gemm>load token": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1, push=prev\n" + LOAD[:-1]
+                       + ", pop=next\n",
+    "gemm, cfg": WLOAD + _gemm(8) + "cfg.qshift 9\n",  # the cfg waits for the array
+    "gemm, cfg>load token": WLOAD + _gemm(8) + "cfg.qshift 9, push=prev\n" + LOAD[:-1]
+                            + ", pop=next\n",
+    "vbias, 3 columns": "vbias p2, r0, r0, 3, 3\n",  # fewer bias windows
+    "vbias, unaligned": "li r9, 12\nvbias p2, r9, r0, 2, 5\n",
+    # the queue fills while its head waits for a token
+    "full queue": "load p0, r0, r0, r0, 2, 512, push=next\ncfg.qshift 9, pop=prev\n"
+                  + "cfg.qshift 9\n" * 16,
 }
 
 
