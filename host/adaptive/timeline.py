@@ -26,9 +26,13 @@ from ..runtime import Session
 def zero_inputs(model: CompiledModel) -> dict:
     """Every graph input of ``model`` as zeros, in the dtype the runtime takes."""
     g = model.graph
-    return {name: np.zeros(g.tensors[name].shape,
-                           np.uint8 if g.tensors[name].io_dtype == "uint8" else np.float32)
-            for name in g.inputs}
+
+    def dtype(t):
+        if t.io_dtype == "uint8":
+            return np.uint8
+        return np.int8 if t.dtype == "int8" else np.float32  # int8 in: int8 values
+
+    return {name: np.zeros(g.tensors[name].shape, dtype(g.tensors[name])) for name in g.inputs}
 
 
 def timeline_cycles(model: CompiledModel) -> dict[int, float]:

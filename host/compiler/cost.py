@@ -10,7 +10,9 @@ their tags): DRAM bytes exactly, and cycles
   against the RTL; :mod:`host.adaptive.timeline`), plus a refitted extra latency
   per DMA transfer for a device whose memory is slower than the simulation's;
 * otherwise as a linear function of the work whose initial coefficients come
-  from the hardware profile (bus width, array size).
+  from the hardware profile (bus width, array size). A streamed unit
+  (:mod:`host.compiler.stream`) moves its data while it computes: its DMA terms
+  and its compute terms overlap, so it costs the larger of the two.
 
 :meth:`CostModel.fit` refits both on measured region cycles.
 """
@@ -26,6 +28,7 @@ from firmware.config import NPUConfig
 # Features of the cycle model, computed from a unit's work (warm: tags hit).
 TERMS = ("fixed", "instructions", "transfers", "dma_beats", "wload_rows", "gemm_rows",
          "gemms", "vector_ops", "vector_beats")
+DMA_TERMS = ("transfers", "dma_beats")  # what a streamed unit overlaps with the rest
 
 
 def warm_dram_bytes(work: dict) -> tuple[int, int]:
@@ -39,6 +42,7 @@ def features(work: dict, config: NPUConfig) -> dict:
     read, write = warm_dram_bytes(work)
     return {
         "timeline": work.get("timeline"),
+        "streamed": bool(work.get("streamed")),
         "fixed": 1,
         "instructions": work["instructions"],
         "transfers": work["loads"] + work["stores"],
@@ -94,6 +98,10 @@ class CostModel:
     def _predict(self, f: dict) -> float:
         if f["timeline"] is not None:
             return max(0.0, f["timeline"] + self.transfer_extra * f["transfers"])
+        if f["streamed"]:
+            dma = sum(self.coef[t] * f[t] for t in DMA_TERMS)
+            rest = sum(self.coef[t] * f[t] for t in TERMS if t not in DMA_TERMS)
+            return max(0.0, float(max(dma, rest)))
         return max(0.0, float(sum(self.coef[t] * f[t] for t in TERMS)))
 
     def observe(self, work: dict, cycles: int, cold: bool = False):
@@ -121,7 +129,8 @@ class CostModel:
             t = np.array([f["transfers"] for f, _ in timed], dtype=float)
             gap = np.array([c - f["timeline"] for f, c in timed], dtype=float)
             self.transfer_extra = float(t @ gap / (t @ t + ridge * max(len(t), 1)))
-        self._fit_linear(self.samples, ridge)
+        self._fit_linear([(f, c) for f, c in self.samples if not f["streamed"]] or
+                         self.samples, ridge)
         return self.error()
 
     def calibrate(self, model, ridge: float = 1e-3) -> None:
@@ -131,11 +140,13 @@ class CostModel:
         from their neighbours' golden cycles rather than the profile's rough guesses."""
         works = (r.resources["work"] for r in model.regions.values() if "work" in r.resources)
         timed = [(features(w, self.config), w["timeline"]) for w in works
-                 if w.get("timeline") is not None]
+                 if w.get("timeline") is not None and not w.get("streamed")]
         if timed:
             self._fit_linear(timed, ridge)
 
     def _fit_linear(self, samples, ridge: float) -> None:
+        """Refit the coefficients on (features, cycles) of units whose terms add up
+        (streamed units overlap theirs and are left to the other units)."""
         x = np.array([[f[t] for t in TERMS] for f, _ in samples], dtype=float)
         y = np.array([c for _, c in samples], dtype=float)
         prior = np.array([self.coef[t] for t in TERMS])

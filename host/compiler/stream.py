@@ -45,16 +45,18 @@ def pipe_regs(e, count: int, what: str) -> list[str]:
     return free[:count]
 
 
-def pipeline(e, n: int, load, compute, toggle, advance, same):
+def pipeline(e, n: int, load, compute, toggle, advance, same, same_tail=lambda s: False):
     """Emit ``n`` double-buffered steps.
 
     ``load(s, pop)`` emits step ``s``'s loads (the first pops ``pop``, the last
     pushes a token to compute); ``compute(s, push)`` emits its compute (the first
     instruction pops that token; with ``push`` the step ends by releasing its
     buffer to the load queue); ``toggle()`` switches the buffer register to the
-    other buffer, ``advance()`` steps the compute's registers to the next step. ``same(s)`` says that step ``s``'s compute and step ``s + 2``'s
-    load emit the code any other such step emits: runs of them become one
-    hardware loop.
+    other buffer, ``advance()`` steps the compute's registers to the next step.
+    ``same(s)`` says that step ``s``'s compute and step ``s + 2``'s load emit the
+    code any other such step emits: runs of them become one hardware loop.
+    ``same_tail(s)`` says the last two steps' computes (``s = n - 2``) emit the
+    same code: they run in a loop of two.
 
     Program order: load 0, load 1, then per step ``s``: compute ``s``, load
     ``s + 2`` (which pops the token compute ``s`` pushed: it writes the buffer
@@ -77,16 +79,12 @@ def pipeline(e, n: int, load, compute, toggle, advance, same):
     s = 0
     while s < n:
         if s == start and length >= 2:
-            e.forget()  # the body's code must not rely on what the first pass set
-            end = e.new_label("steps")
-            e.op(f"loop {length}, {end}")
-            compute(s, True)
-            load(s + 2, "next")
-            toggle()
-            advance()
-            e.loop_end(end)
-            s += length
+            s = _looped(e, length, lambda: (compute(s, True), load(s + 2, "next")),
+                        toggle, advance) + s
             continue
+        if s == n - 2 and same_tail(s):
+            _looped(e, 2, lambda: compute(s, False), toggle, advance)
+            break
         compute(s, s + 2 < n)
         if s + 2 < n:
             load(s + 2, "next")
@@ -94,6 +92,18 @@ def pipeline(e, n: int, load, compute, toggle, advance, same):
             toggle()
             advance()
         s += 1
+
+
+def _looped(e, count: int, body, toggle, advance) -> int:
+    """``count`` passes of ``body`` and the register steps in a hardware loop."""
+    e.forget()  # the body's code must not rely on what the first pass set
+    end = e.new_label("steps")
+    e.op(f"loop {count}, {end}")
+    body()
+    toggle()
+    advance()
+    e.loop_end(end)
+    return count
 
 
 def transfers(nbytes: int) -> list[tuple[int, int, int]]:
@@ -118,7 +128,8 @@ class _Stats:
 
     def finish(self, low, e, work) -> dict:
         return {"macs": self.macs, "scratchpad_bytes": low._top, "m_tiles": 1,
-                "streamed_steps": self.steps, "work": e.work.since(work)}
+                "streamed_steps": self.steps,
+                "work": {**e.work.since(work), "streamed": self.steps}}
 
 
 class NotStreamable(CompileError):
@@ -177,6 +188,8 @@ class _GemmStream:
                 raise CompileError(f"one output-column tile of {n.name} ({js} bytes) "
                                    f"exceeds half the {2 * room} bytes left (not built: "
                                    "splitting the reduction into streamed pieces)")
+            # Equal groups where a divisor comes close: every step the same code.
+            g = next((d for d in range(g, (g + 1) // 2 - 1, -1) if ncol % d == 0), g)
             pieces = []
             for j0 in range(0, ncol, g):
                 start = blob.tiles[(j0, 0)]
@@ -225,7 +238,11 @@ class _GemmStream:
             return pieces[s][1] == g and pieces[s + 2][3] == pieces[0][3] \
                 if s + 2 < steps else False
 
-        pipeline(e, steps, load, compute, toggle, advance, same)
+        def same_tail(s):
+            return pieces[s][1] == pieces[s + 1][1] == g and \
+                min(g * cfg.cols, nn - pieces[s + 1][0] * cfg.cols) == g * cfg.cols
+
+        pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
         e.push_after_last_compute("next")
         low._store_tensor(y)
         e.op(f"region.end {self.u.id}")
