@@ -623,10 +623,13 @@ class Lowering:
         if rem:
             one(full, rem)
 
-    def gemm_chain(self, part: str, k: int, m: int, x_off: int, wo: str, xt: str):
+    def gemm_chain(self, part: str, k: int, m: int, x_off: int, wo: str, xt: str,
+                   unroll: int = 1):
         """The GEMM chain of one output-column tile: a function of (weight register,
         accumulator register, columns) emitting every reduction tile's ``wload`` and
-        ``gemm`` of ``m`` rows read at ``x_off`` in the working area."""
+        ``gemm`` of ``m`` rows read at ``x_off`` in the working area. The loop over
+        full reduction tiles runs ``unroll`` tiles a pass (immediate offsets),
+        where the ``wload`` offsets allow: fewer instructions to dispatch."""
         cfg, e = self.config, self.e
         tiles = gemm_tiles(k, cfg.rows)
 
@@ -639,23 +642,30 @@ class Lowering:
             e.op(f"addi {wo}, {wj}, {k0 * n_j}")
             e.op(f"li {xt}, {x_off + tiles[1][0]}")
             uniform = [t for t in tiles[1:] if t[1] == cfg.rows]
-            body = [f"wload {part}, {wo}, {cfg.rows}, {n_j}",
-                    f"gemm.accumulate {P_WORK}, {xt}, {aj}, {m}, swap=1"]
-            steps = [f"addi {wo}, {wo}, {cfg.rows * n_j}", f"addi {xt}, {xt}, {cfg.rows}"]
-            if len(uniform) >= 2:
+            u = max(1, min(unroll, len(uniform) // 2, 256 // (cfg.rows * n_j)))
+
+            def body(count):
+                for i in range(count):
+                    wo_off = f", off={i * cfg.rows * n_j}" if i else ""
+                    x_imm = f", off={i * cfg.rows}" if i else ""
+                    e.compute(f"wload {part}, {wo}, {cfg.rows}, {n_j}{wo_off}")
+                    e.compute(f"gemm.accumulate {P_WORK}, {xt}, {aj}, {m}, swap=1{x_imm}")
+                e.op(f"addi {wo}, {wo}, {count * cfg.rows * n_j}")
+                e.op(f"addi {xt}, {xt}, {count * cfg.rows}")
+
+            passes, left = divmod(len(uniform), u)
+            if passes >= 2:
                 end = e.new_label("k")
-                e.op(f"loop {len(uniform)}, {end}")
-                for ins in body:
-                    e.compute(ins)
-                for ins in steps:
-                    e.op(ins)
+                e.op(f"loop {passes}, {end}")
+                body(u)
                 e.loop_end(end)
             else:
-                for _ in uniform:
-                    for ins in body:
-                        e.compute(ins)
-                    for ins in steps:
-                        e.op(ins)
+                left += passes * u
+            if u > 1 and left:
+                body(left)
+            else:
+                for _ in range(left):
+                    body(1)
             if len(uniform) < len(tiles) - 1:  # a last, partial reduction tile
                 e.compute(f"wload {part}, {wo}, {tiles[-1][1]}, {n_j}")
                 e.compute(f"gemm.accumulate {P_WORK}, {xt}, {aj}, {m}, swap=1")

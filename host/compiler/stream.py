@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..ir import QConv, QGemm
 from .lower import ALIGN, MAX_ROW_BYTES, MAX_ROWS, P_WEIGHTS, P_WORK, CompileError, TooBig
-from .lower import align, ceil_div
+from .lower import align, ceil_div, gemm_tiles
 
 # Registers a streamed unit steps (never the scratch registers the operators own).
 # r3 selects the segment only at the program's entry; r4..r7, r14, r15 hold
@@ -190,10 +190,16 @@ class _GemmStream:
                                    "splitting the reduction into streamed pieces)")
             # Equal groups where a divisor comes close: every step the same code.
             g = next((d for d in range(g, (g + 1) // 2 - 1, -1) if ncol % d == 0), g)
+            # The last column tile ends where its content does (the blob is padded
+            # to whole DMA rows after it).
+            last, red = ncol - 1, gemm_tiles(k, cfg.rows)
+            n_last = nn - last * cfg.cols
+            data_end = align(blob.bias[last] + 4 * n_last if blob.bias else
+                             blob.tiles[(last, len(red) - 1)] + red[-1][1] * n_last, 4)
             pieces = []
             for j0 in range(0, ncol, g):
                 start = blob.tiles[(j0, 0)]
-                end = blob.tiles[(j0 + g, 0)] if j0 + g < ncol else len(blob.data)
+                end = blob.tiles[(j0 + g, 0)] if j0 + g < ncol else data_end
                 pieces.append((j0, min(g, ncol - j0), start, end - start))
             size = max(p[3] for p in pieces)
             bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(2)]
@@ -222,7 +228,7 @@ class _GemmStream:
             cols = min(gj * cfg.cols, nn - j0 * cfg.cols)
             e.pop_next_compute("prev")
             wo, xt, *regs = e.scratch(5)
-            chain = low.gemm_chain(P_WORK, k, m, x_off, wo, xt)
+            chain = low.gemm_chain(P_WORK, k, m, x_off, wo, xt, unroll=4)
             low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols, m, (yreg, 0), chain, regs,
                               j0=j0)
             if push:
