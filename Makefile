@@ -38,6 +38,7 @@ help:
 	@echo "make bench-adaptive  moe over a phase-shifting stream: unfused vs static vs adaptive (adaptive.json, .png)"
 	@echo "make bench-models    every bundled and MLPerf Tiny model on the golden NPU vs its roofline (models.json; ARGS=--rtl adds Verilator)"
 	@echo "make bench-soak      10,000 golden runs and 1,000 swaps with random bus faults (soak.json)"
+	@echo "make bench-tiling    streamed layers at MLPerf Tiny sizes: cycles, MAC utilization (tiling.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)

@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from test_compiler_tiling import race_free
 
 from firmware.config import CONFIGS
 from host.builder import GraphBuilder
@@ -20,7 +21,6 @@ from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.reference import run_reference
 from host.runtime import Session
-from test_compiler_tiling import race_free
 from verif.mlperf_shapes import fc_autoencoder, resnet8_convs, streamed_gemm
 
 SMALL, DEFAULT = CONFIGS["small"], CONFIGS["default"]

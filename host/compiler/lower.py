@@ -23,10 +23,12 @@ A unit that does not fit at once (working partition, accumulator rows, 4096
 ``gemm`` rows) is emitted again as M tiles when its nodes work on independent
 rows (GEMMs, element-wise adds and clips): tiles of rows stream through double
 buffers, every node of the unit runs on a tile before the next (fused
-intermediates stay on chip), weights are loaded once. The tiles are unrolled
-(tokens never sit in a hardware loop), so a long M costs instructions. A
-convolution keeps its tensors on chip whole and runs its output rows in groups
-that fit the accumulators. Units that fit are emitted exactly as before.
+intermediates stay on chip), weights are loaded once. The tiles are unrolled,
+so a long M costs instructions. A convolution that fits runs its output rows in
+groups that fit the accumulators. A GEMM or convolution that neither fits nor
+splits into M tiles streams its weights or its image in double-buffered steps,
+the uniform ones in one hardware loop (:mod:`.stream`). Units that fit are
+emitted exactly as before.
 """
 
 from __future__ import annotations
@@ -673,7 +675,7 @@ class Lowering:
         return chain
 
     def qgemm(self, n: QGemm) -> int:
-        cfg, e = self.config, self.e
+        e = self.e
         k, nn = n.weight.shape
         m = self.size(n.inputs[0]) // k
         if m > 4096:

@@ -25,8 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import QConv, QGemm
-from .lower import ALIGN, MAX_ROW_BYTES, MAX_ROWS, P_WEIGHTS, P_WORK, CompileError, TooBig
-from .lower import align, ceil_div, gemm_tiles
+from .lower import (
+    ALIGN,
+    MAX_ROW_BYTES,
+    MAX_ROWS,
+    P_WORK,
+    CompileError,
+    TooBig,
+    align,
+    ceil_div,
+    gemm_tiles,
+)
 
 # Registers a streamed unit steps (never the scratch registers the operators own).
 # r3 selects the segment only at the program's entry; r4..r7, r14, r15 hold
@@ -79,11 +88,11 @@ def pipeline(e, n: int, load, compute, toggle, advance, same, same_tail=lambda s
     s = 0
     while s < n:
         if s == start and length >= 2:
-            s = _looped(e, length, lambda: (compute(s, True), load(s + 2, "next")),
-                        toggle, advance) + s
+            s += _looped(e, length, lambda s=s: (compute(s, True), load(s + 2, "next")),
+                         toggle, advance)
             continue
         if s == n - 2 and same_tail(s):
-            _looped(e, 2, lambda: compute(s, False), toggle, advance)
+            _looped(e, 2, lambda s=s: compute(s, False), toggle, advance)
             break
         compute(s, s + 2 < n)
         if s + 2 < n:
