@@ -6,8 +6,9 @@ hold. :func:`check_fits` bounds the program from below in one pass over the
 nodes, from the limits every lowering obeys:
 
 * one ``gemm`` fills at most ``min(acc_rows, 4096)`` accumulator rows, and each
-  such M tile of a GEMM (each group of output rows of a convolution) needs at
-  least a ``wload``, a ``gemm`` and a ``vreq``;
+  such M tile of a GEMM (each group of output rows of a batch of images'
+  convolution) needs at least a ``wload``, a ``gemm`` and a ``vreq``; one image's
+  convolution may stream its bands in one loop, so it needs at least those three;
 * every other NPU operator needs at least one instruction;
 * every tensor the NPU touches, and all of them together with the weights, must
   be addressable by the 32-bit DMA address registers.
@@ -105,8 +106,10 @@ def _node_instructions(n, scope: Graph, config: NPUConfig) -> int:
         if y is None or len(y.shape) != 4:
             return PER_TILE
         bn, _, oh, ow = (int(d) for d in y.shape)
-        if ow > config.acc_rows:
-            return PER_TILE  # refused by the lowering with its own message
+        if ow > config.acc_rows or bn == 1:
+            # refused by the lowering with its own message, or one image, which may
+            # stream its bands in one hardware loop (:mod:`.stream`)
+            return PER_TILE
         per = oh if oh * ow <= config.acc_rows else max(1, config.acc_rows // max(ow, 1))
         return PER_TILE * max(1, bn * -(-oh // per))
     if isinstance(n, MaxPool):
