@@ -51,6 +51,8 @@ ALIGN = 8
 WORK_LIMIT = 1 << 16  # working-area offsets travel in 16-bit immediates (gemm, vreq)
 MAX_ROW_BYTES = 4096  # load/store bytes per row, vector n
 MAX_ROWS = 256  # load/store rows
+LOOP_REGS = ("r15", "r14", "r7")  # for a convolution's reduction loop (not a result)
+LOOP_TILES = 8  # full reduction tiles per kernel row from which they loop
 
 
 class TooBig(CompileError):
@@ -712,9 +714,13 @@ class Lowering:
                                f"{cfg.acc_rows} accumulator rows", n.name)
         per = oh if oh * ow <= cfg.acc_rows else cfg.acc_rows // ow
         groups = [(b, r0, min(per, oh - r0)) for b in range(bn) for r0 in range(0, oh, per)]
+        # Long kernel rows (wide windows of many channels) loop over their
+        # reduction tiles when a register is free for it: a shorter program.
+        free = [r for r in LOOP_REGS if r not in e.result_regs.values()]
+        xq = free[0] if free and kw * c >= LOOP_TILES * cfg.rows else None
         for b, r0, nr in groups:
             chain = self.conv_chain(n, part, wp, nr, ow, xp + (b * hp + r0 * sh) * wp * c,
-                                    (wo, xo, ao))
+                                    (wo, xo, ao), xq)
             self._column_tiles(n, part, wsp, blob, oc, nr * ow,
                                y_off + (b * oh + r0) * ow * oc, chain, cols)
         return bn * oh * ow * oc * c * kh * kw
