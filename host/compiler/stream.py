@@ -367,7 +367,7 @@ class _ConvStream:
         for s in range(min(2, steps)):
             nominal, lo, _, _ = band(s)
             if lo > nominal:
-                self._fill(sets[s] + row0, (lo - nominal) * wp * c)
+                self._fill(sets[s] + row0, lo - nominal, wp * c)
 
         def load(s, pop):
             nominal, lo, hi, _ = band(s)
@@ -402,7 +402,7 @@ class _ConvStream:
                 e.pop_next_compute("next")
             if hi < nominal + hb:  # pad rows below the image
                 e.op(f"addi {obuf}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
-                self._fill(obuf, (nominal + hb - hi) * wp * c, reg=True)
+                self._fill(obuf, nominal + hb - hi, wp * c, reg=True)
             if pl + pr:  # the pad columns the wide rows' extra bytes landed in
                 for name, v in (("clip_lo", fill), ("clip_hi", fill),
                                 ("in_stride", wp * c), ("out_stride", wp * c)):
@@ -440,16 +440,12 @@ class _ConvStream:
         macs = oh * ow * oc * c * kh * n.weight.shape[3]
         return _Stats(macs, steps).finish(low, e, work)
 
-    def _fill(self, at, nbytes: int, reg: bool = False):
-        """Write the pad value over ``nbytes`` bytes at ``at`` (an offset, or a
-        register holding it)."""
+    def _fill(self, at, rows: int, row_bytes: int, reg: bool = False):
+        """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``at``
+        (an offset, or a register holding it)."""
         e, fill = self.e, self.n.pad_value
         for name, v in (("clip_lo", fill), ("clip_hi", fill), ("in_stride", 0),
                         ("out_stride", 0)):
             e.set_cfg(name, v)
-        rows, row = transfers(nbytes)[0][1:] if len(transfers(nbytes)) == 1 \
-            else (nbytes // MAX_ROW_BYTES, MAX_ROW_BYTES)
-        if rows * row != nbytes or rows > 4096:
-            raise CompileError(f"a pad fill of {nbytes} bytes is not one vector operation")
         r = at if reg else e.reg(at)
-        e.compute(f"vclip {P_WORK}, {r}, {P_WORK}, {r}, {rows}, {row}")
+        e.compute(f"vclip {P_WORK}, {r}, {P_WORK}, {r}, {rows}, {row_bytes}")
