@@ -175,3 +175,23 @@ def test_streamed_gemm_on_the_rtl(seed):
     from verif.rtl_device import run_scenario
 
     run_scenario("verif.mlperf_shapes:streamed_gemm_vs_golden", "small", seed=seed)
+
+
+def test_per_channel_scales_stream_with_their_weights(seed):
+    """Per-channel multipliers and shifts sit in each column tile's constants: a
+    streamed group brings them along (a partial last tile included), and a
+    streamed convolution loads its table with its weights."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("pc")
+    x = b.input("x", (1, 256), scale=0.05, zp=3)
+    y = b.qgemm(x, rng.integers(-128, 128, (256, 130), dtype=np.int8),
+                rng.integers(-3000, 3000, 130), w_scale=10.0 ** rng.uniform(-4, -2, 130),
+                out_scale=0.2, out_zp=-5)
+    b.output(y, "y")
+    c = b.input("c", (1, 16, 32, 32), scale=0.05, zp=3)
+    z = b.qconv(c, rng.integers(-128, 128, (12, 16, 3, 3), dtype=np.int8), None,
+                pads=(1, 1, 1, 1), w_scale=10.0 ** rng.uniform(-4, -2, 12), out_scale=0.1,
+                relu=True)
+    b.output(z, "z")
+    model = run_checked(b.build(), SMALL, rng)
+    assert all(steps(model)) and "tab=1" in model.source

@@ -597,8 +597,8 @@ class Lowering:
 
         def one(j: int, n_j: int):
             chain(wj, aj, n_j)
+            j += j0
             if blob.bias:
-                j += j0
                 e.compute(f"vbias {part}, {wj}, {aj}, {m}, {n_j}, "
                           f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
             tab = ""

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from firmware.isa import QTAB_ENTRY_BYTES
+
 from ..ir import QConv, QGemm
 from .lower import (
     ALIGN,
@@ -203,8 +205,13 @@ class _GemmStream:
             # to whole DMA rows after it).
             last, red = ncol - 1, gemm_tiles(k, cfg.rows)
             n_last = nn - last * cfg.cols
-            data_end = align(blob.bias[last] + 4 * n_last if blob.bias else
-                             blob.tiles[(last, len(red) - 1)] + red[-1][1] * n_last, 4)
+            if blob.qtab:
+                data_end = blob.qtab[last] + QTAB_ENTRY_BYTES * n_last
+            elif blob.bias:
+                data_end = blob.bias[last] + 4 * n_last
+            else:
+                data_end = blob.tiles[(last, len(red) - 1)] + red[-1][1] * n_last
+            data_end = align(data_end, 4)
             pieces = []
             for j0 in range(0, ncol, g):
                 start = blob.tiles[(j0, 0)]
