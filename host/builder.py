@@ -34,6 +34,7 @@ from .ir import (
     MaxPool,
     Node,
     QAdd,
+    QAvgPool,
     QConv,
     QGemm,
     QParams,
@@ -242,15 +243,16 @@ class GraphBuilder:
     def qconv(self, x: str, weight, bias=None, *, strides=(1, 1), pads=(0, 0, 0, 0),
               w_scale: float = 1.0, out_scale: float | None = None, out_zp: int = 0,
               relu: bool = False, clip: tuple | None = None,
-              requant: Requant | None = None, device: str = "npu") -> str:
-        """2-D convolution of an int8 NCHW ``x`` with int8 ``weight`` (OC, C, KH, KW)."""
+              requant: Requant | None = None, device: str = "npu", group: int = 1) -> str:
+        """2-D convolution of an int8 NCHW ``x`` with int8 ``weight`` (OC, C / group, KH, KW)."""
         weight = np.asarray(weight)
         zx = self._q(x).zero_point if self.tensor(x).quant else 0
         b = fold_bias(bias, zx, weight.astype(np.int64).sum(axis=(1, 2, 3)))
         requant, quant = self._output_requant(x, w_scale, out_scale, out_zp, relu, clip,
                                               requant)
         node = QConv("", [x], [], weight=weight, bias=b, strides=tuple(strides),
-                     pads=tuple(pads), pad_value=zx, requant=requant, device=device)
+                     pads=tuple(pads), pad_value=zx, requant=requant, device=device,
+                     group=group)
         return self._emit(node, "conv", quant)[0]
 
     def qadd(self, a: str, b: str, *, out_scale: float, out_zp: int = 0,
@@ -277,6 +279,21 @@ class GraphBuilder:
         node = MaxPool("", [x], [], kernel=tuple(kernel), strides=tuple(strides or kernel),
                        pads=tuple(pads))
         return self._emit(node, "pool", self.tensor(x).quant)[0]
+
+    def avgpool(self, x: str, kernel=(2, 2), strides=None, pads=(0, 0, 0, 0), *,
+                out_scale: float | None = None, out_zp: int | None = None) -> str:
+        """2-D average pooling, padding counted (strides default to the kernel); the
+        output keeps the input's quantization unless given. ``kernel=None``: global."""
+        q = self._q(x)
+        if kernel is None:
+            kernel = self.tensor(x).shape[2:]
+        out_scale = q.scale if out_scale is None else out_scale
+        out_zp = q.zero_point if out_zp is None else out_zp
+        count = kernel[0] * kernel[1]
+        requant = requant_for(q.scale / (out_scale * count), out_zp)
+        node = QAvgPool("", [x], [], kernel=tuple(kernel), strides=tuple(strides or kernel),
+                        pads=tuple(pads), zero_point=q.zero_point, requant=requant)
+        return self._emit(node, "avgpool", QParams(out_scale, out_zp))[0]
 
     def flatten(self, x: str, axis: int = 1) -> str:
         return self._emit(Flatten("", [x], [], axis=axis), "flat", self.tensor(x).quant)[0]

@@ -272,12 +272,14 @@ def conv_out_size(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int)
 
 @dataclass(eq=False)
 class QConv(Node):
-    """2-D convolution, NCHW, group 1, dilation 1: ``y = requant(conv(x, weight) + bias)``.
+    """2-D convolution, NCHW, dilation 1: ``y = requant(conv(x, weight) + bias)``.
 
-    ``weight`` int8 ``(OC, C, KH, KW)``; ``pads`` = (top, left, bottom, right) filled
-    with ``pad_value`` (the input zero point, so padding is a real zero: the bias
-    already holds ``-zx * sum(W[oc])``). Lowered to GEMM by im2col. Without
-    ``requant`` the output is the int32 accumulator (ConvInteger, CPU only).
+    ``weight`` int8 ``(OC, C / group, KH, KW)``; with ``group`` > 1 the input
+    channels and the output channels split into ``group`` equal groups and output
+    group ``g`` reads input group ``g`` only (``group == C == OC``: depthwise).
+    ``pads`` = (top, left, bottom, right) filled with ``pad_value`` (the input zero
+    point, so padding is a real zero: the bias already holds ``-zx * sum(W[oc])``).
+    Without ``requant`` the output is the int32 accumulator (ConvInteger, CPU only).
     """
 
     weight: np.ndarray = None
@@ -286,7 +288,13 @@ class QConv(Node):
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     pad_value: int = 0
     requant: Requant | None = None
+    group: int = 1
     op: ClassVar[str] = "QConv"
+
+    @property
+    def is_depthwise(self) -> bool:
+        """One input channel per output channel (``group == C == OC``)."""
+        return self.group > 1 and self.weight.shape[:2] == (self.group, 1)
 
     def check(self):
         w = self.weight
@@ -302,11 +310,14 @@ class QConv(Node):
         if self.requant is None and self.device != "cpu":
             self._fail("an int32-output convolution (no requant) must run on the CPU")
         _check_channels(self, w.shape[0])
+        if self.group < 1 or w.shape[0] % self.group:
+            self._fail(f"group {self.group} does not divide the {w.shape[0]} output channels")
 
     def infer(self, ins):
         (x,) = ins
         self._need(x, "int8")
-        oc, c, kh, kw = self.weight.shape
+        oc, cg, kh, kw = self.weight.shape
+        c = cg * self.group
         if len(x.shape) != 4 or x.shape[1] != c:
             self._fail(f"input {x.name!r} {x.shape} is not NCHW with {c} channels")
         pt, pl, pb, pr = self.pads
@@ -403,6 +414,42 @@ class MaxPool(Node):
         if oh < 1 or ow < 1:
             self._fail(f"kernel {self.kernel} larger than the padded input {x.shape}")
         return [((*x.shape[:2], oh, ow), "int8")]
+
+
+@dataclass(eq=False)
+class QAvgPool(Node):
+    """2-D average pooling on int8 NCHW:
+    ``y = requant(sum over the window of (x - zero_point))``.
+
+    The input is padded with ``zero_point``, so padding adds nothing to a window's
+    sum; ``requant`` divides by the window count (its multiplier holds
+    ``s_x / (s_y * count)``), one count for every window of the node (ONNX
+    ``count_include_pad = 1``, or windows that never cover padding). Global
+    average pooling is a ``kernel`` of the input's whole H x W.
+    """
+
+    kernel: tuple[int, int] = (2, 2)
+    strides: tuple[int, int] = (2, 2)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    zero_point: int = 0
+    requant: Requant = None
+    op: ClassVar[str] = "QAvgPool"
+
+    def check(self):
+        if len(self.kernel) != 2 or min(self.kernel) < 1:
+            self._fail(f"kernel {self.kernel} must be two positive ints")
+        if len(self.strides) != 2 or min(self.strides) < 1:
+            self._fail(f"strides {self.strides} must be two positive ints")
+        if len(self.pads) != 4 or min(self.pads) < 0:
+            self._fail(f"pads {self.pads} must be four non-negative ints")
+        if max(self.pads[0], self.pads[2]) >= self.kernel[0] or \
+                max(self.pads[1], self.pads[3]) >= self.kernel[1]:
+            self._fail(f"pads {self.pads} must be smaller than the kernel {self.kernel}")
+        _check_int8(self, zero_point=self.zero_point)
+        if not isinstance(self.requant, Requant):
+            self._fail("average pooling needs its requantization (the 1/count scale)")
+
+    infer = MaxPool.infer
 
 
 @dataclass(eq=False)
@@ -563,7 +610,7 @@ class CpuOp(Node):
         return [(tuple(s), d) for s, d in self.out_specs]
 
 
-OPS = {c.op: c for c in (QGemm, QConv, QAdd, Clip, MaxPool, Flatten, Reshape, ArgMax,
+OPS = {c.op: c for c in (QGemm, QConv, QAdd, Clip, MaxPool, QAvgPool, Flatten, Reshape, ArgMax,
                          Equal, If, Quantize, Dequantize, CpuOp)}
 """Every IR operator class by name."""
 

@@ -31,6 +31,7 @@ from .ir import (
     MaxPool,
     Node,
     QAdd,
+    QAvgPool,
     QConv,
     QGemm,
     Quantize,
@@ -122,8 +123,11 @@ def _eval(node: Node, xs: list, scope: ChainMap) -> list[np.ndarray]:
         return [_acc_finish(node, acc, (-1, 1, w.shape[2]) if node.bias is not None
                             and node.bias.ndim == 2 else (-1,))]
     if isinstance(node, QConv):
-        acc = conv2d(xs[0], node.weight, node.strides, node.pads, node.pad_value)
+        acc = conv2d(xs[0], node.weight, node.strides, node.pads, node.pad_value, node.group)
         return [_acc_finish(node, acc, (1, -1, 1, 1))]
+    if isinstance(node, QAvgPool):
+        return [node.requant.apply(window_sum(xs[0], node.kernel, node.strides, node.pads,
+                                              node.zero_point))]
     if isinstance(node, QAdd):
         a = xs[0].astype(np.int64) - node.zp_a
         b = xs[1].astype(np.int64) - node.zp_b
@@ -161,15 +165,31 @@ def _eval(node: Node, xs: list, scope: ChainMap) -> list[np.ndarray]:
     raise ModelError(f"the interpreter has no rule for {node.op}", node.name)
 
 
-def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, pad_value: int) -> np.ndarray:
-    """Integer NCHW convolution (int64 result), padding with ``pad_value``."""
+def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, pad_value: int,
+           group: int = 1) -> np.ndarray:
+    """Integer NCHW convolution (int64 result), padding with ``pad_value``; with
+    ``group`` > 1 output group ``g`` reads input channel group ``g`` only."""
+    win = _windows(x, w.shape[2:], strides, pads, pad_value)  # (N, C, OH, OW, KH, KW)
+    n, c, oh, ow, kh, kw = win.shape
+    oc, cg = w.shape[:2]
+    win = win.reshape(n, group, cg, oh, ow, kh, kw)
+    wg = w.astype(np.int64).reshape(group, oc // group, cg, kh, kw)
+    return np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, oc, oh, ow)
+
+
+def window_sum(x: np.ndarray, kernel, strides, pads, zero_point: int) -> np.ndarray:
+    """Sum of ``x - zero_point`` over each pooling window (int64; padding adds 0)."""
+    win = _windows(x, kernel, strides, pads, zero_point)
+    return win.sum(axis=(4, 5)) - zero_point * kernel[0] * kernel[1]
+
+
+def _windows(x: np.ndarray, kernel, strides, pads, fill: int) -> np.ndarray:
+    """int64 view ``(N, C, OH, OW, KH, KW)`` of the windows of ``x`` padded with ``fill``."""
     pt, pl, pb, pr = pads
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)),
-                constant_values=pad_value)
-    kh, kw = w.shape[2:]
-    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
-    win = win[:, :, ::strides[0], ::strides[1]]  # (N, C, OH, OW, KH, KW)
-    return np.einsum("nchwij,ocij->nohw", win, w.astype(np.int64))
+                constant_values=fill)
+    win = np.lib.stride_tricks.sliding_window_view(xp, tuple(kernel), axis=(2, 3))
+    return win[:, :, ::strides[0], ::strides[1]]
 
 
 def maxpool2d(x: np.ndarray, kernel, strides, pads) -> np.ndarray:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from firmware import asm
 from firmware.config import NPUConfig
 
-from ..ir import ArgMax, Equal, Graph, If, Node, QConv, QGemm, Subgraph
+from ..ir import ArgMax, Equal, Graph, If, Node, QAvgPool, QConv, QGemm, Subgraph
+from .depthwise import avgpool_blob, grouped_blob
 from .emit import SEGMENT, Emitter
 from .estimate import check_fits
 from .layout import Layout
@@ -238,7 +239,10 @@ class _Compiler:
                         raise CompileError(str(err), n.name) from None
                     blob = gemm_blob(n, self.config, perm)
                 elif isinstance(n, QConv):
-                    blob = conv_blob(n, self.config)
+                    blob = conv_blob(n, self.config) if n.group == 1 else \
+                        grouped_blob(n, self.config)
+                elif isinstance(n, QAvgPool):
+                    blob = avgpool_blob(n, self.tensors[n.inputs[0]].shape[1], self.config)
                 else:
                     continue
                 blob.dram = const_at

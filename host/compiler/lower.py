@@ -41,7 +41,7 @@ import numpy as np
 from firmware.config import NPUConfig
 from firmware.isa import QTAB_ENTRY_BYTES
 
-from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QConv, QGemm, Requant
+from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QAvgPool, QConv, QGemm, Requant
 from .emit import Emitter
 from .layout import Layout
 from .plan import ALIASES, CompileError, UnitInfo
@@ -546,8 +546,13 @@ class Lowering:
         """Emit one node's compute code; return its MAC count."""
         if isinstance(n, QGemm):
             return self.qgemm(n)
-        if isinstance(n, QConv):
+        if isinstance(n, QConv) and n.group == 1:
             return self.qconv(n)
+        if isinstance(n, (QConv, QAvgPool)):
+            from . import depthwise  # it builds on this module
+
+            return depthwise.lower_grouped(self, n) if isinstance(n, QConv) else \
+                depthwise.lower_avgpool(self, n)
         if isinstance(n, MaxPool):
             self.maxpool(n)
         elif isinstance(n, Clip):
@@ -921,7 +926,7 @@ def is_alias(n: Node) -> bool:
 
 def device_layout(n: Node | None, tensor, input_layout) -> Layout:
     """The layout a producer gives its output (``input_layout`` for pass-through ops)."""
-    if isinstance(n, (QConv, MaxPool)):
+    if isinstance(n, (QConv, MaxPool, QAvgPool)):
         return Layout.nhwc(tensor.shape)
     if isinstance(n, (QAdd, Clip)):
         return input_layout(n.inputs[0])

@@ -27,6 +27,7 @@ from ..ir import (
     MaxPool,
     Node,
     QAdd,
+    QAvgPool,
     QConv,
     QGemm,
     Requant,
@@ -34,10 +35,10 @@ from ..ir import (
     _outer_reads,
 )
 
-ANCHORS = (QGemm, QConv, QAdd, Clip, MaxPool)
+ANCHORS = (QGemm, QConv, QAdd, Clip, MaxPool, QAvgPool)
 ALIASES = (Flatten, Reshape)
-NPU_OPS = ("QGemm", "QConv", "QAdd", "Clip", "MaxPool", "ArgMax", "Flatten", "Reshape",
-           "Equal", "If")
+NPU_OPS = ("QGemm", "QConv", "QAdd", "Clip", "MaxPool", "QAvgPool", "ArgMax", "Flatten",
+           "Reshape", "Equal", "If")
 
 
 class CompileError(ModelError):
@@ -103,7 +104,7 @@ def _bypass(g: Graph, n: Node) -> bool:
 def _fold_clip(g: Graph, n: Clip, log: list[str]) -> bool:
     src = n.inputs[0]
     p = g.producer(src)
-    if not isinstance(p, (QGemm, QConv)) or p.requant is None or p.device != "npu":
+    if not isinstance(p, (QGemm, QConv, QAvgPool)) or p.requant is None or p.device != "npu":
         return False
     if len(g.consumers(src)) != 1 or not _rewirable(g, src):
         return False

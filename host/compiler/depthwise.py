@@ -1,0 +1,246 @@
+"""Grouped and depthwise convolution, average pooling: channel-diagonal GEMMs.
+
+A depthwise output channel reads one input channel, so no activation is shared
+between output columns and a dense weight tile has nothing to multiply. The
+array still streams a channels-last pixel (``cols`` channels, one row) per cycle:
+with the weight tile ``diag(w[c0:c0+cols, tap])`` each column multiplies its own
+channel, and ``gemm.accumulate`` over the kernel taps sums the window in the
+accumulators. That uses ``1/cols`` of the array's MACs (one MAC per column per
+cycle) and needs no ISA change; bias and requantization are those of a
+convolution.
+
+Code, per group of output rows that fits the accumulators::
+
+    loop channel groups                  ; weights, input and output step by cols
+      loop kernel rows, loop kernel columns
+        wload diag(w[group, tap])        ; overlaps the previous tap's GEMMs
+        loop output rows
+          gemm OW pixels                 ; cfg.gemm_stride = stride * C
+      vbias, vreq                        ; all rows of the group, cfg.out_stride = C
+
+so the program is O(1) in the image and channel sizes. Average pooling is the
+same with identity weights loaded once per group (the taps share them), a bias
+of ``-zero_point * count`` and ``1/count`` folded into the requantization
+multiplier. Global average pooling (one output pixel) streams every pixel's
+channel groups as rows of one GEMM (``cfg.gemm_stride = cols``), accumulating
+pixel after pixel in a hardware loop.
+
+Other grouped convolutions (several channels per group) run as the dense
+convolution with block-diagonal weights: the array's columns then hold real
+outputs, which beats a diagonal tile as soon as a group has more than one
+channel; the MAC count reported is the grouped one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from firmware.config import NPUConfig
+
+from ..ir import QAvgPool, QConv
+from .lower import MAX_ROW_BYTES, P_WORK, Blob, CompileError, _blob, conv_blob
+
+
+def dense_equivalent(n: QConv) -> QConv:
+    """The group-1 convolution with block-diagonal weights that computes ``n``."""
+    oc, cg, kh, kw = n.weight.shape
+    og = oc // n.group
+    dense = np.zeros((oc, cg * n.group, kh, kw), dtype=n.weight.dtype)
+    for g in range(n.group):
+        dense[g * og:(g + 1) * og, g * cg:(g + 1) * cg] = n.weight[g * og:(g + 1) * og]
+    return dataclasses.replace(n, weight=dense, group=1)
+
+
+def _diagonal_blob(name: str, taps: np.ndarray, bias, config: NPUConfig) -> Blob:
+    """Pack per-channel tap weights ``taps`` (T, C) as diagonal tiles.
+
+    Column tile ``j`` holds, for each tap ``t``, a ``cols x n_j`` tile whose first
+    ``n_j`` rows are ``diag(taps[t, j*cols : j*cols + n_j])``: read as a dense
+    ``n_j x n_j`` tile (``wload`` k = n = n_j) it is exactly the diagonal.
+    """
+    t, c = taps.shape
+    cols = config.cols
+    w2d = np.zeros((t * cols, c), dtype=np.int8)
+    ch = np.arange(c)
+    for tap in range(t):
+        w2d[tap * cols + ch % cols, ch] = taps[tap]
+    return _blob(name, w2d, [(tap * cols, cols) for tap in range(t)], bias, cols)
+
+
+def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
+    """Constants of a grouped convolution in the order its code reads them."""
+    if not n.is_depthwise:
+        return conv_blob(dense_equivalent(n), config)
+    oc, _, kh, kw = n.weight.shape
+    return _diagonal_blob(n.name, n.weight.reshape(oc, kh * kw).T, n.bias, config)
+
+
+def avgpool_blob(n: QAvgPool, channels: int, config: NPUConfig) -> Blob:
+    """One identity tile per channel group and the bias ``-zero_point * count``."""
+    kh, kw = n.kernel
+    bias = np.full(channels, -n.zero_point * kh * kw, dtype=np.int32)
+    return _diagonal_blob(n.name, np.ones((1, channels), dtype=np.int8), bias, config)
+
+
+# ---- code --------------------------------------------------------------------------------
+
+
+def lower_grouped(low, n: QConv) -> int:
+    """Emit a grouped convolution; return its MAC count."""
+    if not n.is_depthwise:
+        return low.qconv(dense_equivalent(n)) // n.group
+    return _windowed(low, n, n.weight.shape[2:], n.strides, n.pads, n.pad_value, n.requant,
+                     shared=False)
+
+
+def lower_avgpool(low, n: QAvgPool) -> int:
+    """Emit an average pooling; return its MAC count (window additions)."""
+    bn, c, h, w = low.tensor[n.inputs[0]].shape
+    _, _, oh, ow = low.tensor[n.outputs[0]].shape
+    if (oh, ow) == (1, 1) and not any(n.pads) and tuple(n.kernel) == (h, w):
+        return _global(low, n)
+    return _windowed(low, n, n.kernel, n.strides, n.pads, n.zero_point, n.requant,
+                     shared=True)
+
+
+def _repeat(e, count: int, body):
+    """``body()`` ``count`` times: in a hardware loop from two on."""
+    if count >= 2:
+        end = e.new_label("rep")
+        e.op(f"loop {count}, {end}")
+        body()
+        e.loop_end(end)
+    elif count == 1:
+        body()
+
+
+def _groups(e, c: int, cols: int, body, step):
+    """``body(n_j)`` for each channel group (full groups in a loop), ``step()`` between."""
+    full, rem = divmod(c, cols)
+    if full >= 2:
+        end = e.new_label("groups")
+        e.op(f"loop {full}, {end}")
+        body(cols)
+        step()
+        e.loop_end(end)
+    elif full == 1:
+        body(cols)
+        if rem:
+            step()
+    if rem:
+        body(rem)
+
+
+def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool) -> int:
+    """Depthwise window sums (``shared``: one weight tile for every tap)."""
+    cfg, e = low.config, low.e
+    bn, c, h, w = low.tensor[n.inputs[0]].shape
+    _, _, oh, ow = low.tensor[n.outputs[0]].shape
+    (kh, kw), (sh, sw) = kernel, strides
+    low._need_nhwc(n, n.inputs[0])
+    xp, hp, wp = low._padded(n, n.inputs[0], (bn, h, w, c), pads, fill)
+    y = low.out(n.outputs[0])
+    part, wsp, blob = low._weights(n)
+    if ow > cfg.acc_rows:
+        raise CompileError(f"an output row of {ow} positions exceeds the {cfg.acc_rows} "
+                           "accumulator rows", n.name)
+    e.set_cfg("gemm_stride", sw * c)
+    e.set_cfg("out_stride", c)
+    low._requant_cfg(requant)
+    wj, xj, yj, wt, xt, acc = e.scratch(6)
+    tile = cfg.cols  # rows of every tap tile (cols x n_j, its first n_j rows the diagonal)
+    row_step = sh * wp * c  # input bytes between output rows
+    per = min(oh, cfg.acc_rows // ow)
+    last = c // cfg.cols  # column tile of a partial last group
+    for b in range(bn):
+        for r0 in range(0, oh, per):
+            nr = min(per, oh - r0)
+            e.comment(f"{n.name}: image {b}, output rows {r0}..{r0 + nr - 1}")
+            e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
+            e.op(f"li {xj}, {xp + (b * hp + r0 * sh) * wp * c}")
+            e.op(f"li {yj}, {y + (b * oh + r0) * ow * c}")
+
+            def group(n_j, nr=nr):
+                e.op(f"addi {wt}, {wj}, 0")
+                e.op(f"addi {xt}, {xj}, 0")
+                if shared:
+                    e.compute(f"wload {part}, {wt}, {n_j}, {n_j}")
+
+                back = (nr - 1) * row_step  # the rows loop leaves xt on the last row
+
+                def tap(mode: str, first: bool, x_next: int):
+                    """One tap: its weights, its GEMM on every output row, then the
+                    step to the next tap (a loop body never ends on an inner loop)."""
+                    if not shared:
+                        e.compute(f"wload {part}, {wt}, {n_j}, {n_j}")
+                    e.op(f"li {acc}, 0")
+                    swap = 1 if first or not shared else 0
+                    e.compute(f"gemm.{mode} {P_WORK}, {xt}, {acc}, {ow}, swap={swap}")
+
+                    def next_row():
+                        e.op(f"addi {xt}, {xt}, {row_step}")
+                        e.op(f"addi {acc}, {acc}, {ow}")
+                        e.compute(f"gemm.{mode} {P_WORK}, {xt}, {acc}, {ow}, swap=0")
+                    _repeat(e, nr - 1, next_row)
+                    e.op(f"addi {xt}, {xt}, {x_next - back}")
+                    if not shared:
+                        e.op(f"addi {wt}, {wt}, {tile * n_j}")
+
+                along, down = c, (wp - kw + 1) * c  # to the next tap in the row, row below
+
+                def kernel_row(first: bool):
+                    tap("overwrite" if first else "accumulate", first, along if kw > 1 else down)
+                    _repeat(e, kw - 2, lambda: tap("accumulate", False, along))
+                    if kw > 1:
+                        tap("accumulate", False, down)
+                kernel_row(True)
+                _repeat(e, kh - 1, lambda: kernel_row(False))
+                jj = 0 if n_j == cfg.cols else last
+                e.compute(f"vbias {part}, {wj}, r0, {nr * ow}, {n_j}, "
+                          f"off={blob.bias[jj] - blob.tiles[(jj, 0)]}")
+                e.compute(f"vreq {P_WORK}, {yj}, r0, {nr * ow}, {n_j}")
+
+            def step():
+                e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
+                e.op(f"addi {xj}, {xj}, {cfg.cols}")
+                e.op(f"addi {yj}, {yj}, {cfg.cols}")
+            _groups(e, c, cfg.cols, group, step)
+    return bn * oh * ow * c * kh * kw
+
+
+def _global(low, n: QAvgPool) -> int:
+    """Global average pooling: per pixel, one GEMM row per channel group."""
+    cfg, e = low.config, low.e
+    bn, c, h, w = low.tensor[n.inputs[0]].shape
+    low._need_nhwc(n, n.inputs[0])
+    x, y = low.at(n.inputs[0]), low.out(n.outputs[0])
+    part, wsp, blob = low._weights(n)
+    full, rem = divmod(c, cfg.cols)
+    if full > cfg.acc_rows:
+        raise CompileError(f"{full} channel groups exceed the {cfg.acc_rows} accumulator "
+                           "rows", n.name)
+    if c > MAX_ROW_BYTES:
+        raise CompileError(f"{c} channels exceed a vector row", n.name)
+    low._requant_cfg(n.requant)
+    e.set_cfg("gemm_stride", cfg.cols)
+    e.set_cfg("out_stride", cfg.cols)
+    wt, xt, yt = e.scratch(3)
+    passes = [(j0, k, m) for j0, k, m in ((0, cfg.cols, full), (full, rem, 1)) if k and m]
+    for b in range(bn):
+        for j0, k, m in passes:
+            e.op(f"li {wt}, {wsp + blob.tiles[(j0, 0)]}")
+            e.op(f"li {xt}, {x + b * h * w * c + j0 * cfg.cols}")
+            e.op(f"li {yt}, {y + b * c + j0 * cfg.cols}")
+            e.compute(f"wload {part}, {wt}, {k}, {k}")
+            e.compute(f"gemm.overwrite {P_WORK}, {xt}, r0, {m}, swap=1")
+
+            def pixel(m=m):
+                e.op(f"addi {xt}, {xt}, {c}")
+                e.compute(f"gemm.accumulate {P_WORK}, {xt}, r0, {m}, swap=0")
+            _repeat(e, h * w - 1, pixel)
+            e.compute(f"vbias {part}, {wt}, r0, {m}, {k}, "
+                      f"off={blob.bias[j0] - blob.tiles[(j0, 0)]}")
+            e.compute(f"vreq {P_WORK}, {yt}, r0, {m}, {k}")
+    return bn * h * w * c
