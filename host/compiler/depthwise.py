@@ -74,13 +74,15 @@ def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
     if not n.is_depthwise:
         return conv_blob(dense_equivalent(n), config)
     oc, _, kh, kw = n.weight.shape
-    return _diagonal_blob(n.name, n.weight.reshape(oc, kh * kw).T, n.bias, config)
+    bias = n.bias if n.bias is not None and n.bias.any() else None  # no vbias for zeros
+    return _diagonal_blob(n.name, n.weight.reshape(oc, kh * kw).T, bias, config)
 
 
 def avgpool_blob(n: QAvgPool, channels: int, config: NPUConfig) -> Blob:
-    """One identity tile per channel group and the bias ``-zero_point * count``."""
+    """One identity tile per channel group and the bias ``-zero_point * count``
+    (none for a zero point of 0)."""
     kh, kw = n.kernel
-    bias = np.full(channels, -n.zero_point * kh * kw, dtype=np.int32)
+    bias = np.full(channels, -n.zero_point * kh * kw, dtype=np.int32) if n.zero_point else None
     return _diagonal_blob(n.name, np.ones((1, channels), dtype=np.int8), bias, config)
 
 
@@ -198,8 +200,9 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
                 kernel_row(True)
                 _repeat(e, kh - 1, lambda: kernel_row(False))
                 jj = 0 if n_j == cfg.cols else last
-                e.compute(f"vbias {part}, {wj}, r0, {nr * ow}, {n_j}, "
-                          f"off={blob.bias[jj] - blob.tiles[(jj, 0)]}")
+                if blob.bias:
+                    e.compute(f"vbias {part}, {wj}, r0, {nr * ow}, {n_j}, "
+                              f"off={blob.bias[jj] - blob.tiles[(jj, 0)]}")
                 e.compute(f"vreq {P_WORK}, {yj}, r0, {nr * ow}, {n_j}")
 
             def step():
@@ -240,7 +243,8 @@ def _global(low, n: QAvgPool) -> int:
                 e.op(f"addi {xt}, {xt}, {c}")
                 e.compute(f"gemm.accumulate {P_WORK}, {xt}, r0, {m}, swap=0")
             _repeat(e, h * w - 1, pixel)
-            e.compute(f"vbias {part}, {wt}, r0, {m}, {k}, "
-                      f"off={blob.bias[j0] - blob.tiles[(j0, 0)]}")
+            if blob.bias:
+                e.compute(f"vbias {part}, {wt}, r0, {m}, {k}, "
+                          f"off={blob.bias[j0] - blob.tiles[(j0, 0)]}")
             e.compute(f"vreq {P_WORK}, {yt}, r0, {m}, {k}")
     return bn * h * w * c
