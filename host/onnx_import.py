@@ -56,6 +56,7 @@ from .ir import (
     MaxPool,
     Node,
     QAdd,
+    QAvgPool,
     QConv,
     QGemm,
     QParams,
@@ -70,12 +71,12 @@ __all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS
 SUPPORTED_OPS = (
     "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger",
     "QuantizeLinear", "DequantizeLinear", "MatMul", "Gemm", "Conv", "Add", "Relu", "Clip",
-    "MaxPool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "ArgMax", "Equal", "If", "Constant",
-    "Identity",
+    "MaxPool", "AveragePool", "GlobalAveragePool", "Flatten", "Reshape", "Squeeze",
+    "Unsqueeze", "ArgMax", "Equal", "If", "Constant", "Identity",
 )
 """ONNX operators (default domain) the importer maps to NPU operators."""
 
-SUPPORTED_CONTRIB_OPS = ("QGemm", "QLinearAdd")
+SUPPORTED_CONTRIB_OPS = ("QGemm", "QLinearAdd", "QLinearAveragePool", "QLinearGlobalAveragePool")
 """onnxruntime's ``com.microsoft`` operators the importer maps to NPU operators."""
 
 _REQUANTIZE = ("quantize the model again (onnxruntime.quantization.quantize_static) with "
@@ -152,9 +153,10 @@ def _expand(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
 
 @dataclass
 class _PendingOp:
-    """A float MatMul/Gemm/Conv/Add/Relu/Clip result awaiting its QuantizeLinear."""
+    """A float MatMul/Gemm/Conv/Add/Relu/Clip/AveragePool result awaiting its
+    QuantizeLinear."""
 
-    kind: str  # "gemm", "conv", "add", "clip"
+    kind: str  # "gemm", "conv", "add", "clip", "avgpool"
     root: onnx.NodeProto  # the operator the NPU node is named after (Conv, not its Relu)
     node: onnx.NodeProto  # outermost ONNX node (for the CPU fallback)
     args: list  # that node's input values
@@ -759,7 +761,8 @@ class _Importer:
                                                                weight.shape[2:])
                 weight = _dilate(weight, dilations)
                 ir = QConv(node.name, [x], [], weight=weight, bias=b, strides=strides,
-                           pads=pads, pad_value=zx8, requant=requant, device=device)
+                           pads=pads, pad_value=zx8, requant=requant, device=device,
+                           group=attrs.get("group", 1))
         except ValueError as e:
             if isinstance(e, ModelError):
                 raise
@@ -768,8 +771,10 @@ class _Importer:
 
     def _conv_geometry(self, node, attrs, xshape, kshape):
         """``(strides, pads, dilations)`` of a 2-D convolution the NPU can run."""
-        if attrs.get("group", 1) != 1:
-            raise _NotOnNpu("group != 1 (grouped or depthwise convolution)")
+        group = attrs.get("group", 1)
+        if len(xshape) == 4 and (group < 1 or xshape[1] % group):
+            raise ModelError(f"group {group} does not divide the {xshape[1]} input channels",
+                             node.name)
         if len(kshape) != 2 or len(xshape) != 4:
             raise _NotOnNpu("only 2-D NCHW convolutions")
         if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(kshape):
@@ -1067,6 +1072,9 @@ class _Importer:
         if p.kind == "add":
             return self.bind(qnode, _TensorRef(self._requant_add(
                 p.root, p.x, p.b, 1.0, sy, zy, io, p.lo, p.hi, name)))
+        if p.kind == "avgpool":
+            return self.bind(qnode, _TensorRef(self._emit_avgpool(
+                p.root, p.x, p.attrs["window"], sy, zy, io, p.lo, p.hi, name)))
         # gemm / conv
         w = p.w
         sx = np.asarray(p.x.scale).reshape(1)
@@ -1187,6 +1195,54 @@ class _Importer:
                                                           strides=strides, pads=pads))
         if done is None:
             self.unsupported(node, "MaxPool of a float tensor")
+
+    def op_AveragePool(self, node, v, attrs):
+        self._pending_avgpool(node, v, attrs, is_global=False)
+
+    def op_GlobalAveragePool(self, node, v, attrs):
+        self._pending_avgpool(node, v, attrs, is_global=True)
+
+    def _pending_avgpool(self, node, v, attrs, is_global: bool):
+        """QDQ average pooling: the float mean waits for its QuantizeLinear."""
+        x = v[0]
+        if not isinstance(x, _DequantTensor):
+            return self.unsupported(node, f"{node.op_type} needs a dequantized int8 tensor "
+                                    "(QDQ)")
+        window = _avgpool_window(node, attrs, self.tensor(x.q).shape, is_global)
+        self.bind(node, _PendingOp("avgpool", node, node, v, x=x, attrs={"window": window}))
+
+    def op_ms_QLinearAveragePool(self, node, v, a):
+        self._qlinear_avgpool(node, v, a, is_global=False)
+
+    def op_ms_QLinearGlobalAveragePool(self, node, v, a):
+        self._qlinear_avgpool(node, v, a, is_global=True)
+
+    def _qlinear_avgpool(self, node, v, attrs, is_global: bool):
+        """onnxruntime's quantized average pooling: ``Y = Q(mean(DQ(X)))``."""
+        x = self.int8_input(node, v[0], "X")
+        try:
+            sx, sy = self.const(node, v[1], "x_scale"), self.const(node, v[3], "y_scale")
+            zx, zy = (None if _get(v, i) is None else self.const(node, v[i], "zero points")
+                      for i in (2, 4))
+        except _NotConst as e:
+            raise _NotOnNpu(str(e)) from None
+        window = _avgpool_window(node, attrs, x.shape, is_global)
+        u8 = x.io_dtype == "uint8"
+        dq = _DequantTensor(x.name, self._one_scale(node, sx, "X"),
+                            self._zero_point(node, zx, u8, "X"))
+        out = self._emit_avgpool(node, dq, window, self._one_scale(node, sy, "Y"),
+                                 self._zero_point(node, zy, u8, "Y"), x.io_dtype)
+        self.bind(node, _TensorRef(out))
+
+    def _emit_avgpool(self, node, x: _DequantTensor, window, sy, zy: int, io, lo=-np.inf,
+                      hi=np.inf, out_name=None) -> str:
+        """``QAvgPool``: window sums of ``x - zx``, ``s_x / (s_y * count)`` in the requant."""
+        kernel, strides, pads = window
+        scale = float(x.scale) / (float(sy) * kernel[0] * kernel[1])
+        requant = self._requant(node, scale, zy, lo, hi, float(sy))
+        ir = QAvgPool(node.name, [x.q], [], kernel=kernel, strides=strides, pads=pads,
+                      zero_point=x.zp, requant=requant)
+        return self.emit(ir, [out_name or node.output[0]], QParams(float(sy), zy), io)[0]
 
     def op_Flatten(self, node, v, attrs):
         axis = attrs.get("axis", 1)
@@ -1476,6 +1532,30 @@ def _pads(node, attrs, spatial, kernel, strides) -> tuple[int, int, int, int]:
         lo.append(small if auto == "SAME_UPPER" else big)
         hi.append(big if auto == "SAME_UPPER" else small)
     return (lo[0], lo[1], hi[0], hi[1])
+
+
+def _avgpool_window(node, attrs, xshape, is_global: bool):
+    """``(kernel, strides, pads)`` of an average pooling the NPU runs; raise
+    :class:`_NotOnNpu` naming what it cannot."""
+    if len(xshape) != 4:
+        raise _NotOnNpu("only 2-D pooling of NCHW tensors")
+    if attrs.get("channels_last", 0):
+        raise _NotOnNpu("channels_last=1 (the NPU pools NCHW tensors)")
+    if is_global:
+        return tuple(xshape[2:]), (1, 1), (0, 0, 0, 0)
+    if attrs.get("ceil_mode", 0) or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        raise _NotOnNpu("ceil_mode or dilations")
+    kernel = tuple(attrs.get("kernel_shape", ()))
+    if len(kernel) != 2:
+        raise _NotOnNpu("only 2-D pooling")
+    strides = tuple(attrs.get("strides", [1, 1]))
+    pads = _pads(node, attrs, xshape[2:], kernel, strides)
+    if any(pads) and not attrs.get("count_include_pad", 0):
+        raise _NotOnNpu("count_include_pad=0 with padding (border windows divide by fewer "
+                        "elements; the NPU divides every window by one count)")
+    if max(pads[0], pads[2]) >= kernel[0] or max(pads[1], pads[3]) >= kernel[1]:
+        raise _NotOnNpu(f"pads {pads} not smaller than the kernel {kernel}")
+    return kernel, strides, pads
 
 
 def _resolve_shape(node, src, shape, allowzero) -> tuple[int, ...]:
