@@ -62,7 +62,7 @@ def test_refusals_name_zoo_files():
 
 
 @pytest.mark.parametrize("file", ["cnn_pc.qop-pt-u8.onnx", "residual.qop-pt-u8.onnx",
-                                  "mlp_skl.qop-pt-u8.onnx"])
+                                  "mlp_skl.qop-pt-u8.onnx", "dwsep.qop-pt-u8.onnx"])
 def test_qoperator_per_tensor_layers_run_on_the_npu(file):
     """QLinearConv, com.microsoft QGemm and QLinearAdd map onto NPU operators."""
     graph = load_onnx(ZOO_DIR / file, allow_cpu_fallback=True)
@@ -137,3 +137,13 @@ def test_asymmetric_per_channel_weights_stay_on_the_cpu():
     graph = load_onnx(model, allow_cpu_fallback=True)
     convs = [n for n in graph.nodes if n.name == "/body/body.0/Conv"]
     assert convs and all(n.device == "cpu" for n in convs)
+@pytest.mark.parametrize("file", ["dwsep.qdq-pt-s8.onnx", "dwsep.qdq-pt-u8.onnx",
+                                  "dwsep.qop-pt-u8.onnx"])
+def test_depthwise_conv_runs_on_the_npu(file):
+    """The depthwise-separable block's depthwise Conv (groups=8) and pointwise Conv are
+    NPU convolutions (per-tensor weight scales)."""
+    graph = load_onnx(ZOO_DIR / file, allow_cpu_fallback=True)
+    convs = [n for n in graph.nodes if n.op == "QConv"]
+    assert [(n.device, n.group, n.is_depthwise) for n in convs] == \
+        [("npu", 8, True), ("npu", 1, False)]
+    assert not any(isinstance(n, CpuOp) for n in graph.nodes)
