@@ -6,17 +6,20 @@ Accepted forms (see docs/compiler.md for the full table):
   ``ConvInteger`` and integer ``Add``/``Relu``/``Clip``/``MaxPool``/
   ``Flatten``/``Reshape``/``ArgMax`` on int8/uint8 tensors.
 * QDQ models as onnxruntime's quantizer writes them: ``QuantizeLinear`` /
-  ``DequantizeLinear`` around ``MatMul``/``Gemm``/``Conv``/``Add``/``Relu``/
-  ``Clip``/``MaxPool`` (and the shape ops), weights and int32 biases as
+  ``DequantizeLinear`` around ``MatMul``/``Gemm``/``Conv`` (grouped and
+  depthwise too)/``Add``/``Relu``/``Clip``/``MaxPool``/``AveragePool``/
+  ``GlobalAveragePool`` (and the shape ops), weights and int32 biases as
   ``DequantizeLinear`` of constants, per-tensor scales or symmetric per-channel
   weight scales (requantized per output channel on the NPU).
-* onnxruntime's ``com.microsoft`` ``QGemm`` and ``QLinearAdd``.
+* onnxruntime's ``com.microsoft`` ``QGemm``, ``QLinearAdd``,
+  ``QLinearAveragePool`` and ``QLinearGlobalAveragePool``.
 * ``Equal`` of an integer tensor against a constant feeding ``If``; both branch
   bodies are imported recursively.
 
 With ``allow_cpu_fallback=True`` whatever the NPU cannot run (any op of any
-domain, or a form the NPU lacks: grouped convolutions, asymmetric per-channel
-weights, ...) runs on the CPU (:mod:`host.cpu_fallback`) instead of aborting.
+domain, or a form the NPU lacks: asymmetric per-channel weights, average pooling
+that excludes padding from its count, ...) runs on the CPU (:mod:`host.cpu_fallback`)
+instead of aborting.
 
 The importer reads the graph in order and keeps each ONNX value as a lazy
 abstract value (an IR tensor, the dequantized view of one, a constant, or a

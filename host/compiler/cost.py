@@ -27,7 +27,7 @@ from firmware.config import NPUConfig
 
 # Features of the cycle model, computed from a unit's work (warm: tags hit).
 TERMS = ("fixed", "instructions", "transfers", "dma_beats", "wload_rows", "gemm_rows",
-         "gemms", "vector_ops", "vector_beats")
+         "gemms", "stream_gemms", "vector_ops", "vector_beats")
 DMA_TERMS = ("transfers", "dma_beats")  # what a streamed unit overlaps with the rest
 
 
@@ -50,6 +50,7 @@ def features(work: dict, config: NPUConfig) -> dict:
         "wload_rows": work["wload_rows"],
         "gemm_rows": work["gemm_rows"],
         "gemms": work["gemms"],
+        "stream_gemms": work.get("stream_gemms", 0),  # work recorded before the term: none
         "vector_ops": work["vector_ops"],
         "vector_beats": -(-work["vector_bytes"] // config.cols),
     }
@@ -65,6 +66,7 @@ def initial_coefficients(config: NPUConfig) -> dict:
         "wload_rows": 1.0,
         "gemm_rows": 1.0,
         "gemms": float(config.rows + config.cols),  # systolic fill and drain
+        "stream_gemms": 2.0,  # intake of a GEMM behind one on the same weights
         "vector_ops": 4.0,  # vector pipeline depth
         "vector_beats": 1.0,
     }

@@ -194,8 +194,8 @@ class Work:
     """
 
     FEATURES = ("instructions", "loads", "load_bytes", "tagged_bytes", "stores",
-                "store_bytes", "wloads", "wload_rows", "gemms", "gemm_rows", "vector_ops",
-                "vector_rows", "vector_bytes", "cfgs")
+                "store_bytes", "wloads", "wload_rows", "gemms", "stream_gemms", "gemm_rows",
+                "vector_ops", "vector_rows", "vector_bytes", "cfgs")
 
     def __init__(self):
         self.v = dict.fromkeys(self.FEATURES, 0)
@@ -223,7 +223,9 @@ class Work:
             v["wloads"] += mult
             v["wload_rows"] += int(pos[2]) * mult
         elif mnem.startswith("gemm"):
-            v["gemms"] += mult
+            # A GEMM on the weights already active (swap=0) streams right behind the
+            # one before it; a swap fills the array with new weights.
+            v["gemms" if kw.get("swap", "0") != "0" else "stream_gemms"] += mult
             v["gemm_rows"] += int(pos[3]) * mult
         elif mnem in ("vbias", "vreq"):
             v["vector_ops"] += mult

@@ -1,9 +1,9 @@
 """Compiler front half: simplify the graph, cut it into units, place tensors.
 
 * :func:`simplify` drops identity nodes and folds a Clip into the requantization
-  of the GEMM/convolution before it (exact: clamps compose).
+  of the GEMM/convolution/average pooling before it (exact: clamps compose).
 * :func:`initial_units` makes one unit per anchor operator (GEMM, convolution,
-  add, clip, max-pool) with its epilogue (an ArgMax reading its output); the
+  add, clip, max-pool, average pooling) with its epilogue (an ArgMax reading its output); the
   adaptive runtime later merges and splits units.
 * :func:`stages` orders the work: CPU stages (even) and NPU segments (odd).
 * :class:`Storage` decides which tensors live in DRAM (those crossing a unit or
