@@ -134,8 +134,8 @@ def _zoo(name):
 
 
 @pytest.mark.parametrize("file, node, reason", [
-    ("dwsep.qdq-pt-s8.onnx", "/depthwise/Conv", "group != 1"),
-    ("dwsep.qop-pt-u8.onnx", "/depthwise/Conv_quant", "group != 1"),
+    ("attention.qdq-pt-s8.onnx", "gemm_input_reshape", "Reshape of a float tensor"),
+    ("pool_cat.qdq-pt-s8.onnx", "/Concat", "no NPU mapping"),
 ])
 def test_unsupported_on_the_npu_falls_back_or_names_the_fix(file, node, reason):
     with pytest.raises(UnsupportedOpError) as e:
