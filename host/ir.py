@@ -383,6 +383,17 @@ class Clip(Node):
         return [(ins[0].shape, "int8")]
 
 
+def _check_window(node: Node):
+    """A pooling node's strides and pads (smaller than its two-int kernel)."""
+    if len(node.strides) != 2 or min(node.strides) < 1:
+        node._fail(f"strides {node.strides} must be two positive ints")
+    if len(node.pads) != 4 or min(node.pads) < 0:
+        node._fail(f"pads {node.pads} must be four non-negative ints")
+    if max(node.pads[0], node.pads[2]) >= node.kernel[0] or \
+            max(node.pads[1], node.pads[3]) >= node.kernel[1]:
+        node._fail(f"pads {node.pads} must be smaller than the kernel {node.kernel}")
+
+
 @dataclass(eq=False)
 class MaxPool(Node):
     """2-D max pooling on int8 NCHW (two ``vmax`` passes); padding never wins (-128 fill)."""
@@ -395,13 +406,7 @@ class MaxPool(Node):
     def check(self):
         if len(self.kernel) != 2 or min(self.kernel) < 1 or max(self.kernel) > 255:
             self._fail(f"kernel {self.kernel} must be two ints in 1..255 (vmax window)")
-        if len(self.strides) != 2 or min(self.strides) < 1:
-            self._fail(f"strides {self.strides} must be two positive ints")
-        if len(self.pads) != 4 or min(self.pads) < 0:
-            self._fail(f"pads {self.pads} must be four non-negative ints")
-        if max(self.pads[0], self.pads[2]) >= self.kernel[0] or \
-                max(self.pads[1], self.pads[3]) >= self.kernel[1]:
-            self._fail(f"pads {self.pads} must be smaller than the kernel {self.kernel}")
+        _check_window(self)
 
     def infer(self, ins):
         (x,) = ins
@@ -438,13 +443,7 @@ class QAvgPool(Node):
     def check(self):
         if len(self.kernel) != 2 or min(self.kernel) < 1:
             self._fail(f"kernel {self.kernel} must be two positive ints")
-        if len(self.strides) != 2 or min(self.strides) < 1:
-            self._fail(f"strides {self.strides} must be two positive ints")
-        if len(self.pads) != 4 or min(self.pads) < 0:
-            self._fail(f"pads {self.pads} must be four non-negative ints")
-        if max(self.pads[0], self.pads[2]) >= self.kernel[0] or \
-                max(self.pads[1], self.pads[3]) >= self.kernel[1]:
-            self._fail(f"pads {self.pads} must be smaller than the kernel {self.kernel}")
+        _check_window(self)
         _check_int8(self, zero_point=self.zero_point)
         if not isinstance(self.requant, Requant):
             self._fail("average pooling needs its requantization (the 1/count scale)")
