@@ -145,16 +145,17 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
     xp, hp, wp = low._padded(n, n.inputs[0], (bn, h, w, c), pads, fill)
     y = low.out(n.outputs[0])
     part, wsp, blob = low._weights(n)
-    if ow > cfg.acc_rows:
-        raise CompileError(f"an output row of {ow} positions exceeds the {cfg.acc_rows} "
-                           "accumulator rows", n.name)
+    rows = min(cfg.acc_rows, 4096)  # accumulator rows one vreq can cover
+    if ow > rows:
+        raise CompileError(f"an output row of {ow} positions exceeds the {rows} "
+                           "accumulator rows one vreq covers", n.name)
     e.set_cfg("gemm_stride", sw * c)
     e.set_cfg("out_stride", c)
     low._requant_cfg(requant)
     wj, xj, yj, wt, xt, acc = e.scratch(6)
     tile = cfg.cols  # rows of every tap tile (cols x n_j, its first n_j rows the diagonal)
     row_step = sh * wp * c  # input bytes between output rows
-    per = min(oh, cfg.acc_rows // ow)
+    per = min(oh, rows // ow)
     last = c // cfg.cols  # column tile of a partial last group
     for b in range(bn):
         for r0 in range(0, oh, per):
