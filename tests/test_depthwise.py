@@ -104,7 +104,8 @@ def _pool_graph(x_shape, kernel, stride, pad, zp, out_zp):
 @pytest.mark.parametrize("x_shape, kernel, stride, pad", [
     ((1, 8, 6, 6), (3, 3), 1, 1), ((1, 12, 7, 5), (2, 2), 2, 0), ((1, 5, 9, 9), (3, 3), 2, 1),
     ((2, 10, 4, 4), (2, 2), 0, 0), ((1, 20, 6, 5), None, 0, 0), ((1, 3, 5, 4), None, 0, 0),
-    ((2, 16, 3, 3), None, 0, 0)], ids=str)
+    ((2, 16, 3, 3), None, 0, 0),
+    ((1, 16, 5, 3), (4, 3), 0, 0), ((1, 12, 5, 4), (4, 3), 0, 0)], ids=str)  # one window
 @pytest.mark.parametrize("zp", [0, -7])
 def test_average_pooling_bit_exact(x_shape, kernel, stride, pad, zp, config, seed):
     rng = np.random.default_rng(seed)

@@ -101,7 +101,7 @@ def lower_avgpool(low, n: QAvgPool) -> int:
     """Emit an average pooling; return its MAC count (window additions)."""
     bn, c, h, w = low.tensor[n.inputs[0]].shape
     _, _, oh, ow = low.tensor[n.outputs[0]].shape
-    if (oh, ow) == (1, 1) and not any(n.pads) and tuple(n.kernel) == (h, w):
+    if (oh, ow) == (1, 1) and not any(n.pads):
         return _global(low, n)
     return _windowed(low, n, n.kernel, n.strides, n.pads, n.zero_point, n.requant,
                      shared=True)
@@ -215,9 +215,12 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
 
 
 def _global(low, n: QAvgPool) -> int:
-    """Global average pooling: per pixel, one GEMM row per channel group."""
+    """One window over the whole output (global pooling, or a kernel that leaves the
+    last rows or columns out): per pixel of the window, one GEMM row per channel
+    group, accumulating in a hardware loop."""
     cfg, e = low.config, low.e
     bn, c, h, w = low.tensor[n.inputs[0]].shape
+    kh, kw = n.kernel
     low._need_nhwc(n, n.inputs[0])
     x, y = low.at(n.inputs[0]), low.out(n.outputs[0])
     part, wsp, blob = low._weights(n)
@@ -232,20 +235,32 @@ def _global(low, n: QAvgPool) -> int:
     e.set_cfg("out_stride", cfg.cols)
     wt, xt, yt = e.scratch(3)
     passes = [(j0, k, m) for j0, k, m in ((0, cfg.cols, full), (full, rem, 1)) if k and m]
+    if kw == w:  # whole rows: the window's pixels are contiguous
+        kh, kw = 1, kh * kw
+    along, down = c, (w - kw + 1) * c  # to the next pixel in the row, the row below
     for b in range(bn):
         for j0, k, m in passes:
             e.op(f"li {wt}, {wsp + blob.tiles[(j0, 0)]}")
             e.op(f"li {xt}, {x + b * h * w * c + j0 * cfg.cols}")
             e.op(f"li {yt}, {y + b * c + j0 * cfg.cols}")
             e.compute(f"wload {part}, {wt}, {k}, {k}")
-            e.compute(f"gemm.overwrite {P_WORK}, {xt}, r0, {m}, swap=1")
 
-            def pixel(m=m):
-                e.op(f"addi {xt}, {xt}, {c}")
-                e.compute(f"gemm.accumulate {P_WORK}, {xt}, r0, {m}, swap=0")
-            _repeat(e, h * w - 1, pixel)
+            def pixel(step: int, mode="accumulate", swap=0, m=m):
+                e.compute(f"gemm.{mode} {P_WORK}, {xt}, r0, {m}, swap={swap}")
+                e.op(f"addi {xt}, {xt}, {step}")  # after: a loop never ends on a loop
+
+            def window_row(first: bool):
+                if first:
+                    pixel(along if kw > 1 else down, "overwrite", 1)
+                else:
+                    pixel(along if kw > 1 else down)
+                _repeat(e, kw - 2, lambda: pixel(along))
+                if kw > 1:
+                    pixel(down)
+            window_row(True)
+            _repeat(e, kh - 1, lambda: window_row(False))
             if blob.bias:
                 e.compute(f"vbias {part}, {wt}, r0, {m}, {k}, "
                           f"off={blob.bias[j0] - blob.tiles[(j0, 0)]}")
             e.compute(f"vreq {P_WORK}, {yt}, r0, {m}, {k}")
-    return bn * h * w * c
+    return bn * kh * kw * c
