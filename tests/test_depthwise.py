@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from firmware.config import CONFIGS
 from host.builder import GraphBuilder
-from host.compiler import compile_model
+from host.compiler import compile_model, simplify
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.errors import UnsupportedOpError
@@ -250,3 +250,25 @@ def test_count_exclude_pad_with_padding_falls_back(tmp_path):
     x = np.random.default_rng(0).normal(0, 1, (1, 12, 9, 7)).astype(np.float32)
     got = run_reference(graph, {"x": x})["y"]
     assert np.abs(got - _ort_literal(model, x)).max() <= _output_scale(model) * 1.001
+
+
+def test_fused_depthwise_separable_block_keeps_intermediates_on_chip(seed):
+    """Depthwise, pointwise and global pooling merged into one unit (as the adaptive
+    runtime fuses them): bit-exact, and only the input and output cross DRAM."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("block")
+    x = b.input("x", (1, 16, 6, 5), scale=0.05, zp=3)
+    h = b.qconv(x, rng.integers(-128, 128, (16, 1, 3, 3), dtype=np.int8),
+                rng.integers(-999, 999, 16).astype(np.int32), pads=(1, 1, 1, 1), w_scale=0.01,
+                out_scale=0.4, relu=True, group=16)
+    h = b.qconv(h, rng.integers(-128, 128, (24, 16, 1, 1), dtype=np.int8), None,
+                w_scale=0.01, out_scale=0.4, relu=True)
+    b.output(b.avgpool(h, None, out_scale=0.2, out_zp=1), "y")
+    graph, _ = simplify(b.build())
+    unit = [n.name for n in graph.nodes if n.device == "npu"]
+    model = compile_model(graph, CONFIGS["default"], [unit], simplified=True)
+    s = Session(NPUDriver(GoldenDevice(CONFIGS["default"])), model, check=True)
+    s.load()
+    r = s.run({"x": rng.integers(-128, 128, (1, 16, 6, 5), dtype=np.int8)})
+    assert r.checked and len(model.regions) == 1
+    assert r.counters["dram_write_bytes"] == 24  # the pooled output alone
