@@ -14,12 +14,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from firmware.config import CONFIGS
+from firmware.quant import quantize_multiplier
 from host.builder import GraphBuilder
 from host.compiler import compile_model, simplify
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.errors import UnsupportedOpError
-from host.ir import CpuOp, QAvgPool, QConv
+from host.ir import CpuOp, QAvgPool, QConv, Requant
 from host.onnx_import import load_onnx
 from host.reference import conv2d, run_reference, window_sum
 from host.runtime import Session
@@ -70,6 +71,24 @@ def test_depthwise_conv_bit_exact(shape, config, seed):
     # The array counts every product of its diagonal tiles: n_j x n_j per pixel and tap.
     groups = [min(cols, c - j) for j in range(0, c, cols)]
     assert macs == oh * ow * shape[3] ** 2 * sum(n * n for n in groups)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("c, group", [(12, 12), (12, 3)], ids=["depthwise", "grouped"])
+def test_per_channel_requantization_bit_exact(c, group, config, seed):
+    """One multiplier and shift per output channel (vqtab per channel group)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("pc")
+    x = b.input("x", (1, c, 6, 5), scale=0.05, zp=3)
+    scales = rng.uniform(0.001, 0.01, c)
+    mults, shifts = zip(*(quantize_multiplier(s) for s in scales), strict=True)
+    weight = rng.integers(-128, 128, (c, c // group, 3, 3), dtype=np.int8)
+    b.output(b.qconv(x, weight, rng.integers(-3000, 3000, c).astype(np.int32),
+                     pads=(1, 1, 1, 1), group=group,
+                     requant=Requant(mults, shifts, -4, -4, 127)), "y")
+    model, _ = _run_checked(b.build(), CONFIGS[config],
+                            {"x": rng.integers(-128, 128, (1, c, 6, 5), dtype=np.int8)})
+    assert "tab=1" in model.source
 
 
 @pytest.mark.parametrize("group, mult", [(2, 1), (4, 2), (6, 2)])

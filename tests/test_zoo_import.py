@@ -104,24 +104,24 @@ PER_CHANNEL_FILES = [f for f in FILES if (f["settings"] or {}).get("per_channel"
 
 @pytest.mark.parametrize("entry", PER_CHANNEL_FILES, ids=_ids(PER_CHANNEL_FILES))
 def test_per_channel_layers_run_on_the_npu(entry):
-    """Every per-channel Conv (group 1), Gemm and MatMul of the per-channel files runs on
-    the NPU with a per-channel requantization (vqtab + vreq ... tab=1); grouped and
-    depthwise convolutions stay on the CPU. Prints the NPU vs CPU counts."""
+    """Every per-channel Conv (grouped and depthwise too), Gemm and MatMul of the
+    per-channel files runs on the NPU with a per-channel requantization (vqtab +
+    vreq ... tab=1). Prints the NPU vs CPU counts."""
     model = onnx.load(str(ZOO_DIR / entry["file"]))
     nodes = _per_channel_nodes(model)
     assert nodes, "a per-channel file without per-channel weights"
     graph = load_onnx(ZOO_DIR / entry["file"], allow_cpu_fallback=True)
     by_name = {n.name: n for n in graph.nodes}
-    on_npu = {name for name, grouped in nodes.items() if not grouped}
+    on_npu = set(nodes)
     assert on_npu <= set(by_name), f"not lowered to one IR node: {on_npu - set(by_name)}"
     for name in on_npu:
         n = by_name[name]
         assert isinstance(n, QGemm | QConv) and n.device == "npu", (name, n.op, n.device)
         assert n.requant is not None and n.requant.per_channel, name
     npu = sum(n.device == "npu" for n in graph.nodes)
-    print(f"\n{entry['file']}: {len(on_npu)} per-channel layers on the NPU, "
-          f"{len(nodes) - len(on_npu)} grouped on the CPU; IR nodes {npu} NPU, "
-          f"{len(graph.nodes) - npu} CPU")
+    grouped = sum(nodes.values())
+    print(f"\n{entry['file']}: {len(on_npu)} per-channel layers on the NPU ({grouped} "
+          f"grouped); IR nodes {npu} NPU, {len(graph.nodes) - npu} CPU")
 
 
 def test_asymmetric_per_channel_weights_stay_on_the_cpu():
@@ -137,12 +137,12 @@ def test_asymmetric_per_channel_weights_stay_on_the_cpu():
     graph = load_onnx(model, allow_cpu_fallback=True)
     convs = [n for n in graph.nodes if n.name == "/body/body.0/Conv"]
     assert convs and all(n.device == "cpu" for n in convs)
-@pytest.mark.parametrize("file", ["dwsep.qdq-pt-s8.onnx", "dwsep.qdq-pt-u8.onnx",
-                                  "dwsep.qop-pt-u8.onnx"])
-def test_depthwise_conv_runs_on_the_npu(file):
+@pytest.mark.parametrize("entry", [f for f in FILES if f["model"] == "dwsep"
+                                   and f["file"] != "dwsep.float.onnx"], ids=lambda e: e["file"])
+def test_depthwise_conv_runs_on_the_npu(entry):
     """The depthwise-separable block's depthwise Conv (groups=8) and pointwise Conv are
-    NPU convolutions (per-tensor weight scales)."""
-    graph = load_onnx(ZOO_DIR / file, allow_cpu_fallback=True)
+    NPU convolutions in every quantized variant (per-tensor and per-channel)."""
+    graph = load_onnx(ZOO_DIR / entry["file"], allow_cpu_fallback=True)
     convs = [n for n in graph.nodes if n.op == "QConv"]
     assert [(n.device, n.group, n.is_depthwise) for n in convs] == \
         [("npu", 8, True), ("npu", 1, False)]

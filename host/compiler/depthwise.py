@@ -53,7 +53,8 @@ def dense_equivalent(n: QConv) -> QConv:
     return dataclasses.replace(n, weight=dense, group=1)
 
 
-def _diagonal_blob(name: str, taps: np.ndarray, bias, config: NPUConfig) -> Blob:
+def _diagonal_blob(name: str, taps: np.ndarray, bias, config: NPUConfig,
+                   requant=None) -> Blob:
     """Pack per-channel tap weights ``taps`` (T, C) as diagonal tiles.
 
     Column tile ``j`` holds, for each tap ``t``, a ``cols x n_j`` tile whose first
@@ -66,7 +67,7 @@ def _diagonal_blob(name: str, taps: np.ndarray, bias, config: NPUConfig) -> Blob
     ch = np.arange(c)
     for tap in range(t):
         w2d[tap * cols + ch % cols, ch] = taps[tap]
-    return _blob(name, w2d, [(tap * cols, cols) for tap in range(t)], bias, cols)
+    return _blob(name, w2d, [(tap * cols, cols) for tap in range(t)], bias, cols, requant)
 
 
 def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
@@ -75,7 +76,7 @@ def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
         return conv_blob(dense_equivalent(n), config)
     oc, _, kh, kw = n.weight.shape
     bias = n.bias if n.bias is not None and n.bias.any() else None  # no vbias for zeros
-    return _diagonal_blob(n.name, n.weight.reshape(oc, kh * kw).T, bias, config)
+    return _diagonal_blob(n.name, n.weight.reshape(oc, kh * kw).T, bias, config, n.requant)
 
 
 def avgpool_blob(n: QAvgPool, channels: int, config: NPUConfig) -> Blob:
@@ -204,7 +205,12 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
                 if blob.bias:
                     e.compute(f"vbias {part}, {wj}, r0, {nr * ow}, {n_j}, "
                               f"off={blob.bias[jj] - blob.tiles[(jj, 0)]}")
-                e.compute(f"vreq {P_WORK}, {yj}, r0, {nr * ow}, {n_j}")
+                tab = ""
+                if blob.qtab:  # this channel group's multipliers and shifts
+                    e.compute(f"vqtab {part}, {wj}, {n_j}, "
+                              f"off={blob.qtab[jj] - blob.tiles[(jj, 0)]}")
+                    tab = ", tab=1"
+                e.compute(f"vreq {P_WORK}, {yj}, r0, {nr * ow}, {n_j}{tab}")
 
             def step():
                 e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
