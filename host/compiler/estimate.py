@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from firmware.config import NPUConfig
 
-from ..ir import ArgMax, Clip, Graph, If, MaxPool, QAdd, QConv, QGemm
+from ..ir import ArgMax, Clip, Graph, If, MaxPool, QAdd, QAvgPool, QConv, QGemm
 from .plan import CompileError
 
 GEMM_ROWS = 4096  # rows of one gemm instruction (its 12-bit row count)
@@ -101,7 +101,7 @@ def _node_instructions(n, scope: Graph, config: NPUConfig) -> int:
         k = int(n.weight.shape[-2]) or 1
         rows = _bytes(x.shape) // k if x is not None else 1
         return PER_TILE * max(1, -(-rows // rows_per_gemm))
-    if isinstance(n, QConv):
+    if isinstance(n, (QConv, QAvgPool)):  # average pooling runs as a depthwise convolution
         y = scope.tensors.get(n.outputs[0])
         if y is None or len(y.shape) != 4:
             return PER_TILE
