@@ -201,16 +201,8 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
                         tap("accumulate", False, down)
                 kernel_row(True)
                 _repeat(e, kh - 1, lambda: kernel_row(False))
-                jj = 0 if n_j == cfg.cols else last
-                if blob.bias:
-                    e.compute(f"vbias {part}, {wj}, r0, {nr * ow}, {n_j}, "
-                              f"off={blob.bias[jj] - blob.tiles[(jj, 0)]}")
-                tab = ""
-                if blob.qtab:  # this channel group's multipliers and shifts
-                    e.compute(f"vqtab {part}, {wj}, {n_j}, "
-                              f"off={blob.qtab[jj] - blob.tiles[(jj, 0)]}")
-                    tab = ", tab=1"
-                e.compute(f"vreq {P_WORK}, {yj}, r0, {nr * ow}, {n_j}{tab}")
+                low.requant_tile(part, blob, 0 if n_j == cfg.cols else last, wj, "r0",
+                                 nr * ow, n_j, yj)
 
             def step():
                 e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
@@ -265,8 +257,5 @@ def _global(low, n: QAvgPool) -> int:
                     pixel(down)
             window_row(True)
             _repeat(e, kh - 1, lambda: window_row(False))
-            if blob.bias:
-                e.compute(f"vbias {part}, {wt}, r0, {m}, {k}, "
-                          f"off={blob.bias[j0] - blob.tiles[(j0, 0)]}")
-            e.compute(f"vreq {P_WORK}, {yt}, r0, {m}, {k}")
+            low.requant_tile(part, blob, j0, wt, "r0", m, k, yt)
     return bn * kh * kw * c

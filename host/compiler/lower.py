@@ -576,6 +576,20 @@ class Lowering:
         part, sp = self._blob_at[n.name]
         return part, sp, self.place.blobs[n.name]
 
+    def requant_tile(self, part: str, blob: Blob, j: int, wj: str, acc: str, m: int,
+                     n_j: int, y: str):
+        """Bias and requantization of column tile ``j`` (its constants at register
+        ``wj``): ``m`` accumulator rows from ``acc`` to int8 at ``y``."""
+        e = self.e
+        if blob.bias:
+            e.compute(f"vbias {part}, {wj}, {acc}, {m}, {n_j}, "
+                      f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
+        tab = ""
+        if blob.qtab:  # this column tile's multipliers and shifts
+            e.compute(f"vqtab {part}, {wj}, {n_j}, off={blob.qtab[j] - blob.tiles[(j, 0)]}")
+            tab = ", tab=1"
+        e.compute(f"vreq {P_WORK}, {y}, {acc}, {m}, {n_j}{tab}")
+
     def _column_tiles(self, n: Node, part: str, wsp, blob: Blob, nn: int, m: int,
                       y_off, chain, regs, j0: int = 0):
         """For each output-column tile: ``chain`` (the GEMMs into ``m`` accumulator
@@ -603,15 +617,7 @@ class Lowering:
         def one(j: int, n_j: int):
             chain(wj, aj, n_j)
             j += j0
-            if blob.bias:
-                e.compute(f"vbias {part}, {wj}, {aj}, {m}, {n_j}, "
-                          f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
-            tab = ""
-            if blob.qtab:  # this column tile's multipliers and shifts
-                e.compute(f"vqtab {part}, {wj}, {n_j}, "
-                          f"off={blob.qtab[j] - blob.tiles[(j, 0)]}")
-                tab = ", tab=1"
-            e.compute(f"vreq {P_WORK}, {yj}, {aj}, {m}, {n_j}{tab}")
+            self.requant_tile(part, blob, j, wj, aj, m, n_j, yj)
 
         def step():
             e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
