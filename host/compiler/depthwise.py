@@ -80,11 +80,17 @@ def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
 
 
 def avgpool_blob(n: QAvgPool, channels: int, config: NPUConfig) -> Blob:
-    """One identity tile per channel group and the bias ``-zero_point * count``
-    (none for a zero point of 0)."""
+    """The identity tiles every channel group shares (column tile 0 for full groups,
+    the next for a partial last one) and the bias ``-zero_point * count`` (none for
+    a zero point of 0): the constants do not grow with the channels."""
     kh, kw = n.kernel
-    bias = np.full(channels, -n.zero_point * kh * kw, dtype=np.int32) if n.zero_point else None
-    return _diagonal_blob(n.name, np.ones((1, channels), dtype=np.int8), bias, config)
+    cols = config.cols
+    widths = ([cols] if channels >= cols else []) + ([channels % cols] if channels % cols else [])
+    ones = np.ones((1, sum(widths)), dtype=np.int8)
+    bias = np.full(sum(widths), -n.zero_point * kh * kw, dtype=np.int32) \
+        if n.zero_point else None
+    return _diagonal_blob(n.name, ones, bias, config)
+
 
 
 # ---- code --------------------------------------------------------------------------------
@@ -157,7 +163,9 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
     tile = cfg.cols  # rows of every tap tile (cols x n_j, its first n_j rows the diagonal)
     row_step = sh * wp * c  # input bytes between output rows
     per = min(oh, rows // ow)
-    last = c // cfg.cols  # column tile of a partial last group
+    # Column tile of a partial last group: after one tile per full group, or after
+    # the one tile all full groups share (average pooling's identity).
+    last = (1 if c >= cfg.cols else 0) if shared else c // cfg.cols
     for b in range(bn):
         for r0 in range(0, oh, per):
             nr = min(per, oh - r0)
@@ -167,6 +175,8 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
             e.op(f"li {yj}, {y + (b * oh + r0) * ow * c}")
 
             def group(n_j, nr=nr):
+                if shared and n_j != cfg.cols:  # the partial group's own identity tile
+                    e.op(f"li {wj}, {wsp + blob.tiles[(last, 0)]}")
                 e.op(f"addi {wt}, {wj}, 0")
                 e.op(f"addi {xt}, {xj}, 0")
                 if shared:
@@ -205,7 +215,8 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
                                  nr * ow, n_j, yj)
 
             def step():
-                e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
+                if not shared:
+                    e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
                 e.op(f"addi {xj}, {xj}, {cfg.cols}")
                 e.op(f"addi {yj}, {yj}, {cfg.cols}")
             _groups(e, c, cfg.cols, group, step)
@@ -232,15 +243,18 @@ def _global(low, n: QAvgPool) -> int:
     e.set_cfg("gemm_stride", cfg.cols)
     e.set_cfg("out_stride", cfg.cols)
     wt, xt, yt = e.scratch(3)
-    passes = [(j0, k, m) for j0, k, m in ((0, cfg.cols, full), (full, rem, 1)) if k and m]
+    # (column tile of the blob, first channel, group width, groups): the full groups
+    # share tile 0, a partial last group has the next.
+    passes = [p for p in ((0, 0, cfg.cols, full), (1 if full else 0, full * cfg.cols, rem, 1))
+              if p[2] and p[3]]
     if kw == w:  # whole rows: the window's pixels are contiguous
         kh, kw = 1, kh * kw
     along, down = c, (w - kw + 1) * c  # to the next pixel in the row, the row below
     for b in range(bn):
-        for j0, k, m in passes:
+        for j0, c0, k, m in passes:
             e.op(f"li {wt}, {wsp + blob.tiles[(j0, 0)]}")
-            e.op(f"li {xt}, {x + b * h * w * c + j0 * cfg.cols}")
-            e.op(f"li {yt}, {y + b * c + j0 * cfg.cols}")
+            e.op(f"li {xt}, {x + b * h * w * c + c0}")
+            e.op(f"li {yt}, {y + b * c + c0}")
             e.compute(f"wload {part}, {wt}, {k}, {k}")
 
             def pixel(step: int, mode="accumulate", swap=0, m=m):

@@ -148,7 +148,9 @@ class NotStreamable(CompileError):
 
 
 def streamable(u) -> bool:
-    return len(u.nodes) == 1 and isinstance(u.nodes[0], (QGemm, QConv))
+    """One GEMM or group-1 convolution (grouped ones keep their tensors whole)."""
+    return len(u.nodes) == 1 and (isinstance(u.nodes[0], QGemm) or
+                                  isinstance(u.nodes[0], QConv) and u.nodes[0].group == 1)
 
 
 def stream_unit(low, u, why: CompileError) -> dict:
