@@ -68,7 +68,13 @@ def run_node(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     feeds = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
     node = model.graph.node[0]
     run = _runner(model.SerializeToString(), executor(node))
-    return [np.asarray(r) for r in run(feeds)]
+    try:
+        results = run(feeds)
+    except Exception as e:  # shapes or values the model's own declarations do not admit
+        raise ModelError(f"the CPU fallback cannot run {_describe(node)}: {_first_line(e)}",
+                         node.name, fix="fix the model's shapes so that onnxruntime runs "
+                         "it") from None
+    return [np.asarray(r) for r in results]
 
 
 def infer_outputs(model: onnx.ModelProto, where: str) -> list[tuple[int, tuple[int, ...]]]:

@@ -40,6 +40,8 @@ class ModelError(ValueError):
     def locate(self, node: str, index: int, op_type: str, domain: str,
                default_fix: str = REPAIR_HINT) -> ModelError:
         """Name the node's position, operator and domain in the message; return ``self``."""
+        # protobuf hands back bytes for a string field that is not valid UTF-8
+        node, op_type, domain = (_text_of(x) for x in (node, op_type, domain))
         self.node, self.index, self.op_type = node, index, op_type
         self.domain = domain or "ai.onnx"
         self.fix = self.fix or default_fix
@@ -83,3 +85,8 @@ class UnsupportedOpError(ModelError):
         self.op_type, self.domain = op_type, domain or "ai.onnx"
         self.alternatives = tuple(alternatives)
         self.args = (self._text(),)
+
+
+def _text_of(value) -> str:
+    """A name from a model as text, whatever bytes it holds."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

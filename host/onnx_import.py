@@ -239,6 +239,10 @@ def _check_model(proto: onnx.ModelProto):
     """onnx.checker's verdict, naming the node it complains about."""
     try:
         onnx.checker.check_model(proto)
+    except UnicodeDecodeError:  # a string field holds bytes that are not UTF-8
+        raise ModelError("onnx.checker: a name or string attribute is not valid UTF-8",
+                         fix="fix the model so that onnx.checker.check_model accepts it"
+                         ) from None
     except onnx.checker.ValidationError as e:
         text = str(e).strip()
         err = ModelError(f"onnx.checker: {text.splitlines()[0]}",
@@ -936,6 +940,12 @@ class _Importer:
                                  node.name)
             zz = np.zeros_like(s, dtype=np.int64) if z is None else z.astype(np.int64)
             axis = attrs.get("axis", 1)
+            if s.size > 1 and not -q.ndim <= axis < q.ndim:
+                raise ModelError(f"axis {axis} is outside the {q.ndim}-D data", node.name,
+                                 fix="set axis to the dimension the scales run along")
+            if s.size > 1 and s.size != q.shape[axis]:
+                raise ModelError(f"{s.size} scales along axis {axis} of {q.shape[axis]} "
+                                 "values", node.name, fix="give one scale per slice")
             return self.bind(node, _DequantConst(q.astype(np.int64), s, zz, axis + q.ndim
                                                  if axis < 0 else axis))
         if isinstance(x, _TensorRef) and self.tensor(x.name).dtype == "int8":
@@ -1019,6 +1029,12 @@ class _Importer:
                 hi = self.const(node, v[2], "max") if _get(v, 2) is not None else None
         except _NotConst as e:
             return self.unsupported(node, str(e))
+        for name, b in (("min", lo), ("max", hi)):
+            if b is not None and np.size(b) != 1:
+                raise ModelError(f"Clip's {name} has {np.size(b)} values, the operator "
+                                 "takes a scalar", node.name,
+                                 fix=f"give Clip a one-element {name}")
+        lo, hi = (None if b is None else np.asarray(b).reshape(()) for b in (lo, hi))
         self._clamp(node, v, lo, hi)
 
     def _clamp(self, node, v, lo, hi):

@@ -140,6 +140,22 @@ def double_input():
                  [info("x", [1, 4], TensorProto.DOUBLE)], [info("y", [1, 4], TensorProto.DOUBLE)])
 
 
+def vector_clip_bound():  # found by tests/test_fuzz.py
+    nodes, inits = [], []
+    qdq_input(nodes, inits)
+    inits.append(init("lo", np.zeros(2, np.float32)))
+    nodes.append(helper.make_node("Clip", ["x_dq", "lo"], ["y"], name="clip"))
+    return model(nodes, [info("x", [1, 4])], [info("y", [1, 4])], inits)
+
+
+def scales_off_axis():  # found by tests/test_fuzz.py
+    inits = [init("w", np.ones(4, np.int8)), init("sw", np.full(4, 0.1, np.float32)),
+             init("zw", np.zeros(4, np.int8))]
+    node = helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["y"], name="dq", axis=1)
+    return model([helper.make_node("Identity", ["x"], ["x1"], name="keep"), node],
+                 [info("x", [1, 4])], [info("y", [4])], inits)
+
+
 @dataclass(frozen=True)
 class Case:
     build: object
@@ -191,6 +207,12 @@ CASES = {
         symbolic_feature_dim, True, ModelError, ExitCode.BAD_MODEL, None,
         "graph input 'x' has the symbolic dimension 'features' at axis 1",
         "dims={'features': N}", "run with --dim features=N"),
+    "Clip bound not a scalar": Case(vector_clip_bound, True, ModelError, ExitCode.BAD_MODEL,
+                                    ("clip", 2, "Clip", "ai.onnx"), "takes a scalar",
+                                    "one-element min"),
+    "scales along a missing axis": Case(scales_off_axis, True, ModelError, ExitCode.BAD_MODEL,
+                                        ("dq", 1, "DequantizeLinear", "ai.onnx"),
+                                        "axis 1 is outside the 1-D data", "set axis"),
     "float64 input": Case(double_input, True, ModelError, ExitCode.BAD_MODEL, None,
                           "element type DOUBLE", "cast it to float32"),
 }
