@@ -332,7 +332,7 @@ def main(argv=None) -> int:
             os.environ.update(env)
             scenario(GoldenDevice(CONFIGS["default"]), CONFIGS["default"], opts.seed)
         else:
-            from verif.rtl_device import run_scenario
+            from verif.fastsim import run_scenario
 
             run_scenario("bench.adaptive:scenario", "default", seed=opts.seed, extra_env=env)
         raw = json.loads(out.read_text())

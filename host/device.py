@@ -6,8 +6,11 @@ waiting for the interrupt. Every backend implements it:
 
 * :class:`GoldenDevice`: the golden model in-process, behind the CSR model of
   firmware/csrmodel.py (fast; the reference for everything else);
-* ``verif.rtl_device.CocotbDevice``: the Verilator-built RTL over its real
-  AXI4-Lite and AXI4 ports (cocotbext-axi);
+* :class:`host.verilator_device.VerilatorDevice`: the Verilator-built RTL over its
+  real AXI4-Lite and AXI4 ports, in-process (a C++ DRAM and driver; ``npu --backend
+  verilator``);
+* ``verif.rtl_device.CocotbDevice``: the same RTL under cocotb (cocotbext-axi's
+  AxiRam and AXI4-Lite master), for the testbenches;
 * ``host.serial_device.SerialDevice``: a board's NPU over its UART bridge.
 """
 

@@ -6,7 +6,7 @@ branch whose misses fall back in the program. Every result equals the reference.
 
 import pytest
 
-from verif.rtl_device import run_scenario
+from verif.fastsim import run_scenario
 
 pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
 

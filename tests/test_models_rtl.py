@@ -7,7 +7,7 @@ equal the golden model's (``verif.model_scenarios.model_vs_golden``).
 
 import pytest
 
-from verif.rtl_device import run_scenario
+from verif.fastsim import run_scenario
 
 pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
 

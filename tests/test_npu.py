@@ -1,9 +1,13 @@
 """The whole NPU under Verilator, driven by the host driver over AXI, against the golden model.
 
-Each test runs a host scenario from :mod:`verif.scenarios` inside the simulator
-(:func:`verif.rtl_device.run_scenario`); the scenario compares DRAM, registers, error
-status, the exact counters and the region trace with the golden model bit for bit.
-The NPU is built once per configuration and cached under build/sim/.
+Each test runs a host scenario from :mod:`verif.scenarios`; the scenario compares
+DRAM, registers, error status, the exact counters and the region trace with the
+golden model bit for bit. Most run on the fast library (:func:`verif.fastsim.run_scenario`:
+a C++ DRAM and driver, in-process); the cocotb testbench
+(:func:`verif.rtl_device.run_scenario`: cocotbext-axi's AxiRam and AXI4-Lite master,
+its pause generators) runs the hand-written programs, a batch of random programs and
+the bus errors, with and without backpressure. The NPU is built once per configuration
+and path and cached under build/sim/.
 """
 
 import json
@@ -13,20 +17,22 @@ import pytest
 
 from firmware import asm
 from firmware.config import CONFIGS
+from verif.fastsim import run_scenario
 from verif.randprog import find_races, random_program
-from verif.rtl_device import run_scenario
+from verif.rtl_device import run_scenario as run_cocotb
 from verif.scenarios import TABLE, VMAX_REUSE, program_jobs
 
-# Random programs, all in one simulation: about 0.34 s each on the loaded 2-core
-# machine (mostly the AXI4-Lite traffic of loading and checking them), so the default
-# takes about 110 s (a few hundred programs); --regress runs thousands.
+# Random programs, all in one simulation: about 0.1 s each on the fast library (the
+# golden model, the race check and the comparison in Python), about 0.34 s under cocotb
+# (mostly the AXI4-Lite traffic of loading and checking them); --regress runs thousands.
 RANDOM_COUNT = 240
 RANDOM_COUNT_REGRESS = 2000
+RANDOM_COUNT_COCOTB = 24
 
 
 @pytest.mark.rtl
 def test_hand_written_programs(seed):
-    run_scenario("verif.scenarios:programs", "default", seed=seed)
+    run_cocotb("verif.scenarios:programs", "default", seed=seed)
 
 
 @pytest.mark.rtl
@@ -39,12 +45,29 @@ def test_random_programs(seed, regress):
 
 
 @pytest.mark.rtl
+def test_random_programs_cocotb(seed, regress):
+    """A batch of them on the cocotb testbench."""
+    count = RANDOM_COUNT_COCOTB * (10 if regress else 1)
+    run_cocotb("verif.scenarios:random_programs", "default", seed=seed + 2,
+               extra_env={"NPU_RANDOM_COUNT": str(count)})
+
+
+@pytest.mark.rtl
 def test_random_programs_with_backpressure(seed, regress):
-    """The same under random AXI backpressure on every DRAM channel."""
-    count = 200 if regress else 8
+    """The same under random AXI backpressure on every DRAM channel (the fast
+    library's seeded pauses)."""
+    count = 200 if regress else 40
     print(f"\n{count} random programs under backpressure (seed {seed + 1})")
     run_scenario("verif.scenarios:random_programs", "default", seed=seed + 1,
                  backpressure=True, extra_env={"NPU_RANDOM_COUNT": str(count)})
+
+
+@pytest.mark.rtl
+def test_random_programs_with_backpressure_cocotb(seed, regress):
+    """... and under cocotbext-axi's pause generators."""
+    count = 200 if regress else 8
+    run_cocotb("verif.scenarios:random_programs", "default", seed=seed + 1,
+               backpressure=True, extra_env={"NPU_RANDOM_COUNT": str(count)})
 
 
 @pytest.mark.rtl
@@ -61,8 +84,19 @@ def test_bus_errors(seed):
 
 
 @pytest.mark.rtl
+def test_bus_errors_cocotb(seed):
+    """The same with cocotbext-axi's RAM answering the errors."""
+    run_cocotb("verif.scenarios:bus_errors", "default", seed=seed)
+
+
+@pytest.mark.rtl
 def test_bus_errors_with_backpressure(seed):
     run_scenario("verif.scenarios:bus_errors", "default", seed=seed + 1, backpressure=True)
+
+
+@pytest.mark.rtl
+def test_bus_errors_with_backpressure_cocotb(seed):
+    run_cocotb("verif.scenarios:bus_errors", "default", seed=seed + 1, backpressure=True)
 
 
 @pytest.mark.rtl

@@ -10,8 +10,8 @@ CPU-only cases are skipped inside the scenario, which must run at least every ca
 
 import pytest
 
+from verif.fastsim import run_scenario
 from verif.onnx_cases import CASES
-from verif.rtl_device import run_scenario
 
 pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
 

@@ -15,7 +15,7 @@ one model in every variant, so a failure names its model. The groups run under
 
 import pytest
 
-from verif.rtl_device import run_scenario
+from verif.fastsim import run_scenario
 from verif.zoo import MODEL_NAMES, load_manifest
 
 pytestmark = pytest.mark.rtl  # runs the RTL under Verilator

@@ -501,8 +501,9 @@ def gemm_bench(device, config, seed):
     Sizes come from NPU_GEMM_MNK ("M,K,N", default 256,256,256), a forced tiling from
     NPU_GEMM_TILING ("mb,ng,kc", default: the template's choice). C must equal numpy
     (int64 matmul, requantized) and the golden model's run (DRAM, registers, exact
-    counters). Writes cycles (RTL and golden estimate), MACs, DRAM bytes and the
-    tiling to NPU_BENCH_OUT.
+    counters). Writes cycles (RTL and golden estimate), MACs, DRAM bytes, the tiling and
+    the wall seconds of the RTL's run alone and of its whole side (loading A, B and the
+    program, the run, reading C) to NPU_BENCH_OUT.
     """
     from firmware.kernels.gemm_stream import Requant, Tiling, gemm_stream, reference
 
@@ -520,20 +521,28 @@ def gemm_bench(device, config, seed):
     tiling = Tiling(*(int(v) for v in tiling.split(","))) if tiling else None
     kern = gemm_stream(M, K, N, config, rq, a_addr, b_addr, c_addr, tiling)
     pair = Pair(device, config)
-    for drv in pair.both():
+    seconds = {}  # the RTL side's phases, wall time through the host driver
+    for who, drv in zip(("load", "golden load"), pair.both(), strict=True):
+        t = time.perf_counter()
         drv.write_mem(a_addr, a)
         drv.write_mem(b_addr, b)
         drv.load(kern.program, kern.partitions)
         drv.reset_counters()
-    wall = time.time()
+        seconds[who] = time.perf_counter() - t
     # (a floor for tiny sizes, whose fixed costs dwarf 50 cycles per peak-rate MAC)
-    st = [pair.run(drv, timeout=max(10_000, 50 * kern.macs // config.peak_macs_per_cycle))
-          for drv in pair.both()]
-    wall = time.time() - wall
+    timeout = max(10_000, 50 * kern.macs // config.peak_macs_per_cycle)
+    st = []
+    for who, drv in zip(("run", "golden run"), pair.both(), strict=True):
+        t, cpu = time.perf_counter(), time.process_time()
+        st.append(pair.run(drv, timeout=timeout))
+        seconds[who] = time.perf_counter() - t
+        seconds[who + " cpu"] = time.process_time() - cpu
     assert st[0] == st[1] and st[0].ok, f"RTL {st[0]}, golden {st[1]}"
     want = reference(a, b, rq)
     for who, drv in zip(("RTL", "golden"), pair.both(), strict=True):
+        t = time.perf_counter()
         got = np.frombuffer(drv.read_mem(c_addr, M * N), np.int8).reshape(M, N)
+        seconds.setdefault("read", time.perf_counter() - t)
         bad = np.argwhere(got != want)
         assert bad.size == 0, f"{who}: C differs from numpy at {len(bad)} places, first " \
                               f"{tuple(bad[0])}: {got[tuple(bad[0])]} != {want[tuple(bad[0])]}"
@@ -546,7 +555,10 @@ def gemm_bench(device, config, seed):
         "dram_read_bytes": cr["dram_read_bytes"], "dram_write_bytes": cr["dram_write_bytes"],
         "min_dram_bytes": kern.min_dram_bytes, "stall_cycles": cr["stall_cycles"],
         "busy_load": cr["busy_load"], "busy_compute": cr["busy_compute"],
-        "busy_store": cr["busy_store"], "simulation_seconds": round(wall, 2),
+        "busy_store": cr["busy_store"],
+        "rtl_run_seconds": seconds["run"], "rtl_run_cpu_seconds": seconds["run cpu"],
+        "rtl_seconds": seconds["load"] + seconds["run"] + seconds["read"],
+        "golden_run_seconds": seconds["golden run"],
     })
 
 
