@@ -54,6 +54,49 @@ class Device(abc.ABC):
         """Release the transport."""
 
 
+class PostedWrites(Device):
+    """A transport whose CSR writes are posted, for links where a round trip is dear.
+
+    :meth:`write_reg` queues the write; the queue goes out in order, as one batch
+    (:meth:`_write_many`), before the next read, memory access or interrupt wait
+    (subclasses call :meth:`_flush` first in each) and every :data:`POSTED_WRITES`
+    writes. The NPU sees the same writes in the same order, relative to every read,
+    as with one blocking write at a time.
+    """
+
+    POSTED_WRITES = 256
+
+    def __init__(self):
+        self._posted: list[tuple[int, int]] = []
+
+    @abc.abstractmethod
+    def _write_many(self, ops: list[tuple[int, int]]) -> None:
+        """Issue ``[(addr, value), ...]`` in order, each answered before returning."""
+
+    def _flush(self) -> None:
+        if self._posted:
+            ops, self._posted = self._posted, []
+            self._write_many(ops)
+
+    def write_reg(self, addr: int, value: int) -> None:
+        self._posted.append((addr, value & 0xFFFF_FFFF))
+        if len(self._posted) >= self.POSTED_WRITES:
+            self._flush()
+
+
+RESP_SLVERR, RESP_DECERR = 2, 3
+
+
+def fault_windows(windows) -> list[tuple[int, int, int]]:
+    """Bus-fault windows ``[(lo, hi, resp), ...]`` checked for a simulated DRAM:
+    byte range ``[lo, hi)`` answering :data:`RESP_SLVERR` or :data:`RESP_DECERR`."""
+    windows = [tuple(int(x) for x in w) for w in windows]
+    for lo, hi, resp in windows:
+        if not 0 <= lo < hi or resp not in (RESP_SLVERR, RESP_DECERR):
+            raise ValueError(f"bad fault window {(lo, hi, resp)!r}")
+    return windows
+
+
 class GoldenDevice(Device):
     """The golden model behind the NPU's CSR map.
 

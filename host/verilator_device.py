@@ -26,12 +26,10 @@ from pathlib import Path
 
 from firmware.config import NPUConfig
 
-from .device import Device
+from .device import PostedWrites, fault_windows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRAM_BYTES = 1 << 22
-RESP_SLVERR, RESP_DECERR = 2, 3
-POSTED_WRITES = 256  # flush the posted CSR writes at least this often
 
 _u32p = ctypes.POINTER(ctypes.c_uint32)
 _u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -93,7 +91,7 @@ def build_library(config: NPUConfig, on_status: Callable[[str], None] | None = N
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-class VerilatorDevice(Device):
+class VerilatorDevice(PostedWrites):
     """A :class:`Device` on the Verilator-built NPU, in this process.
 
     Beyond the :class:`Device` contract it offers what only a simulation can, with the
@@ -103,13 +101,13 @@ class VerilatorDevice(Device):
     """
 
     def __init__(self, library: Path | str, dram_bytes: int = DRAM_BYTES):
+        super().__init__()
         self._lib = lib = ctypes.CDLL(str(library))
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self._sim = lib.npusim_create(dram_bytes)
         self.dram_bytes = dram_bytes
-        self._posted: list[tuple[int, int]] = []
         self._value = ctypes.c_uint32()
 
     @classmethod
@@ -119,24 +117,15 @@ class VerilatorDevice(Device):
         return cls(build_library(config, on_status), dram_bytes)
 
     # ---- Device ----------------------------------------------------------------------
-    def _flush(self) -> None:
-        if self._posted:
-            ops, self._posted = self._posted, []
-            addrs = (ctypes.c_uint32 * len(ops))(*(a for a, _ in ops))
-            values = (ctypes.c_uint32 * len(ops))(*(v for _, v in ops))
-            self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
+    def _write_many(self, ops: list[tuple[int, int]]) -> None:
+        addrs = (ctypes.c_uint32 * len(ops))(*(a for a, _ in ops))
+        values = (ctypes.c_uint32 * len(ops))(*(v for _, v in ops))
+        self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
 
     def read_reg(self, addr: int) -> int:
         self._flush()
         self._lib.npusim_csr_read(self._sim, addr, ctypes.byref(self._value))
         return self._value.value
-
-    def write_reg(self, addr: int, value: int) -> None:
-        # posted, like CocotbDevice: issued in order before the next read, memory
-        # access, interrupt wait or clock query
-        self._posted.append((addr, value & 0xFFFF_FFFF))
-        if len(self._posted) >= POSTED_WRITES:
-            self._flush()
 
     def read_mem(self, addr: int, size: int) -> bytes:
         self._flush()
@@ -182,16 +171,13 @@ class VerilatorDevice(Device):
     def set_bus_faults(self, windows) -> None:
         """Make DRAM answer bus errors: ``windows`` is ``[(lo, hi, resp), ...]``.
 
-        ``resp`` is :data:`RESP_SLVERR` or :data:`RESP_DECERR`; ``[]`` clears them. As
-        on ``CocotbDevice``: a read beat whose bus word touches a window returns zeros
+        ``resp`` is ``RESP_SLVERR`` or ``RESP_DECERR`` (host.device); ``[]`` clears
+        them. As on ``CocotbDevice``: a read beat whose bus word touches a window returns zeros
         with that response; a write beat's bytes in it are dropped and the burst's
         response carries the code.
         """
         self._flush()
-        windows = [tuple(int(x) for x in w) for w in windows]
-        for lo, hi, resp in windows:
-            if not 0 <= lo < hi or resp not in (RESP_SLVERR, RESP_DECERR):
-                raise ValueError(f"bad fault window {(lo, hi, resp)!r}")
+        windows = fault_windows(windows)
         n = len(windows)
         self._lib.npusim_set_faults(self._sim, (ctypes.c_uint64 * n)(*(w[0] for w in windows)),
                                     (ctypes.c_uint64 * n)(*(w[1] for w in windows)),

@@ -34,12 +34,10 @@ import logging
 import random
 
 from firmware.config import CONFIGS, NPUConfig
-from host.device import Device
+from host.device import PostedWrites, fault_windows
 
 DRAM_BYTES = 1 << 20
 CLOCK_NS = 10
-RESP_SLVERR, RESP_DECERR = 2, 3
-POSTED_WRITES = 256  # flush the posted CSR writes at least this often
 
 
 def config_to_env(config: NPUConfig) -> str:
@@ -58,7 +56,7 @@ class FaultyAxiRam:
     """cocotbext-axi ``AxiRam`` whose ``faults`` windows answer bus errors.
 
     ``faults`` is a list of ``(lo, hi, resp)``: byte range ``[lo, hi)`` and the AXI
-    response code (:data:`RESP_SLVERR` or :data:`RESP_DECERR`). A read beat whose bus
+    response code (``host.device.RESP_SLVERR`` or ``RESP_DECERR``). A read beat whose bus
     word touches a window returns zeros with that response; a write beat's bytes in
     a window are dropped and the burst's B response carries the code. Keep windows
     aligned to the bus width, so "a row touches the window" means the same to the
@@ -116,7 +114,7 @@ def _answer_with_resp(side, channel, field: str) -> None:
     channel.send = send_with_resp
 
 
-class CocotbDevice(Device):
+class CocotbDevice(PostedWrites):
     """A :class:`Device` on the simulated NPU (call only from a bridge thread).
 
     Beyond the :class:`Device` contract it offers what only a simulation can:
@@ -127,27 +125,20 @@ class CocotbDevice(Device):
     def __init__(self, tb):
         from cocotb.task import resume
 
+        super().__init__()
         self.tb = tb
         self._read = resume(tb.csr_read)
-        self._write_many = resume(tb.csr_write_many)
+        self._csr_write_many = resume(tb.csr_write_many)
         self._wait = resume(tb.wait_irq)
         self._cycles = resume(tb.cycles)
         self._watch = resume(tb.watch_runs)
-        self._posted: list[tuple[int, int]] = []
 
-    def _flush(self) -> None:
-        if self._posted:
-            ops, self._posted = self._posted, []
-            self._write_many(ops)
+    def _write_many(self, ops: list[tuple[int, int]]) -> None:
+        self._csr_write_many(ops)
 
     def read_reg(self, addr: int) -> int:
         self._flush()
         return self._read(addr)
-
-    def write_reg(self, addr: int, value: int) -> None:
-        self._posted.append((addr, value & 0xFFFF_FFFF))
-        if len(self._posted) >= POSTED_WRITES:
-            self._flush()
 
     def read_mem(self, addr: int, size: int) -> bytes:
         self._flush()
@@ -169,13 +160,10 @@ class CocotbDevice(Device):
     def set_bus_faults(self, windows) -> None:
         """Make DRAM answer bus errors: ``windows`` is ``[(lo, hi, resp), ...]``.
 
-        ``resp`` is :data:`RESP_SLVERR` or :data:`RESP_DECERR`; ``[]`` clears them.
+        ``resp`` is ``host.device.RESP_SLVERR`` or ``RESP_DECERR``; ``[]`` clears them.
         """
         self._flush()
-        for lo, hi, resp in windows:
-            if not 0 <= lo < hi or resp not in (RESP_SLVERR, RESP_DECERR):
-                raise ValueError(f"bad fault window {(lo, hi, resp)!r}")
-        self.tb.ram.faults[:] = [tuple(w) for w in windows]
+        self.tb.ram.faults[:] = fault_windows(windows)
 
     def watch_runs(self, on: bool = True) -> None:
         """Start (or stop) recording the cycles at which runs start and finish."""
