@@ -16,7 +16,7 @@ after each shift, stall cycles per swap (the first run after a swap against a
 re-run of the same input on the same plan), the mis-speculation rate and what a
 miss costs, host overhead per inference.
 
-Runs on the Verilator NPU (the default; the first build takes minutes) or with
+Runs on the Verilator NPU (the default; the first build takes a minute or two) or with
 ``--golden`` on the golden model. Every result is checked against the reference.
 """
 

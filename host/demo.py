@@ -5,8 +5,8 @@ It imports ``host/models/moe.onnx`` (a QDQ model: a gate picks one of four
 experts per input with ArgMax + If), compiles it for the hardware profile read
 from the device's CAPS registers and serves a stream of held-out digits whose
 class mix shifts halfway (digits 0-3, then 6-9, so different experts are hot in
-each half), on the Verilator-built RTL over its real AXI ports by default (the
-first run builds the NPU: minutes). The adaptive runtime prints its events as they
+each half), on the Verilator-built RTL over its real AXI ports, in-process, by default (the
+first run builds the NPU: a minute or two). The adaptive runtime prints its events as they
 happen: the routed batch variants it builds for the requests, served 8 at a time
 (the gate and the experts it bets on, for 8 inputs per run), re-placing its bet
 when the class mix shifts; inputs routed outside the bet run alone. Served one at
