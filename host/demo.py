@@ -24,7 +24,8 @@ import argparse
 from . import cli
 
 
-def main(argv=None) -> int:
+def npu_args(argv=None) -> list[str]:
+    """The ``npu`` command line the demo runs, from the demo's own options."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="verilator", choices=("verilator", "golden"))
     ap.add_argument("--digits", type=int, default=64, help="held-out digits (default 64)")
@@ -41,7 +42,11 @@ def main(argv=None) -> int:
             "--config", ns.config, "--adaptive", "--phases", ns.phases, "--batch", str(ns.batch)]
     if ns.inline_compile:
         args.append("--inline-compile")
-    return cli.main(args)
+    return args
+
+
+def main(argv=None) -> int:
+    return cli.main(npu_args(argv))
 
 
 if __name__ == "__main__":

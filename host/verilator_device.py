@@ -21,6 +21,7 @@ import ctypes
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,7 +98,9 @@ class VerilatorDevice(PostedWrites):
     Beyond the :class:`Device` contract it offers what only a simulation can, with the
     same methods as ``verif.rtl_device.CocotbDevice``: :meth:`cycle`,
     :meth:`set_bus_faults`, :meth:`watch_runs` / :meth:`run_events`, and
-    :meth:`set_backpressure`.
+    :meth:`set_backpressure`. :attr:`clock_seconds` adds up the wall time of the calls
+    that run the clock (CSR accesses, waits for the interrupt): the simulation's share
+    of a host program's time.
     """
 
     def __init__(self, library: Path | str, dram_bytes: int = DRAM_BYTES):
@@ -108,6 +111,7 @@ class VerilatorDevice(PostedWrites):
             fn.restype, fn.argtypes = res, args
         self._sim = lib.npusim_create(dram_bytes)
         self.dram_bytes = dram_bytes
+        self.clock_seconds = 0.0
         self._value = ctypes.c_uint32()
 
     @classmethod
@@ -120,11 +124,15 @@ class VerilatorDevice(PostedWrites):
     def _write_many(self, ops: list[tuple[int, int]]) -> None:
         addrs = (ctypes.c_uint32 * len(ops))(*(a for a, _ in ops))
         values = (ctypes.c_uint32 * len(ops))(*(v for _, v in ops))
+        t = time.perf_counter()
         self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
+        self.clock_seconds += time.perf_counter() - t
 
     def read_reg(self, addr: int) -> int:
         self._flush()
+        t = time.perf_counter()
         self._lib.npusim_csr_read(self._sim, addr, ctypes.byref(self._value))
+        self.clock_seconds += time.perf_counter() - t
         return self._value.value
 
     def read_mem(self, addr: int, size: int) -> bytes:
@@ -146,7 +154,10 @@ class VerilatorDevice(PostedWrites):
 
     def wait_irq(self, timeout_cycles: int) -> bool:
         self._flush()
-        return bool(self._lib.npusim_wait_irq(self._sim, max(0, int(timeout_cycles))))
+        t = time.perf_counter()
+        fired = self._lib.npusim_wait_irq(self._sim, max(0, int(timeout_cycles)))
+        self.clock_seconds += time.perf_counter() - t
+        return bool(fired)
 
     def close(self) -> None:
         if self._sim:

@@ -6,6 +6,8 @@ named by ``NPU_FINGERPRINT_OUT``: per run its status, every counter (cycles, bus
 stall cycles included) and the duration of every trace record. Run on the cocotb
 testbench and on the fast library, the two files must be equal
 (tests/test_fastsim.py).
+
+:func:`npu_command` runs an ``npu`` command line on either path (bench/demo.py).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def fingerprint(device, config, seed):
     out = os.environ.get("NPU_FINGERPRINT_OUT")
     if out:
         Path(out).write_text(json.dumps(runs, indent=1, default=_plain))
+
+
+def npu_command(device, config, seed):
+    """``npu`` with the arguments in ``NPU_ARGV`` (a JSON list) on ``device``: the same
+    command on the fast library and under cocotb (bench/demo.py)."""
+    from host.cli import COMMANDS, _parser
+
+    opts = _parser().parse_args(json.loads(os.environ["NPU_ARGV"]))
+    assert COMMANDS[opts.command](device, opts), "the run did not pass its checks"
 
 
 def _plain(value):
