@@ -393,7 +393,7 @@ def _passed(ok: bool) -> ExitCode:
     return ExitCode.OK if ok else ExitCode.INTERNAL
 
 
-def _on_backend(opts) -> int:
+def _on_backend(opts, argv) -> int:
     if opts.backend == "golden":
         from .device import GoldenDevice
 
@@ -721,7 +721,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = _parser().parse_args(argv)
     try:
-        return _command(opts)
+        return _command(opts, argv)
     except Exception as err:
         code, line = failure(err)
         if opts.debug:
@@ -732,7 +732,7 @@ def main(argv=None) -> int:
         return code
 
 
-def _command(opts) -> int:
+def _command(opts, argv) -> int:
     if opts.command == "compile":
         return compile_cmd(opts)
     if opts.command == "disasm":
@@ -743,7 +743,7 @@ def _command(opts) -> int:
         return report_cmd(opts)
     if opts.command == "cache":
         return cache_cmd(opts)
-    return _on_backend(opts)
+    return _on_backend(opts, argv)
 
 
 if __name__ == "__main__":
