@@ -23,8 +23,8 @@ reference interpreter. Per model:
   when nothing fell back to the CPU (cycles count the NPU alone);
 * for a model the compiler cannot map onto the default config, the reason.
 
-``--rtl`` runs the same models on the Verilator NPU too (the first build takes
-minutes): outputs equal the reference, every exact counter equals the golden
+``--rtl`` runs the same models on the Verilator NPU too (the fast simulation
+library, ``verif.fastsim``; its first build takes a minute or more): outputs equal the reference, every exact counter equals the golden
 model's, and the RTL's cycles go next to the golden model's estimate.
 
 Writes ``bench/results/models.json``. Run with ``python -m bench.models [--rtl]``.
@@ -145,7 +145,7 @@ def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
 def rtl_figures(names: list[str]) -> dict[str, dict]:
     """RTL cycles of ``names`` (each runs its inputs on the Verilator NPU beside the
     golden model: outputs, exact counters and trace agree) by model."""
-    from verif.rtl_device import run_scenario
+    from verif.fastsim import run_scenario
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"

@@ -14,7 +14,7 @@ from firmware.config import CONFIGS
 from host.compiler import CompileError, compile_model
 from host.models import MLPERF_DIR
 from host.onnx_import import load_onnx
-from verif.rtl_device import run_scenario
+from verif.fastsim import run_scenario
 from verif.zoo import MLPERF_NAMES
 
 pytestmark = [pytest.mark.rtl, pytest.mark.slow]

@@ -1,7 +1,8 @@
 """Compiled models on the RTL: the runtime's results against the reference
 interpreter, and the RTL's counters and trace against the golden model.
 
-Scenarios for :func:`verif.rtl_device.run_scenario`, configured by environment
+Scenarios for :func:`verif.fastsim.run_scenario` (and
+:func:`verif.rtl_device.run_scenario`, the same under cocotb), configured by environment
 variables (each scenario's docstring lists its own): ``NPU_MODEL``, a bundled model
 name or .onnx path; ``NPU_INPUTS``, how many inputs; ``NPU_ZOO``, test zoo files;
 ``NPU_MODELS``, bundled model names for ``bench_models_rtl``.

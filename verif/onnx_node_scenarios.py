@@ -1,6 +1,6 @@
 """The ONNX backend node test cases on the RTL, next to the golden model.
 
-A scenario for :func:`verif.rtl_device.run_scenario`: many cases in one simulation
+A scenario for :func:`verif.fastsim.run_scenario`: many cases in one simulation
 (one Verilator build, one reset), each compiled for the device's configuration and
 loaded in turn on the same NPU. Environment:
 
