@@ -27,6 +27,7 @@ from firmware.config import CONFIGS, NPUConfig
 from verif.sim import (
     DEFAULT_BUILD_ARGS,
     SIM_BUILD_ROOT,
+    _locked,
     sim_build_dir,
     source_digest,
     to_verilog_cached,
@@ -44,6 +45,8 @@ VERILATOR_ARGS = (
     "-CFLAGS", "-fPIC -O2", "-LDFLAGS", "-shared",
     "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2",
 )
+# Verilator threads: 1, since two ran at 485 NPU cycles per second on the loaded
+# 2-core machine against 144,000 with one (docs/runtime.md); NPU_FASTSIM_THREADS to try.
 THREADS = int(os.environ.get("NPU_FASTSIM_THREADS", "1"))
 
 
@@ -97,10 +100,18 @@ def build(config: NPUConfig, log=None) -> Path:
     if lib.is_file():
         return lib
     out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):  # parallel test workers: one builds, the others wait for it
+        if not lib.is_file():
+            _verilate(source, out, lib)
+    return lib
+
+
+def _verilate(source: Path, out: Path, lib: Path) -> None:
     obj = out / "obj"
     log_path = out / "build.log"
+    linked = lib.with_name(lib.name + ".tmp")  # renamed when whole: readers never see half
     cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", "npu",
-           "--prefix", "Vnpu", "-Mdir", str(obj), "-o", str(lib), *VERILATOR_ARGS,
+           "--prefix", "Vnpu", "-Mdir", str(obj), "-o", str(linked), *VERILATOR_ARGS,
            *(("--threads", str(THREADS)) if THREADS > 1 else ()),
            str(HERE / "public.vlt"), str(source), str(HERE / "harness.cpp")]
     env = {**os.environ, **_verilator_env()}
@@ -109,14 +120,14 @@ def build(config: NPUConfig, log=None) -> Path:
         fh.write(" ".join(cmd) + "\n")
         fh.flush()
         done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=out)
-    if done.returncode != 0 or not lib.is_file():
+    if done.returncode != 0 or not linked.is_file():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-8:]
         raise RuntimeError(f"the Verilator build failed (log: {log_path}):\n  "
                            + "\n  ".join(tail))
+    os.replace(linked, lib)
     shutil.rmtree(obj, ignore_errors=True)  # 100+ MB of objects; the library is all we need
     with open(log_path, "a") as fh:
         fh.write(f"built {lib} in {time.time() - started:.0f} s\n")
-    return lib
 
 
 def main(argv=None) -> int:
