@@ -70,6 +70,19 @@ template <typename R>
 struct HasClockDetector<R, std::void_t<decltype(std::declval<R&>().__Vtrigprevexpr___TOP__clk__0)>>
     : std::true_type {};
 
+}  // namespace
+
+// Verilator 5's eval() runs the input-combinational logic ("ico") first, every time,
+// whether an input changed or not. The rising edge comes after an eval that already
+// settled the current inputs, so the harness runs only the edge's own phases there
+// (the loop of the generated `_eval` without its ico phase), through these
+// functions of the generated model. They are weak references: a Verilator that names
+// them differently leaves them null and the harness calls eval() instead.
+bool Vnpu___024root___eval_phase__act(Vnpu___024root*) __attribute__((weak));
+bool Vnpu___024root___eval_phase__nba(Vnpu___024root*) __attribute__((weak));
+
+namespace {
+
 template <typename T, typename V>
 bool assign(T& port, V value) {  // set an input; whether it changed
     if (port == T(value)) return false;
@@ -205,6 +218,7 @@ struct NpuSim {
         top->eval();
         for (int i = 0; i < 5; ++i) tick();
         top->rst = 0;
+        top->eval();  // every input change is evaluated before the next edge
         for (int i = 0; i < 2; ++i) tick();
     }
 
@@ -246,8 +260,7 @@ struct NpuSim {
     // takes the edge, then the testbench's new values are applied.
     void tick() {
         if (!top->rst) testbench();
-        top->clk = 1;
-        top->eval();
+        rising_edge();
         bool changed = drive();
         top->clk = 0;
         if constexpr (HasClockDetector<Vnpu___024root>::value) {
@@ -260,6 +273,21 @@ struct NpuSim {
         }
         if (watching) watch();
         ++cycle;
+    }
+
+    // The inputs are those of the last eval (drive() and the CSR calls evaluate what
+    // they change), so only the edge's phases need to run.
+    void rising_edge() {
+        top->clk = 1;
+        if (!Vnpu___024root___eval_phase__act || !Vnpu___024root___eval_phase__nba) {
+            top->eval();
+            return;
+        }
+        Vnpu___024root* root = top->rootp;
+        do {
+            while (Vnpu___024root___eval_phase__act(root)) {
+            }
+        } while (Vnpu___024root___eval_phase__nba(root));
     }
 
     void watch() {
