@@ -28,9 +28,11 @@ from pathlib import Path
 from firmware.config import NPUConfig
 
 from .device import PostedWrites, fault_windows
+from .driver import DeviceError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRAM_BYTES = 1 << 22
+NO_ANSWER = -1  # the library's answer to a CSR access the NPU never completed
 
 _u32p = ctypes.POINTER(ctypes.c_uint32)
 _u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -125,15 +127,24 @@ class VerilatorDevice(PostedWrites):
         addrs = (ctypes.c_uint32 * len(ops))(*(a for a, _ in ops))
         values = (ctypes.c_uint32 * len(ops))(*(v for _, v in ops))
         t = time.perf_counter()
-        self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
+        resp = self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
         self.clock_seconds += time.perf_counter() - t
+        if resp == NO_ANSWER:
+            self._no_answer("a CSR write")
 
     def read_reg(self, addr: int) -> int:
         self._flush()
         t = time.perf_counter()
-        self._lib.npusim_csr_read(self._sim, addr, ctypes.byref(self._value))
+        resp = self._lib.npusim_csr_read(self._sim, addr, ctypes.byref(self._value))
         self.clock_seconds += time.perf_counter() - t
+        if resp == NO_ANSWER:
+            self._no_answer(f"the CSR read at {addr:#x}")
         return self._value.value
+
+    @staticmethod
+    def _no_answer(what: str):
+        raise DeviceError(f"the simulated NPU did not answer {what} on its AXI4-Lite port "
+                          "(an RTL bug: the bus is stuck)")
 
     def read_mem(self, addr: int, size: int) -> bytes:
         self._flush()

@@ -33,6 +33,8 @@ namespace {
 
 constexpr int QUEUE_LIMIT = 2;  // cocotbext-axi's queue_occupancy_limit on every channel
 constexpr int RESP_OKAY = 0;
+constexpr int NO_ANSWER = -1;        // a CSR access the NPU did not complete in time
+constexpr uint64_t CSR_PATIENCE = 100000;  // cycles; an access takes a handful
 
 // ---- bus words of any width (Verilator: integers up to 64 bits, VlWide above) ------------
 template <typename T>
@@ -427,7 +429,10 @@ struct NpuSim {
         c_aw = c_w = c_b = true;
         drive();
         top->eval();
-        while (c_aw || c_w || c_b) tick();
+        for (uint64_t i = 0; c_aw || c_w || c_b; ++i) {
+            if (i == CSR_PATIENCE) return abandon();
+            tick();
+        }
         return c_resp;
     }
 
@@ -436,9 +441,19 @@ struct NpuSim {
         c_ar = c_r = true;
         drive();
         top->eval();
-        while (c_ar || c_r) tick();
+        for (uint64_t i = 0; c_ar || c_r; ++i) {
+            if (i == CSR_PATIENCE) return abandon();
+            tick();
+        }
         *value = c_data;
         return c_resp;
+    }
+
+    int abandon() {  // drop the access (the bus is then in an unknown state)
+        c_aw = c_w = c_b = c_ar = c_r = false;
+        drive();
+        top->eval();
+        return NO_ANSWER;
     }
 };
 
@@ -455,15 +470,19 @@ int npusim_bus_bytes(NpuSim* s) { return s->lanes; }
 
 uint64_t npusim_cycle(NpuSim* s) { return s->cycle; }
 
+// CSR accesses answer the AXI response (0 OKAY, 2 SLVERR, 3 DECERR), or -1 when the
+// NPU did not complete the handshake within CSR_PATIENCE cycles.
 int npusim_csr_read(NpuSim* s, uint32_t addr, uint32_t* value) {
     return s->csr_read(addr, value);
 }
 
-// Writes in order; returns the first error response (0: all OKAY).
+// Writes in order; returns the first error response (0: all OKAY), or -1 at once
+// when a write got no answer.
 int npusim_csr_write_many(NpuSim* s, const uint32_t* addrs, const uint32_t* values, int n) {
     int first = 0;
     for (int i = 0; i < n; ++i) {
         int resp = s->csr_write(addrs[i], values[i]);
+        if (resp == NO_ANSWER) return NO_ANSWER;
         if (resp && !first) first = resp;
     }
     return first;
