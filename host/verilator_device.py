@@ -9,9 +9,9 @@ host reads and writes its bytes directly, as a CPU shares memory with an acceler
 The clock runs only inside the library's calls (a CSR access, waiting for the
 interrupt), with no Python per cycle.
 
-:func:`open_verilator` builds the library (or finds it cached) in a subprocess:
-``python -m verif.fastsim.build`` needs ``hdl``, which the host never imports. The
-first build takes a minute or two; its output goes to a log file.
+:meth:`VerilatorDevice.open` builds the library (or finds it cached) in a
+subprocess, since ``python -m verif.fastsim.build`` needs ``hdl``, which the host never
+imports. The first build takes a minute or two; its output goes to a log file.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ _u64p = ctypes.POINTER(ctypes.c_uint64)
 _SIGNATURES = {  # name: (result, arguments)
     "npusim_create": (ctypes.c_void_p, (ctypes.c_uint64,)),
     "npusim_destroy": (None, (ctypes.c_void_p,)),
-    "npusim_bus_bytes": (ctypes.c_int, (ctypes.c_void_p,)),
     "npusim_cycle": (ctypes.c_uint64, (ctypes.c_void_p,)),
     "npusim_csr_read": (ctypes.c_int, (ctypes.c_void_p, ctypes.c_uint32, _u32p)),
     "npusim_csr_write_many": (ctypes.c_int, (ctypes.c_void_p, _u32p, _u32p, ctypes.c_int)),
@@ -48,7 +47,6 @@ _SIGNATURES = {  # name: (result, arguments)
     "npusim_dram_read": (ctypes.c_int, (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
                                         ctypes.c_uint64)),
     "npusim_wait_irq": (ctypes.c_int, (ctypes.c_void_p, ctypes.c_uint64)),
-    "npusim_run": (None, (ctypes.c_void_p, ctypes.c_uint64)),
     "npusim_set_faults": (None, (ctypes.c_void_p, _u64p, _u64p, ctypes.POINTER(ctypes.c_int),
                                  ctypes.c_int)),
     "npusim_set_backpressure": (None, (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32)),
@@ -184,11 +182,6 @@ class VerilatorDevice(PostedWrites):
         """The simulation's clock-cycle count (for figures such as swap stalls)."""
         self._flush()
         return self._lib.npusim_cycle(self._sim)
-
-    def run_cycles(self, cycles: int) -> None:
-        """Let the clock run ``cycles`` cycles."""
-        self._flush()
-        self._lib.npusim_run(self._sim, cycles)
 
     def set_bus_faults(self, windows) -> None:
         """Make DRAM answer bus errors: ``windows`` is ``[(lo, hi, resp), ...]``.

@@ -466,8 +466,6 @@ void npusim_destroy(NpuSim* s) {
     delete s;
 }
 
-int npusim_bus_bytes(NpuSim* s) { return s->lanes; }
-
 uint64_t npusim_cycle(NpuSim* s) { return s->cycle; }
 
 // CSR accesses answer the AXI response (0 OKAY, 2 SLVERR, 3 DECERR), or -1 when the
@@ -508,10 +506,6 @@ int npusim_wait_irq(NpuSim* s, uint64_t timeout) {
         if (s->top->irq) return 1;
     }
     return 0;
-}
-
-void npusim_run(NpuSim* s, uint64_t cycles) {
-    for (uint64_t i = 0; i < cycles; ++i) s->tick();
 }
 
 void npusim_set_faults(NpuSim* s, const uint64_t* lo, const uint64_t* hi, const int* resp,
