@@ -33,6 +33,18 @@ def test_fast_path_equals_cocotb_path(seed, tmp_path):
         assert fast == slow, f"{fast['job']}: fast {fast}\ncocotb {slow}"
 
 
+def test_run_boundaries_equal_cocotb_path(seed, tmp_path):
+    """The cycles at which runs start and finish around a hot swap (recorded by the
+    harness in C++, by cocotb triggers on the same signals) give the same gaps."""
+    figures = {}
+    for name, run in (("fast", fastsim.run_scenario), ("cocotb", run_cocotb)):
+        out = tmp_path / f"{name}.json"
+        run("verif.scenarios:swap_stall", "default", seed=seed,
+            extra_env={"NPU_BENCH_OUT": str(out)})
+        figures[name] = json.loads(out.read_text())
+    assert figures["fast"] == figures["cocotb"]
+
+
 def test_library_is_cached(tmp_path):
     """A second build of an unchanged design reuses the library (no Verilator run)."""
     cmd = [sys.executable, "-m", "verif.fastsim.build", "--config", "default"]
@@ -64,5 +76,5 @@ def test_npu_runs_a_model_on_the_verilator_backend():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3/3 results equal the reference interpreter" in done.stdout
     # one progress line for the build, nothing of the build's own output
-    assert [line for line in done.stdout.splitlines() if "Verilator" in line] == [
-        next(line for line in done.stdout.splitlines() if line.startswith("npu: the Verilator"))]
+    mentions = [line for line in done.stdout.splitlines() if "Verilator" in line]
+    assert len(mentions) == 1 and mentions[0].startswith("npu: the Verilator NPU"), mentions
