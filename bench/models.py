@@ -24,8 +24,9 @@ reference interpreter. Per model:
 * for a model the compiler cannot map onto the default config, the reason.
 
 ``--rtl`` runs the same models on the Verilator NPU too (the fast simulation
-library, ``verif.fastsim``; its first build takes a minute or more): outputs equal the reference, every exact counter equals the golden
-model's, and the RTL's cycles go next to the golden model's estimate.
+library, ``verif.fastsim``; its first build takes a minute or more): outputs equal
+the reference, every exact counter equals the golden model's, and the RTL's cycles
+go next to the golden model's estimate.
 
 Writes ``bench/results/models.json``. Run with ``python -m bench.models [--rtl]``.
 """
