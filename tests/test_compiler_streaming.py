@@ -172,7 +172,7 @@ def test_pipeline_balances_tokens_and_loops_uniform_steps(n):
 def test_streamed_gemm_on_the_rtl(seed):
     """The weights stream through the small NPU under Verilator: results, exact
     counters, trace and cycles equal the golden model's, cold and warm."""
-    from verif.rtl_device import run_scenario
+    from verif.fastsim import run_scenario
 
     run_scenario("verif.mlperf_shapes:streamed_gemm_vs_golden", "small", seed=seed)
 

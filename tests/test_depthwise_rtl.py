@@ -4,7 +4,7 @@ golden model (outputs, counters, trace, cycles) and the reference interpreter
 
 import pytest
 
-from verif.rtl_device import run_scenario
+from verif.fastsim import run_scenario
 
 pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
 
