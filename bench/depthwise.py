@@ -1,7 +1,7 @@
 """``make bench-depthwise``: depthwise convolution and average pooling on the golden model.
 
 Each layer is compiled for the default configuration as a one-unit model and run
-twice on the golden model (cycle-exact against the RTL; the second run has its
+twice on the golden model (within a few cycles of the RTL; the second run has its
 weights resident). Figures per layer: the unit's cycles (its region, including the
 input load and output store), the layer's MACs, MAC utilization against the
 array's peak, the channel-diagonal ceiling (one MAC per column per cycle,

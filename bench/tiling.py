@@ -1,4 +1,4 @@
-"""Streamed layers at MLPerf Tiny sizes on the golden model (cycle-exact with the RTL).
+"""Streamed layers at MLPerf Tiny sizes on the golden model (RTL within a few cycles).
 
 The FC autoencoder's dense stack and a ResNet-8 first stage (verif/mlperf_shapes.py)
 compiled for the default NPU, and for the small one with a 1024-deep instruction
