@@ -68,7 +68,9 @@ TWO = NPUConfig(rows=4, cols=4, sp_bytes=2 * 4 * 40, sp_banks=2, bus_bytes=4)
 
 @pytest.mark.parametrize("name, ports, cycles",
                          [("default", 4, 1500), ("small", 3, 1500), ("odd", 3, 500),
-                          ("two", 3, 500)])
+                          # two banks rarely grant two reads at once: 500 cycles left
+                          # multi_read uncovered for about one seed in forty
+                          ("two", 3, 2000)])
 def test_random_traffic(name, ports, cycles, seed):
     config = CONFIGS.get(name) or {"odd": ODD, "two": TWO}[name]
     dut = Scratchpad(config, ports)
