@@ -5,8 +5,10 @@ partition tables, scratchpad, tile tags, accumulators, weight buffers, scalar an
 configuration registers, counters, the region trace) and runs programs on it in
 program order. Data results, scalar registers, error codes and the counters marked
 *exact* in :data:`EXACT_COUNTERS` are what the RTL must reproduce bit for bit. Cycle
-figures come from the documented cost model (:class:`CostModel`), an estimate of
-the decoupled queues, not a promise about the RTL's cycle count.
+figures come from the documented cost model (:class:`CostModel`), a model of the
+decoupled queues, the engines, the scratchpad ports and the DMA: a run's cycles and
+its trace's cycle stamps are the RTL's exactly where :attr:`RunResult.cycles_exact`
+says so (with the simulation's memory), an estimate elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import isa
+from .bursts import burst_plan
 from .config import NPUConfig
 from .isa import CfgField, Cond, ErrorCode, GemmMode, Queue, RegionOp, Token
 from .quant import requantize, rshift_rne
@@ -29,7 +32,8 @@ EXACT_COUNTERS = (
     "instructions", "macs", "dram_read_bytes", "dram_write_bytes", "tag_hits", "tag_misses",
     "regions", "misspeculations", "runs", "errors", "trace_overflows",
 )
-"""Counters the RTL must match exactly; the others are cost-model estimates."""
+"""Counters the RTL must match exactly; the others come from the cost model (``cycles``
+is exact where :attr:`RunResult.cycles_exact` says so)."""
 
 
 def wrap32(x):
@@ -39,13 +43,14 @@ def wrap32(x):
 
 @dataclass(frozen=True)
 class CostModel:
-    """Cycle estimates of the golden model (documented in docs/isa.md).
+    """The golden model's cycle costs (documented in docs/isa.md).
 
     Each queue executes in order; the three queues overlap, ordered only by
     dependency tokens. Inside the compute queue, a ``wload`` overlaps streaming
-    GEMMs (double buffering) and GEMMs pipeline back to back; vector ops wait for
-    the GEMMs before them. The parameters are the RTL's, measured: programs of every
-    kind of instruction take the model's cycles exactly (tests/test_npu.py).
+    GEMMs (double buffering) and GEMMs pipeline back to back; the array and the
+    vector unit take turns. The parameters are the RTL's, measured: the programs of
+    ``verif.scenarios.COST_PROGRAMS`` take the model's cycles exactly
+    (tests/test_npu.py), and so do the runs :attr:`RunResult.cycles_exact` vouches for.
     """
 
     dispatch: int = 2  # sequencer cycles per instruction (check, fire + next operands)
@@ -54,21 +59,35 @@ class CostModel:
     branch_taken: int = 0  # extra cycles for a taken branch (the next pc is resolved in CHECK)
     queue_start: int = 5  # from a queue instruction's dispatch to its idle queue starting it
     drain: int = 3  # from the queues' last completion to a draining instruction's end
+    end_cycle: int = 1  # a run's cycles count the cycle its end fires in, too
     # A load or store costs its latency plus a cycle per bus beat. The latencies are the
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
     # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
     load_latency: int = 9  # start to the first beat in the scratchpad (after the R and write FIFOs)
     store_latency: int = 12  # start to the write response, less the beats
-    dma_gap: int = 1  # the next load (store) and a load's (store's) token come this much later
+    # At most this many write bursts are between the DMA's burst splitter and the
+    # memory's acceptance of their last beat (the DMA's address queue of 2, the
+    # memory's of 2 and the burst it takes data for): a burst's data comes no earlier
+    # than store_refill after the end of the data of the burst store_bursts before it.
+    store_bursts: int = 5
+    store_refill: int = 8
+    dma_gap: int = 1  # the queue's next load (store) starts this much after one ends
+    token: int = 1  # a pushed token counts in the popping queue this long after its push
     tag_hit: int = 1  # a load whose tag hits ends this long after its start...
-    tag_check: int = 3  # ... and the load queue starts its next instruction this long after
+    tag_check: int = 2  # ... and the load queue starts its next instruction this long after
     vector_latency: int = 14  # fill and drain of the vector pipeline (1 element: 15 cycles)
-    vadd_latency: int = 15  # ... for vadd (two source reads)
-    vbias_latency: int = 6  # ... for vbias (accumulators to accumulators), plus its bias windows
+    vadd_latency: int = 14  # ... for vadd, while its two reads find their banks free
+    # The vector unit's read queues: a source is read at most this many windows ahead
+    # of the operands taken from the queues (vadd's reads wait for each other's banks).
+    vector_queue: int = 7
+    vbias_latency: int = 6  # ... for vbias (after its bias words: accumulators to accumulators)
     vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
     vqtab_latency: int = 6  # ... for vqtab (table words into the unit's registers)
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
     wload_latency: int = 1  # a swap gemm may follow a k-row wload k + this cycles after its start
+    # ... one more after a one-row wload (its row is written a cycle after its data
+    # comes, and the gemm's first activation reads it at once)
+    wload_one_row: int = 1
     handoff: int = 1  # a wload waiting for a wload, a vector op for the GEMMs, starts this late
     array_stages: int = 3  # pipeline stages of a processing element (hdl.array.PE_STAGES)
     sp_read: int = 2  # a scratchpad read's grant to its data (hdl.ports.SP_READ_LATENCY)
@@ -79,10 +98,50 @@ class CostModel:
     array_exit: int = 3
     cfg: int = 1
     fire_overlap: int = 2  # a dispatch into a full queue resumes this long before a slot frees
-    retire: int = 1  # an engine's completion to its compute instruction's retirement (tokens)
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
         return (addr % bus + nbytes + bus - 1) // bus
+
+    def read_pair_delay(self, a, b, banks) -> int:
+        """Cycles by which vadd's last operand pair comes late because its two
+        sources' reads (windows at absolute addresses ``a`` and ``b``, in order) want
+        the same scratchpad banks: each cycle the first source's read wins its banks
+        (``banks(addr)``), and a source runs at most ``vector_queue`` windows ahead
+        of the pairs taken; a window's data is there ``sp_read + 1`` after its grant."""
+        n, depth, lag = len(a), self.vector_queue, self.sp_read + 1
+        grant_a: list[int] = []
+        grant_b: list[int] = []
+        occ_a = occ_b = taken = t = 0
+        last = 0
+        while taken < n:
+            req_a = len(grant_a) < n and occ_a < depth
+            req_b = len(grant_b) < n and occ_b < depth
+            got_b = req_b and not (req_a and banks(a[len(grant_a)]) & banks(b[len(grant_b)]))
+            take = (len(grant_b) > taken and grant_a[taken] + lag <= t
+                    and grant_b[taken] + lag <= t)
+            if req_a:
+                grant_a.append(t)
+            if got_b:
+                grant_b.append(t)
+            if take:
+                taken, last = taken + 1, t
+            occ_a += req_a - take
+            occ_b += got_b - take
+            t += 1
+        return last - (n - 1 + lag)
+
+    def store_data(self, bursts) -> int:
+        """Cycles from a store's first data beat to the end of its last: a beat a
+        cycle, each burst (``bursts``: their beats, in order) waiting for the burst
+        ``store_bursts`` before it."""
+        ends: deque[int] = deque(maxlen=self.store_bursts)
+        t = 0
+        for beats in bursts:
+            if len(ends) == self.store_bursts:
+                t = max(t, ends[0] + self.store_refill)
+            t += beats
+            ends.append(t)
+        return t
 
 
 @dataclass
@@ -115,6 +174,12 @@ class RunResult:
     message: str = ""
     cycles: int = 0
     instructions: int = 0
+    #: Whether ``cycles`` (and the region trace's cycle stamps) are the RTL's exactly,
+    #: with the simulation's memory: False for a run that stopped with an error, and
+    #: for one where a DMA transfer and a compute instruction used the same scratchpad
+    #: banks in overlapping cycles (the bank arbitration may hold the transfer back by
+    #: cycles the cost model does not count).
+    cycles_exact: bool = True
 
     @property
     def ok(self) -> bool:
@@ -190,6 +255,7 @@ class Machine:
         self.trace: deque[TraceRecord] = deque()
         self.regs = [0] * isa.NUM_REGS
         self.last: RunResult | None = None
+        self.inexact_runs = 0  # runs whose cycles are not exact (RunResult.cycles_exact)
         self._cursor: _Cursor | None = None
         self._reset_run_state()
 
@@ -348,6 +414,8 @@ class Machine:
             self.counters["busy_" + q] += self._time.busy[q]
         self.counters["stall_cycles"] += self._time.stall
         result.cycles = cycles
+        result.cycles_exact = result.ok and not self._time.contended
+        self.inexact_runs += not result.cycles_exact
         result.instructions = self.counters["instructions"] - cur.start_instr
         self.last = result
         return result
@@ -439,8 +507,9 @@ class Machine:
                 v = a + b if m == "add" else a - b if m == "sub" else a * b
             self._set_reg(o["rd"], v)
         elif m == "br":
-            t.branch()
-            if _compare(o["cond"], self._reg(o["rs1"]), self._reg(o["rs2"])):
+            a, b = self._reg(o["rs1"]), self._reg(o["rs2"])
+            t.branch()  # the condition's step comes after the operands' (and their wait)
+            if _compare(o["cond"], a, b):
                 t.taken_branch()
                 return self._branch(o["target"])
         elif m in ("loop", "loopr"):
@@ -558,6 +627,7 @@ class Machine:
         if slot:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
+        self._uses(writes=[(base, rows * nb)])
         return cycles
 
     def _op_store(self, o):
@@ -566,14 +636,15 @@ class Machine:
         stride = self._reg(o["stride"]) if o["stride"] else nb
         offset = (self._reg(o["sp"]) + o["off"]) & MASK32
         base = self._sp_range(o["p"], offset, rows * nb)
-        cycles = self.cost.store_latency
+        bursts = []
         for i in range(rows):
             addr = (dram + i * stride) & MASK32
             dst = self._dram_row(addr, nb)
             self.dram[dst] = self.sp[base + i * nb: base + (i + 1) * nb]
             self.counters["dram_write_bytes"] += nb
-            cycles += self.cost.dma_beats(addr, nb, self.config.bus_bytes)
-        return cycles
+            bursts += [beats for _, beats in burst_plan(addr, nb, self.config.bus_bytes)]
+        self._uses(reads=[(base, rows * nb)])
+        return self.cost.store_latency + self.cost.store_data(bursts)
 
     # compute ----------------------------------------------------------------------
     def _op_cfg(self, o):
@@ -596,6 +667,7 @@ class Machine:
         w = np.zeros((self.config.rows, self.config.cols), dtype=np.int8)
         w[:k, :n] = self.sp[base: base + k * n].view(np.int8).reshape(k, n)
         self.w[shadow], self.wdims[shadow] = w, (k, n)
+        self._uses(reads=[(base, k * n)])
         return k
 
     def _op_gemm(self, o):
@@ -614,6 +686,7 @@ class Machine:
             out = out + self.acc[acc, :n].astype(np.int64)
         self.acc[acc, :n] = wrap32(out)
         self.counters["macs"] += mrows * k * n
+        self._uses(reads=[(rows, k)])
         return mrows
 
     def _op_vbias(self, o):
@@ -624,9 +697,8 @@ class Machine:
         base = self._sp_range(o["p"], offset, 4 * n)
         bias = self.sp[base: base + 4 * n].view("<i4").astype(np.int64)
         self.acc[acc, :n] = wrap32(self.acc[acc, :n].astype(np.int64) + bias[None, :])
-        # The 4n bias bytes come first, one scratchpad window (bus_bytes, at any
-        # alignment) a cycle.
-        return self._vec_cycles(mrows, n) + -(-4 * n // self.config.bus_bytes)
+        self._uses(reads=[(base, 4 * n)])
+        return self._vec_cycles(1, 4 * n) + mrows  # the bias words, then a row a cycle
 
     def _op_vreq(self, o):
         mrows, n = o["m"], o["n"]
@@ -642,6 +714,7 @@ class Machine:
         y = requantize(self.acc[acc, :n], mul, shift, c[CfgField.QZP],
                        c[CfgField.CLIP_LO], c[CfgField.CLIP_HI])
         self._sp_write(rows, y)
+        self._uses(writes=[(rows, n)])
         return self._vec_cycles(mrows, n)
 
     def _op_vqtab(self, o):
@@ -652,6 +725,7 @@ class Machine:
         entries = self.sp[base: base + isa.QTAB_ENTRY_BYTES * n].reshape(n, -1)
         self.qtab_mul[:n] = entries[:, :4].copy().view("<i4").reshape(n)
         self.qtab_shift[:n] = entries[:, 4] & ((1 << isa.QTAB_SHIFT_BITS) - 1)
+        self._uses(reads=[(base, isa.QTAB_ENTRY_BYTES * n)])
         return -(-isa.QTAB_ENTRY_BYTES * n // self.config.bus_bytes)
 
     def _op_vadd(self, o):
@@ -665,7 +739,9 @@ class Machine:
         y = rshift_rne(s, c[CfgField.QSHIFT]) + c[CfgField.QZP]
         y = np.clip(y, c[CfgField.CLIP_LO], c[CfgField.CLIP_HI]).astype(np.int8)
         self._sp_write(rd, y)
-        return self._vec_cycles(mrows, n)
+        self._uses(reads=[(ra, n), (rb, n)], writes=[(rd, n)])
+        return self._vec_cycles(mrows, n) + self.cost.read_pair_delay(
+            self._windows(ra, n), self._windows(rb, n), self._read_banks)
 
     def _op_vclip(self, o):
         mrows, n, c = o["m"], o["n"], self.cfg
@@ -673,6 +749,7 @@ class Machine:
         rd = self._sp_rows(o["pd"], self._reg(o["d"]), mrows, n, c[CfgField.OUT_STRIDE])
         x = self._sp_read(rs, n)
         self._sp_write(rd, np.clip(x, c[CfgField.CLIP_LO], c[CfgField.CLIP_HI]).astype(np.int8))
+        self._uses(reads=[(rs, n)], writes=[(rd, n)])
         return self._vec_cycles(mrows, n)
 
     def _op_vmax(self, o):
@@ -686,6 +763,7 @@ class Machine:
                + np.arange(count)[None, :, None] * tstride + np.arange(n)[None, None, :])
         y = self.sp[idx].view(np.int8).max(axis=1)
         self._sp_write(rd, y)
+        self._uses(reads=[(src, span)], writes=[(rd, n)])
         return self._vec_cycles(mrows * count, n)
 
     def _op_vargmax(self, o):
@@ -694,10 +772,50 @@ class Machine:
         base = self._sp_range(o["p"], offset, n)
         x = self.sp[base: base + n].view(np.int8)
         self._set_reg(o["rd"], int(np.argmax(x)))
+        self._uses(reads=[(base, n)])
         return self._vec_cycles(1, n)
 
+    def _uses(self, reads=(), writes=()):
+        """Tell the timeline which scratchpad banks the instruction reads and writes:
+        ``reads``/``writes`` are (absolute row addresses, bytes per row)."""
+        # (a read takes whole windows: an unaligned one reaches into the next word)
+        w = self.config.bus_bytes - 1
+        self._time.footprint = (self._bank_mask((r, n + w) for r, n in reads),
+                                self._bank_mask(writes))
+
+    def _bank_mask(self, spans) -> int:
+        cfg, mask = self.config, 0
+        every = (1 << cfg.sp_banks) - 1
+        for rows, n in spans:
+            for r in np.atleast_1d(rows):
+                first, last = int(r) // cfg.bus_bytes, (int(r) + n - 1) // cfg.bus_bytes
+                if last - first + 1 >= cfg.sp_banks:
+                    return every
+                for word in range(first, last + 1):
+                    mask |= 1 << (word % cfg.sp_banks)
+                if mask == every:
+                    return every
+        return mask
+
+    def _windows(self, rows, n: int) -> list[int]:
+        """Absolute addresses of the windows the vector unit reads ``n``-byte rows in."""
+        w = self.config.bus_bytes
+        return [int(r) + k for r in rows for k in range(0, n, w)]
+
+    def _read_banks(self, addr: int) -> int:
+        """The scratchpad banks (a bit mask) a read window at ``addr`` needs."""
+        cfg = self.config
+        words = cfg.sp_bytes // cfg.bus_bytes
+        word = addr // cfg.bus_bytes
+        need = 1 << (word % cfg.sp_banks)
+        if addr % cfg.bus_bytes:
+            need |= 1 << ((word + 1) % words % cfg.sp_banks)
+        return need
+
     def _vec_cycles(self, rows: int, n: int) -> int:
-        return rows * -(-n // self.config.cols)
+        """Cycles of the vector unit's walk over ``rows`` rows of ``n`` bytes: one
+        scratchpad window (a bus word) a cycle."""
+        return rows * -(-n // self.config.bus_bytes)
 
 
 def _compare(cond: Cond, a: int, b: int) -> bool:
@@ -713,8 +831,11 @@ def _signed(v: int) -> int:
     return v - (1 << 32) if v >> 31 else v
 
 
+_VECTOR_OPS = ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax", "vqtab")
+
+
 class _Timeline:
-    """Discrete-event estimate of the decoupled queues (see :class:`CostModel`).
+    """Discrete-event model of the decoupled queues (see :class:`CostModel`).
 
     The sequencer dispatches one instruction per `dispatch` cycles into bounded queues; each
     queue runs in order; tokens carry the completion time of the instruction that
@@ -730,14 +851,25 @@ class _Timeline:
         self.busy = {q: 0 for q in self.free}
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
+        self.vector_done = 0  # completion of the last vector op (the vector unit is idle)
         self.wload_done = 0  # the last wload's rows are in
         self.wload_released = 0  # a swap gemm may start streaming on them
         self.last_compute = ""  # the compute queue's last instruction
+        self.retired = -1  # when the compute queue's last instruction retired
+        self._stealing = False  # the latest wload took its reads from a streaming gemm
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
-        self.retired = 0  # when the compute queue's latest instruction retired
         self.stall = 0
+        # Scratchpad use, per kind of access, of the instructions that may still overlap
+        # a later one: (start, end, banks) of DMA reads (stores) and writes (loads), compute
+        # reads and writes. The DMA's ports come last in the scratchpad's priority, so
+        # where a transfer overlaps compute of its kind, the RTL may delay the transfer
+        # by bank conflicts the cost model does not play out: the run is `contended`.
+        self.sp_use: dict[str, list[tuple[int, int]]] = {
+            k: [] for k in ("dma_read", "dma_write", "compute_read", "compute_write")}
+        self.contended = False
+        self.footprint = (0, 0)  # banks (masks) the instruction being timed reads, writes
         self._start = self._ready = 0  # of the queue instruction being dispatched
 
     def _wait(self, t: int):
@@ -784,7 +916,8 @@ class _Timeline:
         start = self._start
         late = False
         if m == "gemm":
-            start = max(start, self._ready + c.gemm_intake)
+            # The array takes a command only while the vector unit is idle.
+            start = max(start, max(self._ready, self.vector_done) + c.gemm_intake)
             if ins.ops["swap"]:
                 start = max(start, self.wload_released)
                 self.front ^= 1
@@ -794,12 +927,13 @@ class _Timeline:
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken
         elif m == "cfg":  # the vector unit holds the cfg registers: it waits for the array
-            after_array = self.array_done + c.handoff
+            after_array = max(self.array_done, self.wload_done) + c.handoff
             late = after_array >= start  # its completion then reaches the queue later
             start = max(start, after_array)
             issue = latency = cycles
-        elif m in ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax", "vqtab"):
-            start = max(start, self.array_done + c.handoff)
+        elif m in _VECTOR_OPS:
+            # ... and the vector unit only while the array is idle (wloads too).
+            start = max(start, max(self.array_done, self.wload_done) + c.handoff)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
                                         "vargmax": c.vargmax_latency,
                                         "vqtab": c.vqtab_latency}.get(m, c.vector_latency)
@@ -813,45 +947,96 @@ class _Timeline:
         if q == "compute":
             self.last_compute = m
         self.free[q] = start + issue
-        self.done[q] = max(self.done[q], end)
+        retire, token = end, end + c.token
+        if q == "compute":
+            # Completions retire in program order, one a cycle: a push (and the queue's
+            # idleness) waits for everything before it in the queue. An engine's
+            # completion reaches the queue `token` after its end, a cfg's at once
+            # (unless it waited for the array).
+            retire = self.retired = max(end, self.retired + 1)
+            token = retire + (c.token if m != "cfg" or late else 0)
+        self.done[q] = max(self.done[q], retire)
         self.busy[q] += issue if m != "wload" else cycles
         self.starts[q].append(start)
+        if not isinstance(cycles, tuple):  # a tag hit moves no data
+            self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles))
+        self.footprint = (0, 0)
         if m == "gemm":
             self.gemm_end = end
             self.array_done = max(self.array_done, end)
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
         elif m == "wload":
             self.wload_done = end
-            self.wload_released = end - (c.sp_read - 1)
-        elif m == "vargmax":
-            self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
-        token = end + (c.dma_gap if q in ("load", "store") else 0)
-        if q == "compute":
-            # Compute instructions retire in program order, one a cycle; an engine's
-            # completion reaches the queue a cycle after its end (a cfg's at once).
-            slow = m != "cfg" or late
-            token = max(end + slow * c.retire, self.retired + 1)
-            self.retired = token
+            one_row = cycles == 1 and not self._stealing
+            self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if one_row else 0)
+        elif m in _VECTOR_OPS:
+            self.vector_done = end
+            if m == "vargmax":
+                self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(token)
+
+    def _port_windows(self, q: str, m: str, start: int, end: int, cycles: int):
+        """The cycles, with a margin, in which an instruction may read and write the
+        scratchpad: ((start, end) of its reads, (start, end) of its writes)."""
+        c, pad = self.cost, 2
+        if m == "gemm":
+            # (a wload handed over while it streams pushes its last rows back by up to k)
+            reads, writes = (start, start + cycles + self.config.rows), (0, 0)
+        elif m == "wload":
+            reads, writes = (start, start + cycles + c.wload_latency + 1), (0, 0)
+        elif q == "compute":  # a vector op walks its reads first and writes last
+            reads, writes = (start, start + cycles + 3), (end - cycles - 3, end)
+        elif q == "load":
+            reads, writes = (0, 0), (start + c.load_latency - 3, end)
+        else:  # a store reads ahead of its data beats, before the write response
+            reads, writes = (start, end - 4), (0, 0)
+        return tuple((a - pad, b + pad) if a < b else (0, 0) for a, b in (reads, writes))
+
+    def _use_scratchpad(self, q: str, reads, writes):
+        """Note the scratchpad banks the instruction uses in the windows ``reads`` and
+        ``writes`` ((start, end) cycles)."""
+        if self.contended:
+            return
+        who = "compute" if q == "compute" else "dma"
+        rival = "dma" if who == "compute" else "compute"
+        horizon = min(self.free.values()) - 8  # later instructions use no earlier cycles
+        for kind, mask, (start, end) in zip(("read", "write"), self.footprint,
+                                            (reads, writes), strict=True):
+            if not mask or start >= end:
+                continue
+            if any(s < end and start < e and mask & b
+                   for s, e, b in self.sp_use[f"{rival}_{kind}"]):
+                self.contended = True
+                return
+            uses = self.sp_use[f"{who}_{kind}"]
+            uses.append((start, end, mask))
+            if len(uses) > 64:
+                uses[:] = [u for u in uses if u[1] > horizon]
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:
         """Start and latency of a ``k``-row wload that its queue could start at ``start``."""
         c, q = self.cost, "compute"
         ready = max(self._ready, self.wload_done + c.handoff)
         # Handed to the array while a gemm streams, its reads go first: the gemm's last
-        # rows wait for them, and the wload needs no cycle after its last read.
+        # rows wait for them (k cycles; the wload retires after the gemm, and the gemm's
+        # rows leave the array a cycle later still), and the wload needs no cycle after
+        # its last read.
         stealing = self.last_compute == "gemm" and ready + c.handoff < self.free[q]
+        self._stealing = stealing
         if stealing:
-            self.gemm_end += k + c.handoff
+            self.gemm_end += k
             self.array_done = max(self.array_done, self.gemm_end)
+            self.retired = max(self.retired, self.gemm_end)
             self.done[q] = max(self.done[q], self.gemm_end)
-            self.bank_free[self.front] = self.gemm_end - c.array_exit
+            self.bank_free[self.front] = self.gemm_end + c.handoff - c.array_exit
+        elif self.last_compute == "gemm":  # it may take over in the gemm's last row's cycle
+            start = max(self._ready, self.free[q] - c.handoff)
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
         start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
         # Done when its last row's data is in, sp_read - 1 after a swap gemm may start.
         return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
 
     def finish(self) -> int:
-        return max(self.now, *self.done.values())
+        return max(self.now, *self.done.values()) + self.cost.end_cycle

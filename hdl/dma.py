@@ -19,6 +19,7 @@ from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from firmware.bursts import MAX_BURST_BEATS, PAGE, burst_plan
 from firmware.config import NPUConfig
 
 from .axi import BURST_INCR, axi4_signature
@@ -37,32 +38,6 @@ from .ports import (
 )
 
 __all__ = ["DMA", "DMAShell", "MAX_BURST_BEATS", "burst_plan"]
-
-MAX_BURST_BEATS = 256
-"""AXI4 INCR bursts are at most 256 beats."""
-
-_PAGE = 4096  # AXI4 bursts must not cross a 4 KiB boundary
-
-
-def burst_plan(addr: int, nbytes: int, bus_bytes: int) -> list[tuple[int, int]]:
-    """Return the bursts the DMA issues for one row, as ``(beat address, beats)``.
-
-    The row is the ``nbytes`` bytes at DRAM ``addr``; beat addresses are aligned to
-    ``bus_bytes``. Bursts are as long as possible: they end at the row's last beat,
-    after :data:`MAX_BURST_BEATS` beats or at a 4 KiB boundary, whichever is first.
-    This is the reference the hardware is tested against.
-    """
-    if nbytes < 1:
-        raise ValueError(f"nbytes={nbytes!r}: a row has at least one byte")
-    bursts = []
-    cur, end = addr - addr % bus_bytes, addr + nbytes
-    while cur < end:
-        need = -(-(end - cur) // bus_bytes)
-        beats = min(need, MAX_BURST_BEATS, (_PAGE - cur % _PAGE) // bus_bytes)
-        bursts.append((cur % (1 << DRAM_ADDR_BITS), beats))
-        cur += beats * bus_bytes
-    return bursts
-
 
 def _desc_layout(config: NPUConfig) -> data.StructLayout:
     """What the data side of a channel needs to know about one burst (or an abort marker)."""
@@ -134,7 +109,7 @@ class _Bursts(wiring.Component):
         w = sp_word_bytes(cfg)
         s = exact_log2(w)
         spb = sp_addr_bits(cfg)
-        page = _PAGE // w  # beats per 4 KiB page
+        page = PAGE // w  # beats per 4 KiB page
         most = MAX_BURST_BEATS
 
         # the command

@@ -834,3 +834,40 @@ def test_write_program_refuses_the_active_bank():
         m.write_program([0] * (m.config.imem_depth + 1))
     m.set_partitions(parts_for(m.config), bank=m.active_bank)
     assert m.run().ok
+
+
+# ---- where the cycles are exact ----------------------------------------------------------
+# The RTL comparisons (tests/test_npu.py) check cycles only on runs the golden model calls
+# exact; these pin down which runs those are.
+
+CYCLE_TABLE = [(i * 1024, 1024) for i in range(8)]
+
+
+def _cycles_exact(source: str, args=()) -> bool:
+    machine = Machine(CONFIGS["default"])
+    return machine.load_and_run(assemble(source), CYCLE_TABLE, args=args).cycles_exact
+
+
+def test_cost_programs_are_cycle_exact():
+    from verif.scenarios import COST_ARGS, COST_PROGRAMS
+
+    inexact = [n for n, body in COST_PROGRAMS.items()
+               if not _cycles_exact(body + "end\n", COST_ARGS)]
+    assert inexact == []
+
+
+def test_dma_on_banks_compute_uses_is_not_cycle_exact():
+    # the second load writes p2 while the vclip writes p1: 64-byte rows span every bank
+    clash = ("load p0, r0, r0, r0, 1, 64, push=next\n"
+             "vclip p1, r0, p0, r0, 8, 64, pop=prev\n"
+             "load p2, r0, r0, r0, 8, 64\nend\n")
+    assert not _cycles_exact(clash)
+    # the same load after a sync: nothing overlaps
+    assert _cycles_exact(clash.replace("load p2", "sync\nload p2"))
+    # a store's reads contend with compute reads, not with compute writes
+    assert not _cycles_exact("vclip p1, r0, p0, r0, 8, 64\nstore p0, r0, r0, r0, 1, 64\nend\n")
+    assert _cycles_exact("vreq p1, r0, r0, 8, 8\nstore p3, r0, r0, r0, 1, 64\nend\n")
+
+
+def test_a_run_with_an_error_is_not_cycle_exact():
+    assert not _cycles_exact("nop\n.word 0\nend\n")

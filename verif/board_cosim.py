@@ -148,7 +148,9 @@ def _agree(what: str, rtl, gold) -> None:
     from verif.scenarios import assert_same_inference
 
     assert rtl.checked and gold.checked, f"{what}: not checked against the reference"
-    assert_same_inference(what, rtl, gold, device="board")
+    # The board's memory is not the simulation's AxiRam whose latencies the golden
+    # model's cycles are measured with: cycles are not compared.
+    assert_same_inference(what, rtl, gold, device="board", cycles=False)
 
 
 @cocotb.test()

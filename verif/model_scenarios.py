@@ -23,12 +23,22 @@ from host.driver import NPUDriver
 from host.models import MLPERF_DIR
 from host.onnx_import import load_onnx
 from host.runtime import Session
-from verif.scenarios import assert_same_inference
+from verif.scenarios import assert_same_inference, golden_cycles_exact
+
+
+def _run_both(rtl_session, gold_session, inputs):
+    """One inference on each: (RTL's, golden model's, whether the golden model counted
+    the cycles of every run of it exactly; see :func:`golden_cycles_exact`)."""
+    gold_device = gold_session.driver.device
+    mark = gold_device.machine.inexact_runs
+    rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
+    return rtl, gold, golden_cycles_exact(gold_device, mark)
 
 
 def model_vs_golden(device, config, seed):
     """Run a bundled model on RTL and golden side by side: outputs equal the reference
-    interpreter on both, and every exact counter and trace field agree per inference."""
+    interpreter on both, and every exact counter and trace field agree per inference,
+    cycles too where the golden model counts them exactly."""
     name = os.environ.get("NPU_MODEL", "mlp")
     count = int(os.environ.get("NPU_INPUTS", "4"))
     graph = load_onnx(model_path(name))
@@ -44,11 +54,12 @@ def model_vs_golden(device, config, seed):
     shape = graph.tensors[graph.inputs[0]].shape
     for i in rng.choice(len(split.x_test), size=count, replace=False):
         inputs = {graph.inputs[0]: split.x_test[i].reshape(shape).astype(np.float32)}
-        rtl, gold = (s.run(inputs) for s in sessions)
-        assert_same_inference(f"{name} #{i}", rtl, gold)
+        rtl, gold, exact = _run_both(*sessions, inputs)
+        assert_same_inference(f"{name} #{i}", rtl, gold, cycles=exact)
         print(f"{name} digit #{i}: {int(np.argmax(rtl.outputs['logits']))} "
-              f"(label {split.y_test[i]}), {rtl.cycles} cycles on the RTL, "
-              f"{gold.cycles} estimated by the golden model; results, counters and trace agree")
+              f"(label {split.y_test[i]}), {rtl.cycles} cycles on the RTL, {gold.cycles} "
+              f"on the golden model ({'checked' if exact else 'not promised'}); results, "
+              "counters and trace agree")
 
 
 def adaptive_vs_golden(device, config, seed):
@@ -88,6 +99,7 @@ def adaptive_vs_golden(device, config, seed):
         rtl = rt.run(inputs)
         if rtl.model is not mirror.model:
             mirror.install(rtl.model)
+        mark = mirror.driver.device.machine.inexact_runs
         gold = mirror.run(inputs)
         where = f"{name} inference {rtl.index} (plan {rtl.plan})"
         assert rtl.checked, where
@@ -97,7 +109,8 @@ def adaptive_vs_golden(device, config, seed):
             print(e)
         if any(e.kind == "rollback" for e in rtl.events):
             continue  # the RTL also ran the broken plan once: its tags differ
-        assert_same_inference(where, rtl, gold)
+        assert_same_inference(where, rtl, gold,
+                              cycles=golden_cycles_exact(mirror.driver.device, mark))
     kinds = {e.kind for e in rt.events}
     print("candidates now:", *(c.describe() for c in rt.candidates()), sep="\n  ")
     print("cost model:", {k: round(v, 2) for k, v in rt.cost.coef.items()})
@@ -141,8 +154,8 @@ def _zoo_file_vs_golden(file, device, config, count):
     outputs = []
     for row in rows:
         inputs = {name: npz["input"][row].reshape(shape)}
-        rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
-        assert_same_inference(f"{file} input #{row}", rtl, gold)
+        rtl, gold, exact = _run_both(rtl_session, gold_session, inputs)
+        assert_same_inference(f"{file} input #{row}", rtl, gold, cycles=exact)
         outputs.append(rtl.outputs)
     stacked = {out: np.stack([o[out] for o in outputs]) for out in outputs[0]}
     assert_matches_onnxruntime(entry, stacked, npz, rows=list(rows))
@@ -194,8 +207,8 @@ def bench_models_rtl(device, config, seed):
                                      (device, GoldenDevice(config)))
         cycles = []
         for i, inputs in enumerate(model_inputs(name, graph)[:count]):
-            rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
-            assert_same_inference(f"{name} input #{i}", rtl, gold)
+            rtl, gold, exact = _run_both(rtl_session, gold_session, inputs)
+            assert_same_inference(f"{name} input #{i}", rtl, gold, cycles=exact)
             cycles.append((rtl.cycles, gold.cycles))
         warm = cycles[1:] or cycles
         figures[name] = {"rtl_cycles_first": cycles[0][0],
@@ -220,8 +233,8 @@ def depthwise_vs_golden(device, config, seed):
         shape = graph.tensors["x"].shape
         for i in range(int(os.environ.get("NPU_INPUTS", "2"))):
             inputs = {"x": rng.integers(-128, 128, shape, dtype=np.int8)}
-            rtl, gold = rtl_session.run(inputs), gold_session.run(inputs)
-            assert_same_inference(f"{name} input #{i}", rtl, gold)
+            rtl, gold, exact = _run_both(rtl_session, gold_session, inputs)
+            assert_same_inference(f"{name} input #{i}", rtl, gold, cycles=exact)
             gaps.setdefault(name, set()).add(rtl.cycles - gold.cycles)
             print(f"{name} input #{i}: {rtl.cycles} cycles on the RTL, {gold.cycles} golden")
     _zoo_file_vs_golden("dwsep.qdq-pt-s8.onnx", device, config, 1)

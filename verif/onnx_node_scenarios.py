@@ -24,7 +24,7 @@ from host.driver import NPUDriver
 from host.onnx_import import load_onnx
 from host.runtime import Session
 from verif.onnx_cases import CASES, check_expected, freeze_case, load_case, npu_nodes
-from verif.scenarios import assert_same_inference
+from verif.scenarios import assert_same_inference, golden_cycles_exact
 
 
 def random_inputs(like: dict, rng: np.random.Generator) -> dict:
@@ -42,10 +42,16 @@ def random_inputs(like: dict, rng: np.random.Generator) -> dict:
     return out
 
 
-def _agree(where: str, rtl, gold) -> None:
-    """RTL and golden inferences: checked, equal outputs, exact counters and trace fields."""
+def _agree(where: str, sessions, inputs) -> tuple:
+    """Run ``inputs`` on the RTL's and the golden model's session: both checked, equal
+    outputs, exact counters and trace fields, and cycles where the golden model counts
+    them exactly. Returns the two inferences."""
+    gold_device = sessions[1].driver.device
+    mark = gold_device.machine.inexact_runs
+    rtl, gold = (s.run(inputs) for s in sessions)
     assert rtl.checked and gold.checked, f"{where}: not checked against the reference"
-    assert_same_inference(where, rtl, gold)
+    assert_same_inference(where, rtl, gold, cycles=golden_cycles_exact(gold_device, mark))
+    return rtl, gold
 
 
 def node_cases_vs_golden(device, config, seed):
@@ -55,7 +61,8 @@ def node_cases_vs_golden(device, config, seed):
     outputs equal ONNX's expected outputs exactly (the rule of
     :func:`verif.onnx_cases.check_expected`), the reference interpreter's
     (``Session(check=True)``) and the golden model's; the exact counters and
-    trace fields agree. Seeded random input sets get the same checks except
+    trace fields agree, cycles too where the golden model counts them exactly. Seeded
+    random input sets get the same checks except
     ONNX's (it has no expected outputs for them). Cases placed entirely on the CPU
     are skipped with a note. Raises ``AssertionError`` on a mismatch or when fewer
     than ``NPU_ONNX_MIN_NPU`` cases ran on the NPU.
@@ -86,14 +93,12 @@ def node_cases_vs_golden(device, config, seed):
             for s in sessions:
                 s.load()
             where = f"{name} data set {d}"
-            rtl, gold = (s.run(ins) for s in sessions)
-            _agree(where, rtl, gold)
+            rtl, gold = _agree(where, sessions, ins)
             check_expected(name, model, rtl.outputs, ins, consts, outs)
             inferences += 1
             for r in range(randoms):
                 extra = random_inputs(ins, rng)
-                rtl, gold = (s.run(extra) for s in sessions)
-                _agree(f"{name} random set {r} (seed {seed})", rtl, gold)
+                rtl, gold = _agree(f"{name} random set {r} (seed {seed})", sessions, extra)
                 inferences += 1
             print(f"{where}: {npu_nodes(graph)} NPU node(s), {rtl.counters['instructions']} "
                   f"instructions, {rtl.cycles} RTL cycles; equals ONNX, the reference and "

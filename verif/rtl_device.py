@@ -199,6 +199,7 @@ class NpuTestbench:
             side.log.setLevel(logging.WARNING)
         self.run_events: list[tuple[int, str]] = []
         self._watchers: list = []
+        self.backpressure = backpressure  # the memory pauses at random (wait states)
         if backpressure:
             rng = random.Random(seed)
 
