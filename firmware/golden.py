@@ -856,6 +856,7 @@ class _Timeline:
         self.wload_released = 0  # a swap gemm may start streaming on them
         self.last_compute = ""  # the compute queue's last instruction
         self.retired = -1  # when the compute queue's last instruction retired
+        self.pushed = 0  # when its retirement reached the queue's token counters
         self._stealing = False  # the latest wload took its reads from a streaming gemm
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
@@ -949,12 +950,13 @@ class _Timeline:
         self.free[q] = start + issue
         retire, token = end, end + c.token
         if q == "compute":
-            # Completions retire in program order, one a cycle: a push (and the queue's
-            # idleness) waits for everything before it in the queue. An engine's
-            # completion reaches the queue `token` after its end, a cfg's at once
-            # (unless it waited for the array).
+            # Completions retire in program order, one a cycle: the queue's idleness and
+            # a push wait for everything before it in the queue. An engine's completion
+            # reaches the queue `token` after its end, a cfg's at once (unless it
+            # waited for the array), and the push is counted then.
             retire = self.retired = max(end, self.retired + 1)
-            token = retire + (c.token if m != "cfg" or late else 0)
+            slow = m != "cfg" or late
+            token = self.pushed = max(end + slow * c.token, self.pushed + 1)
         self.done[q] = max(self.done[q], retire)
         self.busy[q] += issue if m != "wload" else cycles
         self.starts[q].append(start)
