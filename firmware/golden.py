@@ -847,7 +847,8 @@ class _Timeline:
         self.now = 0  # sequencer time
         self.free = {"load": 0, "compute": 0, "store": 0}  # next start possible
         self.done = {"load": 0, "compute": 0, "store": 0}  # last completion
-        self.starts = {q: deque() for q in self.free}  # for the bounded queue depth
+        # (start, mnemonic) of each queue's instructions, for the bounded queue depth
+        self.starts = {q: deque() for q in self.free}
         self.busy = {q: 0 for q in self.free}
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
@@ -900,7 +901,12 @@ class _Timeline:
         starts = self.starts[q]
         if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
             # (the steps before it ran meanwhile)
-            self._wait(starts.popleft() - self.cost.fire_overlap)
+            oldest, kind = starts.popleft()
+            if kind in ("gemm", "wload") and oldest - self.cost.fire_overlap > self.now:
+                # The array takes a command before it starts it (a gemm queues behind a
+                # streaming one): the entry frees earlier than the model's start says.
+                self.contended = True
+            self._wait(oldest - self.cost.fire_overlap)
         ready = self.now + self.cost.queue_start
         for flag in (Token.POP_PREV, Token.POP_NEXT):
             if tokens & flag:
@@ -959,7 +965,7 @@ class _Timeline:
             token = self.pushed = max(end + slow * c.token, self.pushed + 1)
         self.done[q] = max(self.done[q], retire)
         self.busy[q] += issue if m != "wload" else cycles
-        self.starts[q].append(start)
+        self.starts[q].append((start, m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
             self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles))
         self.footprint = (0, 0)
