@@ -105,6 +105,7 @@ class VerilatorDevice(PostedWrites):
 
     def __init__(self, library: Path | str, dram_bytes: int = DRAM_BYTES):
         super().__init__()
+        self.backpressure_percent = 0  # DRAM pauses (set_backpressure): wait states
         self._lib = lib = ctypes.CDLL(str(library))
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
@@ -203,6 +204,7 @@ class VerilatorDevice(PostedWrites):
         pattern drawn from ``seed``."""
         self._flush()
         self._lib.npusim_set_backpressure(self._sim, seed & (2**64 - 1), percent)
+        self.backpressure_percent = percent
 
     def watch_runs(self, on: bool = True) -> None:
         """Start (or stop) recording the cycles at which runs start and finish."""
