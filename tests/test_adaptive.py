@@ -1,8 +1,8 @@
 """The adaptive runtime on the golden NPU: fusion, hot swap, validation, rollback,
 de-fusion, the compile cache across runtimes, and its refusals.
 
-The golden model is cycle-exact with the RTL, so the cycle figures asserted here
-are deterministic properties of the plans, not timings. tests/test_adaptive_rtl.py
+The golden model is deterministic and takes the RTL's cycles where it says exact,
+so the cycle figures asserted here are properties of the plans, not timings. tests/test_adaptive_rtl.py
 runs the same loop on the Verilator NPU.
 """
 
@@ -291,7 +291,7 @@ def test_speculation_bets_on_the_hot_expert_and_pays_on_hits(seed):
         [str(e) for e in rt.events]
     spec = rt.report()["speculation"]
     assert spec["bets"] > 0
-    # Compare a hit with the unfused plan on the same input (cycle-exact model).
+    # Compare a hit with the unfused plan on the same input (deterministic model).
     bet_model = next(r.model for r in [rt.run(x) for x in xs[-6:]]
                      if any(u.id >= 16384 for u in r.model.units))
     base = compile_model(rt.graph, CONFIGS["default"], simplified=True)

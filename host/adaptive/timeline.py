@@ -1,7 +1,8 @@
 """Unit cycles from the golden model's timeline, before the device runs a plan.
 
-The golden model's cost model is cycle-exact against the RTL (tests/test_npu.py
-runs every kind of instruction on both). So the best prediction of what a freshly
+The golden model's cost model takes the RTL's cycles wherever a run is marked
+`RunResult.cycles_exact` (tests/test_golden.py pins each timing mechanism), and
+comes within a few cycles elsewhere. So the best prediction of what a freshly
 compiled plan's units will cost is to run the plan on the golden model: twice,
 on zero inputs, and take each region's cycles from the warm second run (its
 weights hit their tags, as in steady state).

@@ -6,8 +6,8 @@ at compile time. The model predicts steady-state figures (resident weights hit
 their tags): DRAM bytes exactly, and cycles
 
 * from the golden model's timeline when the work carries one (``timeline``: the
-  unit's warm cycles when its plan ran on the golden model, which is cycle-exact
-  against the RTL; :mod:`host.adaptive.timeline`), plus a refitted extra latency
+  unit's warm cycles when its plan ran on the golden model, which takes the
+  RTL's cycles where it says exact; :mod:`host.adaptive.timeline`), plus a refitted extra latency
   per DMA transfer for a device whose memory is slower than the simulation's;
 * otherwise as a linear function of the work whose initial coefficients come
   from the hardware profile (bus width, array size). A streamed unit
