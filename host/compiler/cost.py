@@ -169,3 +169,28 @@ class CostModel:
                 break
             free &= b > 0
         self.coef = {t: max(0.0, float(v)) for t, v in zip(TERMS, b, strict=True)}
+
+
+def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 0) -> float:
+    """Predicted array and vector cycles of a convolution mapping
+    (:mod:`host.compiler.convrows`), to rank mappings before emitting one.
+
+    ``plan`` holds per group of output rows (rows of each ``gemm``, ``gemm``\\ s per
+    reduction tile, accumulator rows, ``vreq``\\ s, rows they requantize); ``tiles``
+    reduction tiles per output-column tile. A ``wload`` takes its ``k`` reads from
+    the ``gemm`` streaming before it, and may not fill a bank before the rows of the
+    ``gemm`` two before it have left the array, so a tile costs the longer of
+    ``m + k + 2`` and the array's round trip; the vector unit waits for the array to
+    drain and the array for the vector unit (``docs/isa.md``, the cycle rules).
+    """
+    rows, cols, bus = config.rows, config.cols, config.bus_bytes
+    round_trip = rows + cols + 10
+    drain = rows + cols + 3
+    ncol = -(-oc // cols)
+    total = -(-copy_bytes // bus)
+    for gemm_rows, gemms, acc_rows, vreqs, vreq_rows in plan:
+        per_col = tiles * gemms * max(gemm_rows + rows + 2, round_trip) + drain
+        per_col += acc_rows + -(-4 * cols // bus) + 7  # vbias
+        per_col += vreq_rows + vreqs * 15  # vreq
+        total += ncol * per_col
+    return float(total)

@@ -42,6 +42,8 @@ from firmware.config import NPUConfig
 from firmware.isa import QTAB_ENTRY_BYTES
 
 from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QAvgPool, QConv, QGemm, Requant
+from .convrows import ConvRows, groups
+from .convrows import choose as choose_rows
 from .emit import Emitter
 from .layout import Layout
 from .plan import ALIASES, CompileError, UnitInfo
@@ -577,9 +579,13 @@ class Lowering:
         return part, sp, self.place.blobs[n.name]
 
     def requant_tile(self, part: str, blob: Blob, j: int, wj: str, acc: str, m: int,
-                     n_j: int, y: str):
+                     n_j: int, y: str, split=None):
         """Bias and requantization of column tile ``j`` (its constants at register
-        ``wj``): ``m`` accumulator rows from ``acc`` to int8 at ``y``."""
+        ``wj``): ``m`` accumulator rows from ``acc`` to int8 at ``y``. With ``split``
+        = (output rows, accumulator pitch, positions, output row bytes, two free
+        registers) only the first positions of each output row's accumulator rows
+        are requantized, one dense output row after the other (a long convolution
+        GEMM's rows past an output row's end are dropped)."""
         e = self.e
         if blob.bias:
             e.compute(f"vbias {part}, {wj}, {acc}, {m}, {n_j}, "
@@ -588,12 +594,24 @@ class Lowering:
         if blob.qtab:  # this column tile's multipliers and shifts
             e.compute(f"vqtab {part}, {wj}, {n_j}, off={blob.qtab[j] - blob.tiles[(j, 0)]}")
             tab = ", tab=1"
-        e.compute(f"vreq {P_WORK}, {y}, {acc}, {m}, {n_j}{tab}")
+        if split is None:
+            e.compute(f"vreq {P_WORK}, {y}, {acc}, {m}, {n_j}{tab}")
+            return
+        nr, pitch, ow, row_bytes, (ra, ry) = split
+        e.op(f"addi {ra}, {acc}, 0")
+        e.op(f"addi {ry}, {y}, 0")
+        end = e.new_label("vreq")
+        e.op(f"loop {nr}, {end}")
+        e.compute(f"vreq {P_WORK}, {ry}, {ra}, {ow}, {n_j}{tab}")
+        e.op(f"addi {ra}, {ra}, {pitch}")
+        e.op(f"addi {ry}, {ry}, {row_bytes}")
+        e.loop_end(end)
 
     def _column_tiles(self, n: Node, part: str, wsp, blob: Blob, nn: int, m: int,
-                      y_off, chain, regs, j0: int = 0):
+                      y_off, chain, regs, j0: int = 0, split=None):
         """For each output-column tile: ``chain`` (the GEMMs into ``m`` accumulator
-        rows), bias, requantization to ``y_off + j*cols`` (row pitch cfg.out_stride).
+        rows), bias, requantization to ``y_off + j*cols`` (row pitch cfg.out_stride;
+        ``split``: only some rows, see :meth:`requant_tile`).
 
         ``wsp`` and ``y_off`` are offsets, or ``(register, offset)`` where a base
         register holds part of the address; ``j0`` is the blob's first column tile
@@ -617,7 +635,7 @@ class Lowering:
         def one(j: int, n_j: int):
             chain(wj, aj, n_j)
             j += j0
-            self.requant_tile(part, blob, j, wj, aj, m, n_j, yj)
+            self.requant_tile(part, blob, j, wj, aj, m, n_j, yj, split)
 
         def step():
             e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
@@ -711,38 +729,60 @@ class Lowering:
         oc, _, kh, kw = n.weight.shape
         _, _, oh, ow = self.tensor[n.outputs[0]].shape
         sh, sw = n.strides
+        pt, pl, pb, pr = n.pads
         self._need_nhwc(n, n.inputs[0])
-        xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
+        rows = self.conv_rows(n, phased=True)
+        if rows.phases > 1:
+            xp, hp, img = self._padded_phases(n, n.inputs[0], (bn, h, w, c), rows)
+        else:
+            xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
+            img = hp * wp * c
         y_off = self.out(n.outputs[0])
         part, wsp, blob = self._weights(n)
         e.set_cfg("gemm_stride", sw * c)
         e.set_cfg("out_stride", oc)
         self._requant_cfg(n.requant)
         wo, xo, ao, *cols = e.scratch(6)
-        # Output rows in groups that fit the accumulators (one group when all do).
-        if ow > cfg.acc_rows:
-            raise CompileError(f"an output row of {ow} positions exceeds the "
-                               f"{cfg.acc_rows} accumulator rows", n.name)
-        per = oh if oh * ow <= cfg.acc_rows else cfg.acc_rows // ow
-        groups = [(b, r0, min(per, oh - r0)) for b in range(bn) for r0 in range(0, oh, per)]
         # Long kernel rows (wide windows of many channels) loop over their
         # reduction tiles when a register is free for it: a shorter program.
         free = [r for r in LOOP_REGS if r not in e.result_regs.values()]
         xq = free[0] if free and kw * c >= LOOP_TILES * cfg.rows else None
-        for b, r0, nr in groups:
-            chain = self.conv_chain(n, part, wp, nr, ow, xp + (b * hp + r0 * sh) * wp * c,
-                                    (wo, xo, ao), xq)
-            self._column_tiles(n, part, wsp, blob, oc, nr * ow,
-                               y_off + (b * oh + r0) * ow * oc, chain, cols)
+        for b in range(bn):
+            for r0, nr in groups(oh, rows.per):
+                chain = self.conv_chain(n, part, rows, hp, nr, ow,
+                                        xp + b * img + r0 * rows.x_step(c, sh), (wo, xo, ao), xq)
+                self._column_tiles(n, part, wsp, blob, oc, rows.acc_rows(nr, ow),
+                                   y_off + (b * oh + r0) * ow * oc, chain, cols,
+                                   split=rows.split(nr, ow, oc, (xo, ao)))
         return bn * oh * ow * oc * c * kh * kw
 
-    def conv_chain(self, n: QConv, part: str, wp: int, nr: int, ow: int, x_at, regs,
-                   xq: str | None = None):
+    def conv_rows(self, n: QConv, phased: bool) -> ConvRows:
+        """The mapping of ``n``'s output rows the cost model predicts fastest
+        (:mod:`.convrows`); ``phased``: its input may be copied by row phase."""
+        bn, c, h, w = self.tensor[n.inputs[0]].shape
+        oc, _, kh, kw = n.weight.shape
+        _, _, oh, ow = self.tensor[n.outputs[0]].shape
+        sh, sw = n.strides
+        pt, pl, pb, pr = n.pads
+        geom = (c, oh, ow, kh, sh, sw, w + pl + pr)
+        tiles = len(conv_tiles(kh, kw * c, self.config.rows))
+        # Without padding the plain mapping reads the input where it is; a phased
+        # one copies it.
+        copy = 0 if any(n.pads) else bn * h * w * c
+        rows = choose_rows(geom, tiles, oc, self.config, phased, copy)
+        if rows is None:
+            raise CompileError(f"an output row of {ow} positions exceeds the "
+                               f"{self.config.acc_rows} accumulator rows", n.name)
+        return rows
+
+    def conv_chain(self, n: QConv, part: str, rows: ConvRows, hp: int, nr: int, ow: int,
+                   x_at, regs, xq: str | None = None):
         """The chain of one output-column tile of a convolution: ``nr`` output rows
-        of ``ow`` positions, one per pass of a hardware loop, each every reduction
-        tile (a ``wload`` and a ``gemm`` of ``ow`` rows). The input window rows
-        start at ``x_at`` (an offset, or ``(register, offset)``), padded rows
-        ``wp`` pixels wide. With a fourth register ``xq`` the full reduction
+        of ``ow`` positions mapped as ``rows`` says (:mod:`.convrows`): every
+        reduction tile (a ``wload`` and a ``gemm``) once for all of them, or once
+        per output row in a hardware loop. The input window rows start at
+        ``x_at`` (an offset, or ``(register, offset)``), ``hp`` padded rows of
+        ``rows.wp`` pixels. With a fourth register ``xq`` the full reduction
         tiles of each kernel row run in a hardware loop (a shorter program)."""
         cfg, e = self.config, self.e
         oc, c, kh, kw = n.weight.shape
@@ -750,8 +790,11 @@ class Lowering:
         red = kw * c
         tiles = conv_tiles(kh, red, cfg.rows)
         # Device offset of reduction row (r, t0) of a window: kernel row r is an
-        # input row further down; within it, (kw, c) bytes are contiguous.
-        rel = [(r0 // red) * wp * c + r0 % red for r0, _ in tiles]
+        # input row further down (in its phase); within it, (kw, c) bytes are
+        # contiguous.
+        rel = [rows.kernel_row_at(r0 // red, c, hp, sh) + r0 % red for r0, _ in tiles]
+        m = rows.gemm_rows(nr, ow)
+        passes = nr if rows.kind == "rows" else 1
         wo, xo, ao = regs
 
         def unrolled(n_j, first, last):
@@ -759,7 +802,7 @@ class Lowering:
                 k_t, off = tiles[i][1], rel[i]
                 e.compute(f"wload {part}, {wo}, {k_t}, {n_j}")
                 mode = "accumulate" if i else "overwrite"
-                e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {ow}, swap=1, off={off}")
+                e.compute(f"gemm.{mode} {P_WORK}, {xo}, {ao}, {m}, swap=1, off={off}")
                 if i < len(tiles) - 1:
                     e.op(f"addi {wo}, {wo}, {k_t * n_j}")
 
@@ -778,29 +821,30 @@ class Lowering:
                 end = e.new_label("red")
                 e.op(f"loop {len(full)}, {end}")
                 e.compute(f"wload {part}, {wo}, {cfg.rows}, {n_j}")
-                e.compute(f"gemm.accumulate {P_WORK}, {xq}, {ao}, {ow}, swap=1")
+                e.compute(f"gemm.accumulate {P_WORK}, {xq}, {ao}, {m}, swap=1")
                 e.op(f"addi {wo}, {wo}, {cfg.rows * n_j}")
                 e.op(f"addi {xq}, {xq}, {cfg.rows}")
                 e.loop_end(end)
                 unrolled(n_j, full[-1] + 1, last)
 
         def chain(wj, aj, n_j):
-            # One output row (ow positions) per iteration: every reduction tile.
+            # One pass per output row (the rows mapping) or one for them all.
             if isinstance(x_at, tuple):
                 e.op(f"addi {xo}, {x_at[0]}, {x_at[1]}")
             else:
                 e.op(f"li {xo}, {x_at}")
             e.op(f"addi {ao}, {aj}, 0")
-            end = e.new_label("rows") if nr >= 2 else None
+            end = e.new_label("rows") if passes >= 2 else None
             if end:
-                e.op(f"loop {nr}, {end}")
+                e.op(f"loop {passes}, {end}")
             e.op(f"addi {wo}, {wj}, 0")
             if xq is None:
                 unrolled(n_j, 0, len(tiles))
             else:
                 looped(n_j)
-            e.op(f"addi {xo}, {xo}, {sh * wp * c}")
-            e.op(f"addi {ao}, {ao}, {ow}")
+            if passes >= 2:
+                e.op(f"addi {xo}, {xo}, {rows.x_step(c, sh)}")
+                e.op(f"addi {ao}, {ao}, {ow}")
             if end:
                 e.loop_end(end)
 
@@ -840,6 +884,47 @@ class Lowering:
             frm = e.reg(src + b * h * w * c)
             e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {h}, {w * c}")
         return dst, hp, wp
+
+    def _padded_phases(self, n: QConv, tensor, nhwc, rows: ConvRows) -> tuple[int, int, int]:
+        """Offset, padded height and image bytes of ``tensor`` (NHWC) copied into a
+        padded buffer by row phase (:mod:`.convrows`): for each phase ``f`` of the
+        row stride that a kernel row reads, the padded rows ``f, f + sh, ...`` of
+        ``rows.wp`` pixels, one after the other."""
+        bn, h, w, c = nhwc
+        sh = n.strides[0]
+        pt, pl, pb, pr = n.pads
+        hp, wq = h + pt + pb, rows.wp
+        if wq * c > MAX_ROW_BYTES:
+            raise CompileError(f"padded rows of {wq * c} bytes exceed a vector row", n.name)
+        hq = rows.phase_rows(hp, sh)
+        used = min(n.weight.shape[2], sh)
+        img = used * hq * wq * c
+        dst = self.alloc(bn * img, f"padded input of {n.name}")
+        src = self.at(tensor)
+        e = self.e
+        covered = all(len(range((f - pt) % sh, h, sh)) == hq and (f - pt) % sh + pt < sh
+                      for f in range(used))
+        if any(n.pads) or wq != w or not covered:
+            e.set_cfg("clip_hi", n.pad_value)
+            e.set_cfg("clip_lo", n.pad_value)
+            e.set_cfg("in_stride", 0)
+            e.set_cfg("out_stride", 0)
+            d = e.reg(dst)
+            e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {bn * used * hq}, {wq * c}")
+        e.set_cfg("clip_lo", -128)
+        e.set_cfg("clip_hi", 127)
+        e.set_cfg("in_stride", sh * w * c)
+        e.set_cfg("out_stride", wq * c)
+        for b in range(bn):
+            for f in range(used):
+                s0 = (f - pt) % sh  # the first source row of phase f
+                if s0 >= h:
+                    continue
+                count = len(range(s0, h, sh))
+                to = e.reg(dst + b * img + (f * hq + (s0 + pt) // sh) * wq * c + pl * c)
+                frm = e.reg(src + (b * h + s0) * w * c)
+                e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {count}, {w * c}")
+        return dst, hp, img
 
     def maxpool(self, n: MaxPool):
         e = self.e

@@ -314,9 +314,6 @@ class _ConvStream:
         if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
             raise CompileError(f"padded input rows of {wp * c} bytes or output rows of "
                                f"{ow * oc} bytes exceed one DMA row ({MAX_ROW_BYTES})")
-        if ow > cfg.acc_rows:
-            raise CompileError(f"an output row of {ow} positions exceeds the "
-                               f"{cfg.acc_rows} accumulator rows")
         return c, h, w, oc, kh, oh, ow, pt, pl, pr, wp
 
     def emit(self) -> dict:
@@ -328,6 +325,7 @@ class _ConvStream:
         blob = low.place.blobs[n.name]
         work = e.work.snapshot()
         low._reset()
+        rows = low.conv_rows(n, phased=False)  # a band's rows, one or more per gemm
         row0 = pr * c  # buffer offset of band row 0 (the pad fix-up starts a row above)
         try:
             wpart, wsp = low._place_blob(blob)
@@ -339,7 +337,7 @@ class _ConvStream:
             hb = (r - 1) * sh + kh
             return align(row0 + hb * wp * c + pl * c) + align(r * ow * oc)
 
-        fits = [r for r in range(1, min(oh, cfg.acc_rows // ow, MAX_ROWS) + 1)
+        fits = [r for r in range(1, min(oh, rows.per, MAX_ROWS) + 1)
                 if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
         if not fits:
             raise CompileError(f"one output row of {n.name} needs {2 * set_bytes(1)} bytes "
@@ -423,8 +421,9 @@ class _ConvStream:
             low._requant_cfg(n.requant)
             e.op(f"addi {obuf}, {ibuf}, {inb}")
             wo, xo, ao, *cols = e.scratch(6)
-            chain = low.conv_chain(n, wpart, wp, nr, ow, (ibuf, row0), (wo, xo, ao), xq)
-            low._column_tiles(n, wpart, wsp, blob, oc, nr * ow, (obuf, 0), chain, cols)
+            chain = low.conv_chain(n, wpart, rows, hb, nr, ow, (ibuf, row0), (wo, xo, ao), xq)
+            low._column_tiles(n, wpart, wsp, blob, oc, rows.acc_rows(nr, ow), (obuf, 0), chain,
+                              cols, split=rows.split(nr, ow, oc, (xo, ao)))
             e.marker(push="prev,next" if push else "next")
             e.op(f"store {P_WORK}, {obuf}, {sdram}, r0, {nr}, {ow * oc}", pop="prev",
                  push="prev" if s + 2 < steps else "", queue="store")

@@ -1,0 +1,148 @@
+"""How a convolution's output pixels map onto GEMM rows.
+
+A convolution runs, per group of output rows and per reduction tile (a kernel
+row's chunk of ``KW * C`` window bytes), one ``wload`` and ``gemm`` rows that each
+read one output pixel's window. Two mappings (:class:`ConvRows`):
+
+* ``rows``: one ``gemm`` of ``OW`` rows per output row. Short GEMMs leave the
+  array idle while the next ``wload`` waits for the rows before it to leave.
+* ``long`` ("implicit GEMM over the padded width"): with the input's pad columns
+  present, output pixel ``(r, c)`` reads its kernel-row window at byte
+  ``x_step * r + sw * C * c``, so one ``gemm`` with ``cfg.gemm_stride = sw * C``
+  covers a whole group of output rows, ``pitch = x_step / (sw * C)`` GEMM rows
+  per output row. The ``pitch - OW`` rows at the end of each output row read
+  across the row's end; their accumulator rows are never requantized. With a
+  row stride ``sh > 1`` the input rows may be stored by phase (``row % sh``, the
+  padded copy deinterleaves them: ``phases > 1``), so that one output row is one
+  padded row of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw``.
+
+:func:`choose` keeps the mapping :func:`host.compiler.cost.conv_cycles` predicts
+fastest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import conv_cycles
+
+GEMM_ROWS = 4096  # rows of one gemm
+
+
+@dataclass(frozen=True)
+class ConvRows:
+    """One way to run a convolution's output rows on the array.
+
+    Members
+    -------
+    kind : ``"rows"`` (a ``gemm`` per output row) or ``"long"`` (a ``gemm`` per
+        group of output rows).
+    wp : width of the padded input rows the code reads, in pixels (wider than the
+        padding needs when a phased layout wants a multiple of the column stride).
+    phases : input rows stored by phase of the row stride (1: in order).
+    pitch : GEMM and accumulator rows from one output row to the next.
+    per : output rows per group (the accumulators hold a group).
+    """
+
+    kind: str
+    wp: int
+    phases: int
+    pitch: int
+    per: int
+
+    def gemm_rows(self, nr: int, ow: int) -> int:
+        """Rows of each ``gemm`` (and accumulator rows) of a group of ``nr`` output rows."""
+        return ow if self.kind == "rows" else (nr - 1) * self.pitch + ow
+
+    def acc_rows(self, nr: int, ow: int) -> int:
+        """Accumulator rows a group of ``nr`` output rows uses."""
+        return nr * ow if self.kind == "rows" else self.gemm_rows(nr, ow)
+
+    def split(self, nr: int, ow: int, oc: int, regs):
+        """How a group's requantization drops the rows past each output row's end
+        (``Lowering.requant_tile``'s ``split``; None when no row is dropped)."""
+        if self.acc_rows(nr, ow) == nr * ow:
+            return None
+        return nr, self.pitch, ow, ow * oc, regs
+
+    def x_step(self, c: int, sh: int) -> int:
+        """Input bytes from one output row's windows to the next's."""
+        return self.wp * c * (sh if self.phases == 1 else 1)
+
+    def phase_rows(self, hp: int, sh: int) -> int:
+        """Padded rows per phase (all of them when not phased)."""
+        return hp if self.phases == 1 else -(-hp // sh)
+
+    def kernel_row_at(self, kr: int, c: int, hp: int, sh: int) -> int:
+        """Byte offset of kernel row ``kr``'s window of output row 0, from the buffer's start."""
+        if self.phases == 1:
+            return kr * self.wp * c
+        phase, row = kr % sh, kr // sh
+        return (phase * self.phase_rows(hp, sh) + row) * self.wp * c
+
+
+def groups(oh: int, per: int) -> list[tuple[int, int]]:
+    """(first output row, rows) of balanced groups of at most ``per`` rows."""
+    count = -(-oh // per)
+    base, extra = divmod(oh, count)
+    out, r0 = [], 0
+    for g in range(count):
+        nr = base + (g < extra)
+        out.append((r0, nr))
+        r0 += nr
+    return out
+
+
+def _per(pitch: int, ow: int, oh: int, acc_rows: int) -> int:
+    """Output rows per group: ``(per - 1) * pitch + ow`` accumulator rows fit."""
+    limit = min(acc_rows, GEMM_ROWS)
+    if ow > limit:
+        return 0
+    return min(oh, (limit - ow) // pitch + 1)
+
+
+def candidates(geom, acc_rows: int, phased: bool) -> list[ConvRows]:
+    """Every mapping the geometry allows. ``geom`` = (c, oh, ow, kh, sh, sw, wp);
+    ``phased``: the input is copied into its padded buffer (it may be deinterleaved)."""
+    c, oh, ow, kh, sh, sw, wp = geom
+    out = []
+    per = _per(ow, ow, oh, acc_rows)
+    if per:
+        out.append(ConvRows("rows", wp, 1, ow, per))
+    if (sh * wp) % sw == 0:
+        pitch = sh * wp // sw
+        per = _per(pitch, ow, oh, acc_rows)
+        if per:
+            out.append(ConvRows("long", wp, 1, pitch, per))
+    if phased and sh > 1:
+        wq = -(-wp // sw) * sw
+        pitch = wq // sw
+        per = _per(pitch, ow, oh, acc_rows)
+        if per:
+            out.append(ConvRows("long", wq, sh, pitch, per))
+    return out
+
+
+def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0) -> float:
+    """Predicted cycles of mapping ``m`` (:func:`host.compiler.cost.conv_cycles`)."""
+    c, oh, ow, kh, sh, sw, wp = geom
+    plan = []
+    for _, nr in groups(oh, m.per):
+        if m.kind == "rows":
+            plan.append((ow, nr, nr * ow, 1, nr * ow))
+        else:
+            rows = m.gemm_rows(nr, ow)
+            vreqs = 1 if m.pitch == ow else nr
+            plan.append((rows, 1, rows, vreqs, nr * ow))
+    return conv_cycles(config, plan, tiles, oc, copy_bytes if m.phases > 1 else 0)
+
+
+def choose(geom, tiles: int, oc: int, config, phased: bool,
+           copy_bytes: int = 0) -> ConvRows | None:
+    """The mapping with the fewest predicted cycles (None when no output row fits
+    the accumulators). ``tiles``: reduction tiles per output-column tile;
+    ``copy_bytes``: bytes a phased layout copies that the plain one does not."""
+    options = candidates(geom, config.acc_rows, phased)
+    if not options:
+        return None
+    return min(options, key=lambda m: predict(m, geom, tiles, oc, config, copy_bytes))
