@@ -34,10 +34,13 @@ from .lower import (
     P_WORK,
     CompileError,
     TooBig,
+    LOOP_TILES,
     align,
     ceil_div,
+    conv_tiles,
     gemm_tiles,
 )
+from .convrows import groups
 
 # Registers a streamed unit steps (never the scratch registers the operators own).
 # r3 selects the segment only at the program's entry; r4..r7, r14, r15 hold
@@ -161,11 +164,35 @@ def stream_unit(low, u, why: CompileError) -> dict:
     try:
         if isinstance(n, QGemm):
             return _GemmStream(low, u, n).emit()
-        return _ConvStream(low, u, n).emit()
+        return _fastest(low, [_ConvStream(low, u, n), _ConvWeightStream(low, u, n)])
     except NotStreamable:
         raise
     except CompileError as err:
         raise low._refuse(why, f"streaming: {err}") from None
+
+
+def _fastest(low, ways) -> dict:
+    """Emit each way that fits, keep the one the cost model predicts fastest
+    (the first refusal is raised when none fits)."""
+    from .cost import CostModel  # noqa: PLC0415 (cost imports nothing of ours)
+
+    e, model = low.e, CostModel(low.config)
+    start = e.checkpoint()
+    best, refusal = None, None
+    for way in ways:
+        try:
+            stats = way.emit()
+        except CompileError as err:
+            refusal = refusal or err
+            e.rollback(start)
+            continue
+        cycles = model.predict(stats["work"])
+        if best is None or cycles < best[0]:
+            best = (cycles, way)
+        e.rollback(start)
+    if best is None:
+        raise refusal
+    return best[1].emit()
 
 
 class _GemmStream:
@@ -457,3 +484,136 @@ class _ConvStream:
             e.set_cfg(name, v)
         r = at if reg else e.reg(at)
         e.compute(f"vclip {P_WORK}, {r}, {P_WORK}, {r}, {rows}, {row_bytes}")
+
+
+def column_pieces(blob, ncol: int, nn: int, red_tiles, g: int, cols: int):
+    """(first column tile, column tiles, blob offset, bytes) of each group of ``g``
+    output-column tiles of ``blob``: its weight tiles, biases and requantization
+    table are contiguous, so a group is one transfer. The last group ends where
+    its content does (the blob is padded to whole DMA rows after it)."""
+    last = ncol - 1
+    n_last = nn - last * cols
+    if blob.qtab:
+        data_end = blob.qtab[last] + QTAB_ENTRY_BYTES * n_last
+    elif blob.bias:
+        data_end = blob.bias[last] + 4 * n_last
+    else:
+        data_end = blob.tiles[(last, len(red_tiles) - 1)] + red_tiles[-1][1] * n_last
+    data_end = align(data_end, 4)
+    pieces = []
+    for j0 in range(0, ncol, g):
+        start = blob.tiles[(j0, 0)]
+        end = blob.tiles[(j0 + g, 0)] if j0 + g < ncol else data_end
+        pieces.append((j0, min(g, ncol - j0), start, end - start))
+    return pieces
+
+
+class _ConvWeightStream:
+    """A convolution whose weights stream through two buffers, a group of
+    output-column tiles per step, while its image stays on chip whole (loaded
+    and padded once; the output leaves at the end). For layers whose weights
+    are too large to leave room for bands of image rows of a useful height."""
+
+    def __init__(self, low, u, n: QConv):
+        self.low, self.u, self.n = low, u, n
+        self.e, self.cfg = low.e, low.config
+
+    def emit(self) -> dict:
+        low, e, cfg, n = self.low, self.e, self.cfg, self.n
+        blob = low.place.blobs[n.name]
+        if blob.slot:
+            raise CompileError("its weights are resident")
+        bn, c, h, w = low.tensor[n.inputs[0]].shape
+        oc, _, kh, kw = n.weight.shape
+        _, _, oh, ow = low.tensor[n.outputs[0]].shape
+        sh, sw = n.strides
+        low._need_nhwc(n, n.inputs[0])
+        x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
+        work = e.work.snapshot()
+        low._reset()
+        rows = low.conv_rows(n, phased=True)
+        ncol = ceil_div(oc, cfg.cols)
+        red = conv_tiles(kh, kw * c, cfg.rows)
+        js = blob.j_stride() if ncol > 1 else len(blob.data)
+        loops = kw * c >= LOOP_TILES * cfg.rows
+        low._begin(self.u, " (streamed weights)")
+        ibuf, isum, ldram, yreg, *xq = pipe_regs(e, 5 if loops else 4, n.name)
+        try:
+            low._load_tensor(x, "next")
+            e.marker(pop="prev")  # the padded copy reads the input
+            if rows.phases > 1:
+                xp, hp, img = low._padded_phases(n, x, (bn, h, w, c), rows)
+            else:
+                xp, hp, wp = low._padded(n, x, (bn, h, w, c), n.pads, n.pad_value)
+                img = hp * wp * c
+            low.out(y)
+            room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
+            g = min(ncol, room // js, max(1, ceil_div(ncol, 4)))
+            if g < 1:
+                raise CompileError(f"one output-column tile of {n.name} ({js} bytes) "
+                                   f"exceeds half the {2 * room} bytes left beside its image")
+            g = next((d for d in range(g, (g + 1) // 2 - 1, -1) if ncol % d == 0), g)
+            pieces = column_pieces(blob, ncol, oc, red, g, cfg.cols)
+            size = max(p[3] for p in pieces)
+            bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(2)]
+        except TooBig as err:
+            raise CompileError(str(err)) from None
+        steps = len(pieces)
+        e.comment(f"{steps} steps of {g} column tiles")
+        e.op(f"li {ibuf}, {bufs[0]}")
+        e.op(f"li {isum}, {bufs[0] + bufs[1]}")
+        e.op(f"addi {ldram}, r1, {blob.dram}")
+        e.op(f"li {yreg}, {low.at(y)}")
+
+        def load(s, pop):
+            parts = transfers(pieces[s][3])
+            for i, (off, nrows, row) in enumerate(parts):
+                d, s_ = ibuf, ldram
+                if off:
+                    d, s_ = e.scratch(2)
+                    e.op(f"addi {d}, {ibuf}, {off}")
+                    e.op(f"addi {s_}, {ldram}, {off}")
+                e.op(f"load {P_WORK}, {d}, {s_}, r0, {nrows}, {row}",
+                     pop=pop if i == 0 else "",
+                     push="next" if i == len(parts) - 1 else "", queue="load")
+            e.op(f"addi {ldram}, {ldram}, {g * js}")
+
+        def compute(s, push):
+            j0, gj, _, _ = pieces[s]
+            cols = min(gj * cfg.cols, oc - j0 * cfg.cols)
+            e.pop_next_compute("prev")
+            e.set_cfg("gemm_stride", sw * c)
+            e.set_cfg("out_stride", oc)
+            low._requant_cfg(n.requant)
+            wo, xo, ao, *regs = e.scratch(6)
+            for b in range(bn):
+                for r0, nr in groups(oh, rows.per):
+                    chain = low.conv_chain(n, P_WORK, rows, hp, nr, ow,
+                                           xp + b * img + r0 * rows.x_step(c, sh),
+                                           (wo, xo, ao), xq[0] if xq else None)
+                    low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols,
+                                      rows.acc_rows(nr, ow),
+                                      (yreg, (b * oh + r0) * ow * oc), chain, regs, j0=j0,
+                                      split=rows.split(nr, ow, oc, (xo, ao)))
+            if push:
+                e.push_after_last_compute("prev")
+
+        def toggle():
+            e.op(f"sub {ibuf}, {isum}, {ibuf}")
+
+        def advance():
+            e.op(f"addi {yreg}, {yreg}, {g * cfg.cols}")
+
+        def same(s):
+            return pieces[s][1] == g and pieces[s + 2][3] == pieces[0][3] \
+                if s + 2 < steps else False
+
+        def same_tail(s):
+            return pieces[s][1] == pieces[s + 1][1] == g and \
+                min(g * cfg.cols, oc - pieces[s + 1][0] * cfg.cols) == g * cfg.cols
+
+        pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
+        e.push_after_last_compute("next")
+        low._store_tensor(y)
+        e.op(f"region.end {self.u.id}")
+        return _Stats(bn * oh * ow * oc * c * kh * kw, steps).finish(low, e, work)
