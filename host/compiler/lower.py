@@ -33,6 +33,7 @@ emitted exactly as before.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -232,6 +233,7 @@ class Lowering:
         """
         from .stream import STREAM_BYTES, NotStreamable, stream_unit, streamable  # needs us
 
+        u = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
         checkpoint = self.e.checkpoint()
         blob = self.place.blobs.get(u.nodes[0].name)
         if streamable(u) and isinstance(u.nodes[0], QGemm) and not blob.slot \
@@ -254,6 +256,22 @@ class Lowering:
                     return stream_unit(self, u, err)
                 except NotStreamable:
                     raise tiled from None
+
+    def gemm_view(self, n: Node) -> Node:
+        """``n``, or for a pointwise convolution (1x1, stride 1, no padding, one
+        group) on a channels-last input the GEMM it is: ``N*H*W`` pixel rows of
+        ``C`` bytes times ``C x OC`` weights, whose blob is the convolution's. The
+        unit then takes the GEMM paths: one long ``gemm`` per weight tile, M tiling,
+        streamed weights."""
+        if not isinstance(n, QConv) or n.group != 1 or n.weight.shape[2:] != (1, 1) \
+                or tuple(n.strides) != (1, 1) or any(n.pads):
+            return n
+        lay = self.layout(n.inputs[0])
+        if lay.axes != (0, 2, 3, 1) or lay.src_shape != self.tensor[n.inputs[0]].shape:
+            return n
+        return QGemm(n.name, list(n.inputs), list(n.outputs), device=n.device,
+                     weight=np.ascontiguousarray(n.weight[:, :, 0, 0].T), bias=n.bias,
+                     requant=n.requant)
 
     def _reset(self):
         self.sp: dict[str, int] = {}
