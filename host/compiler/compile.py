@@ -67,6 +67,11 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     return _Compiler(graph, config, subs, log, weight_budget).run()
 
 
+#: Cycles one instruction of the bank is worth when choosing how to lower a unit:
+#: each a compile, the next only when the program outgrew the bank.
+INSTRUCTION_PRICES = (0.0, 20.0, 100.0, 1e9)
+
+
 class _Compiler:
     def __init__(self, graph, config, subs, log, weight_budget):
         self.g, self.config, self.subs, self.log = graph, config, subs, log
@@ -95,14 +100,10 @@ class _Compiler:
             p = self.prod.get(t)
         return t
 
-    # ---- analysis ----------------------------------------------------------------------
-    def run(self) -> CompiledModel:
-        self.units = self._unit_infos()
-        self._storage()
-        self._layouts: dict[str, Layout] = {}
-        place = self._place()
+    def _emit(self, place, price: float):
+        """The program's source and words, lowering at ``price`` cycles an instruction."""
         e = Emitter()
-        low = Lowering(self.config, e, place, self.tensors, self.root, self.layout)
+        low = Lowering(self.config, e, place, self.tensors, self.root, self.layout, price)
         self.low, self.e, self.emitted = low, e, set()
         self.done_roots: set[str] = set()
         npu_stages = sorted({s for s in self.top_stage.values() if s % 2})
@@ -124,7 +125,22 @@ class _Compiler:
             program = asm.assemble(source)
         except asm.AsmError as err:  # a compiler bug, never the user's model
             raise RuntimeError(f"the compiler wrote invalid assembly: {err}") from err
-        if len(program) > self.config.imem_depth:
+        return source, program
+
+    # ---- analysis ----------------------------------------------------------------------
+    def run(self) -> CompiledModel:
+        self.units = self._unit_infos()
+        self._storage()
+        self._layouts: dict[str, Layout] = {}
+        place = self._place()
+        # Where ways of lowering a unit differ in speed and size, the fastest wins
+        # unless the program outgrows the bank: then each instruction is priced in
+        # cycles, ever higher, until it fits.
+        for price in INSTRUCTION_PRICES:
+            source, program = self._emit(place, price)
+            if len(program) <= self.config.imem_depth:
+                break
+        else:
             raise CompileError(f"the program has {len(program)} instructions; an instruction "
                                f"bank holds {self.config.imem_depth}")
         for u, sub in zip(self.units, self.subs, strict=True):
@@ -133,7 +149,7 @@ class _Compiler:
         wb = place.weights_bytes
         parts = [(0, wb), (wb, self.config.sp_bytes - wb)]
         return CompiledModel(self.g, self.config, program, source, self.subs, place, layouts,
-                             {t: int(r[1:]) for t, r in e.result_regs.items()},
+                             {t: int(r[1:]) for t, r in self.e.result_regs.items()},
                              self.top_stage, parts, self.log)
 
     def _unit_infos(self) -> list[UnitInfo]:

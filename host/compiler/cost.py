@@ -12,7 +12,8 @@ their tags): DRAM bytes exactly, and cycles
 * otherwise as a linear function of the work whose initial coefficients come
   from the hardware profile (bus width, array size). A streamed unit
   (:mod:`host.compiler.stream`) moves its data while it computes: its DMA terms
-  and its compute terms overlap, so it costs the larger of the two.
+  and its compute terms overlap, so it costs the larger of the two plus one
+  step of the smaller (the first loads and the last stores overlap nothing).
 
 :meth:`CostModel.fit` refits both on measured region cycles.
 """
@@ -43,6 +44,7 @@ def features(work: dict, config: NPUConfig) -> dict:
     return {
         "timeline": work.get("timeline"),
         "streamed": bool(work.get("streamed")),
+        "steps": int(work.get("streamed") or 0),
         "fixed": 1,
         "instructions": work["instructions"],
         "transfers": work["loads"] + work["stores"],
@@ -103,7 +105,9 @@ class CostModel:
         if f["streamed"]:
             dma = sum(self.coef[t] * f[t] for t in DMA_TERMS)
             rest = sum(self.coef[t] * f[t] for t in TERMS if t not in DMA_TERMS)
-            return max(0.0, float(max(dma, rest)))
+            # The first step's loads and the last one's stores have nothing to
+            # overlap: about one step of the shorter side shows.
+            return max(0.0, float(max(dma, rest) + min(dma, rest) / max(f["steps"], 1)))
         return max(0.0, float(sum(self.coef[t] * f[t] for t in TERMS)))
 
     def observe(self, work: dict, cycles: int, cold: bool = False):

@@ -55,6 +55,9 @@ WORK_LIMIT = 1 << 16  # working-area offsets travel in 16-bit immediates (gemm, 
 MAX_ROW_BYTES = 4096  # load/store bytes per row, vector n
 MAX_ROWS = 256  # load/store rows
 LOOP_REGS = ("r15", "r14", "r7")  # for a convolution's reduction loop (not a result)
+# Registers a convolution's row-group loop may step besides (r3 selects the segment
+# only at the program's entry; the others hold vargmax results when a model has them).
+PIPE_REGS = ("r3", "r4", "r5", "r6", "r7", "r14", "r15")
 LOOP_TILES = 8  # full reduction tiles per kernel row from which they loop
 
 
@@ -163,6 +166,11 @@ def _blob(node: str, w2d: np.ndarray, red_tiles: list[tuple[int, int]], bias,
     return Blob(node, data, rows, row_bytes, tiles, biases, qtabs)
 
 
+def _shift(at, delta: int):
+    """An address (an offset, or ``(register, offset)``) ``delta`` bytes on."""
+    return (at[0], at[1] + delta) if isinstance(at, tuple) else at + delta
+
+
 def gemm_tiles(k: int, rows: int) -> list[tuple[int, int]]:
     """Reduction tiles (start, size) of a K-long reduction on a ``rows``-deep array."""
     return [(t * rows, min(rows, k - t * rows)) for t in range(ceil_div(k, rows))]
@@ -206,11 +214,13 @@ class Lowering:
 
     ``tensor`` maps every visible tensor name to its :class:`~host.ir.Tensor`;
     ``root`` resolves aliases (Flatten/Reshape) to the tensor holding the bytes;
-    ``layout`` gives each root's device layout.
+    ``layout`` gives each root's device layout; ``instruction_price`` is what an
+    instruction of the bank costs, in cycles, where ways of lowering a unit
+    compete (:func:`.stream.fastest`).
     """
 
     def __init__(self, config: NPUConfig, emit: Emitter, place: Placement, tensor, root,
-                 layout):
+                 layout, instruction_price: float = 0.0):
         self.config = config
         self.e = emit
         self.place = place
@@ -218,6 +228,8 @@ class Lowering:
         self.root = root
         self.layout = layout
         self.work_size = config.sp_bytes - place.weights_bytes
+        # Cycles an instruction is worth where ways of lowering a unit compete.
+        self.instruction_price = instruction_price
 
     # ---- one unit ---------------------------------------------------------------------
     def unit(self, u: UnitInfo) -> dict:
@@ -231,11 +243,31 @@ class Lowering:
         weights are not resident and larger than :data:`STREAM_BYTES` streams
         them even when they would fit: their loads then overlap its compute.
         """
-        from .stream import STREAM_BYTES, NotStreamable, stream_unit, streamable  # needs us
+        from .stream import (  # they build on this module
+            STREAM_BYTES,
+            NotStreamable,
+            fastest,
+            stream_unit,
+            streamable,
+        )
 
         u = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
         checkpoint = self.e.checkpoint()
         blob = self.place.blobs.get(u.nodes[0].name)
+        if streamable(u) and isinstance(u.nodes[0], QConv):
+            # A convolution that fits whole may still be faster streamed (its
+            # loads and stores overlap its compute): the cost model says.
+            refused = []
+
+            def whole():
+                try:
+                    return self._unit_whole(u)
+                except TooBig as err:
+                    refused.append(err)
+                    raise
+
+            return fastest(self, [whole, lambda: stream_unit(
+                self, u, refused[0] if refused else CompileError(f"unit {u.id}"))])
         if streamable(u) and isinstance(u.nodes[0], QGemm) and not blob.slot \
                 and len(blob.data) > STREAM_BYTES:
             try:
@@ -275,6 +307,7 @@ class Lowering:
 
     def _reset(self):
         self.sp: dict[str, int] = {}
+        self._dead: set[str] = set()  # the current node's inputs nothing reads after it
         self._top = 0
         self._blob_at: dict[str, tuple[str, int]] = {}
         self._tile: tuple[int, int] | None = None  # (rows M, rows of this tile)
@@ -311,9 +344,11 @@ class Lowering:
                 else:
                     self._load_blob(what, push)
         stored = set(u.outputs)
-        for n in u.nodes:
+        for i, n in enumerate(u.nodes):
             if n.name in first_of:
                 e.pop_next_compute()
+            later = {self.root(t) for m in u.nodes[i + 1:] for t in m.inputs}
+            self._dead = {self.root(t) for t in n.inputs} - later - stored
             stats["macs"] += self.node(n)
             for o in n.outputs:
                 r = self.root(o)
@@ -755,6 +790,7 @@ class Lowering:
         else:
             xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
             img = hp * wp * c
+        self._reuse_input(n, xp)
         y_off = self.out(n.outputs[0])
         part, wsp, blob = self._weights(n)
         e.set_cfg("gemm_stride", sw * c)
@@ -765,14 +801,55 @@ class Lowering:
         # reduction tiles when a register is free for it: a shorter program.
         free = [r for r in LOOP_REGS if r not in e.result_regs.values()]
         xq = free[0] if free and kw * c >= LOOP_TILES * cfg.rows else None
+        spare = [r for r in PIPE_REGS if r not in e.result_regs.values() and r != xq]
+
+        def group(nr, x_at, y_at):
+            chain = self.conv_chain(n, part, rows, hp, nr, ow, x_at, (wo, xo, ao), xq)
+            self._column_tiles(n, part, wsp, blob, oc, rows.acc_rows(nr, ow), y_at, chain,
+                               cols, split=rows.split(nr, ow, oc, (xo, ao)))
+
         for b in range(bn):
-            for r0, nr in groups(oh, rows.per):
-                chain = self.conv_chain(n, part, rows, hp, nr, ow,
-                                        xp + b * img + r0 * rows.x_step(c, sh), (wo, xo, ao), xq)
-                self._column_tiles(n, part, wsp, blob, oc, rows.acc_rows(nr, ow),
-                                   y_off + (b * oh + r0) * ow * oc, chain, cols,
-                                   split=rows.split(nr, ow, oc, (xo, ao)))
+            self.conv_groups(n, rows, xp + b * img, y_off + b * oh * ow * oc, group, spare)
         return bn * oh * ow * oc * c * kh * kw
+
+    def conv_groups(self, n: QConv, rows: ConvRows, x_at, y_at, emit, spare: list[str]):
+        """``emit(nr, x_at, y_at)`` for each group of output rows of one image
+        (:func:`.convrows.groups`), from input ``x_at`` and output ``y_at`` (offsets,
+        or ``(register, offset)``). Runs of equal groups step two ``spare``
+        registers in a hardware loop when there are two: a shorter program."""
+        e = self.e
+        c, sh = self.tensor[n.inputs[0]].shape[1], n.strides[0]
+        _, oc, oh, ow = self.tensor[n.outputs[0]].shape
+        sizes = [nr for _, nr in groups(oh, rows.per)]
+        for nr, run in itertools.groupby(sizes):
+            count = len(list(run))
+            dx, dy = nr * rows.x_step(c, sh), nr * ow * oc
+            if count >= 2 and len(spare) >= 2:
+                xg, yg = spare[:2]
+                for reg, at in ((xg, x_at), (yg, y_at)):
+                    e.clobber(reg)
+                    e.op(f"addi {reg}, {at[0]}, {at[1]}" if isinstance(at, tuple)
+                         else f"li {reg}, {at}")
+                end = e.new_label("groups")
+                e.op(f"loop {count}, {end}")
+                emit(nr, (xg, 0), (yg, 0))
+                e.op(f"addi {xg}, {xg}, {dx}")
+                e.op(f"addi {yg}, {yg}, {dy}")
+                e.loop_end(end)
+                x_at, y_at = _shift(x_at, count * dx), _shift(y_at, count * dy)
+                continue
+            for _ in range(count):
+                emit(nr, x_at, y_at)
+                x_at, y_at = _shift(x_at, dx), _shift(y_at, dy)
+
+    def _reuse_input(self, n: QConv, xp: int):
+        """Let ``n``'s output take its input's buffer when the input was copied into
+        a padded one (``xp``) and nothing reads it after ``n``: the copy completes
+        before any requantization writes (the compute queue runs in order)."""
+        x, y = self.root(n.inputs[0]), self.root(n.outputs[0])
+        if xp != self.at(x) and x in self._dead and y not in self.sp \
+                and self.tensor[y].size <= self.tensor[x].size:
+            self.sp[y] = self.sp[x]
 
     def conv_rows(self, n: QConv, phased: bool) -> ConvRows:
         """The mapping of ``n``'s output rows the cost model predicts fastest
@@ -885,14 +962,11 @@ class Lowering:
             raise CompileError(f"padded rows of {wp * c} bytes exceed a vector row", n.name)
         dst = self.alloc(bn * hp * wp * c, f"padded input of {n.name}")
         e = self.e
-        # Fill with the pad value (a clip to [fill, fill] of anything), then copy
-        # the rows in with the source and destination pitches.
-        e.set_cfg("clip_hi", fill)
-        e.set_cfg("clip_lo", fill)
-        e.set_cfg("in_stride", 0)
-        e.set_cfg("out_stride", 0)
-        d = e.reg(dst)
-        e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {bn * hp}, {wp * c}")
+        # Fill the pad bytes with the pad value, then copy the rows in with the
+        # source and destination pitches.
+        inside = (pl * c, (pl + w) * c)
+        self._fill_pads(dst, [inside if pt <= p < pt + h else None
+                              for _ in range(bn) for p in range(hp)], wp * c, fill)
         e.set_cfg("clip_lo", -128)
         e.set_cfg("clip_hi", 127)
         e.set_cfg("in_stride", w * c)
@@ -902,6 +976,51 @@ class Lowering:
             frm = e.reg(src + b * h * w * c)
             e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {h}, {w * c}")
         return dst, hp, wp
+
+    def _fill_pads(self, dst: int, rows: list, pitch: int, fill: int):
+        """Write ``fill`` over the pad bytes of ``len(rows)`` rows of ``pitch`` bytes
+        at ``dst``: all of a row that is None, the bytes outside ``(lo, hi)``
+        otherwise. Pad bytes that touch merge into runs; runs of one length one
+        row apart (a row's right pad and the next one's left) take one strided
+        ``vclip``, the others dense ones."""
+        runs: list[list[int]] = []  # [start, length]
+
+        def pad(start, length):
+            if length <= 0:
+                return
+            if runs and runs[-1][0] + runs[-1][1] == start:
+                runs[-1][1] += length
+            else:
+                runs.append([start, length])
+
+        for i, inside in enumerate(rows):
+            at = dst + i * pitch
+            lo, hi = inside or (pitch, pitch)
+            pad(at, lo)
+            pad(at + hi, pitch - hi)
+        e = self.e
+        e.set_cfg("clip_hi", fill)
+        e.set_cfg("clip_lo", fill)
+        i = 0
+        while i < len(runs):
+            start, length = runs[i]
+            j = i + 1
+            while j < len(runs) and runs[j][1] == length and \
+                    runs[j][0] - runs[j - 1][0] == pitch and j - i < 4096:
+                j += 1
+            if j - i >= 2 and length <= MAX_ROW_BYTES:
+                e.set_cfg("in_stride", pitch)
+                e.set_cfg("out_stride", pitch)
+                d = e.reg(start)
+                e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {j - i}, {length}")
+            else:
+                j = i + 1
+                e.set_cfg("in_stride", 0)
+                e.set_cfg("out_stride", 0)
+                for off, nrows, nb in self._flat(length):
+                    d = e.reg(start + off)
+                    e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {nrows}, {nb}")
+            i = j
 
     def _padded_phases(self, n: QConv, tensor, nhwc, rows: ConvRows) -> tuple[int, int, int]:
         """Offset, padded height and image bytes of ``tensor`` (NHWC) copied into a
@@ -920,15 +1039,10 @@ class Lowering:
         dst = self.alloc(bn * img, f"padded input of {n.name}")
         src = self.at(tensor)
         e = self.e
-        covered = all(len(range((f - pt) % sh, h, sh)) == hq and (f - pt) % sh + pt < sh
-                      for f in range(used))
-        if any(n.pads) or wq != w or not covered:
-            e.set_cfg("clip_hi", n.pad_value)
-            e.set_cfg("clip_lo", n.pad_value)
-            e.set_cfg("in_stride", 0)
-            e.set_cfg("out_stride", 0)
-            d = e.reg(dst)
-            e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {bn * used * hq}, {wq * c}")
+        inside = (pl * c, (pl + w) * c)
+        self._fill_pads(dst, [inside if pt <= q * sh + f < pt + h else None
+                              for _ in range(bn) for f in range(used) for q in range(hq)],
+                        wq * c, n.pad_value)
         e.set_cfg("clip_lo", -128)
         e.set_cfg("clip_hi", 127)
         e.set_cfg("in_stride", sh * w * c)

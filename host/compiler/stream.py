@@ -32,6 +32,7 @@ from .lower import (
     MAX_ROW_BYTES,
     MAX_ROWS,
     P_WORK,
+    PIPE_REGS,
     CompileError,
     TooBig,
     LOOP_TILES,
@@ -40,12 +41,7 @@ from .lower import (
     conv_tiles,
     gemm_tiles,
 )
-from .convrows import groups
 
-# Registers a streamed unit steps (never the scratch registers the operators own).
-# r3 selects the segment only at the program's entry; r4..r7, r14, r15 hold
-# vargmax results when a model has them.
-PIPE_REGS = ("r3", "r4", "r5", "r6", "r7", "r14", "r15")
 STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
 
 
@@ -164,35 +160,42 @@ def stream_unit(low, u, why: CompileError) -> dict:
     try:
         if isinstance(n, QGemm):
             return _GemmStream(low, u, n).emit()
-        return _fastest(low, [_ConvStream(low, u, n), _ConvWeightStream(low, u, n)])
+        # The image stream's refusal (the last) says more when neither fits.
+        ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n))
+        return fastest(low, [w.emit for w in ways])
     except NotStreamable:
         raise
     except CompileError as err:
         raise low._refuse(why, f"streaming: {err}") from None
 
 
-def _fastest(low, ways) -> dict:
-    """Emit each way that fits, keep the one the cost model predicts fastest
-    (the first refusal is raised when none fits)."""
+def fastest(low, ways) -> dict:
+    """Emit each way (a function emitting the unit and returning its resource use)
+    that fits, keep the one the cost model predicts fastest, its instructions
+    priced at ``low.instruction_price`` cycles each; when none fits, raise the
+    last refusal."""
     from .cost import CostModel  # noqa: PLC0415 (cost imports nothing of ours)
 
     e, model = low.e, CostModel(low.config)
     start = e.checkpoint()
+    len_at = len(e.lines)
     best, refusal = None, None
     for way in ways:
         try:
-            stats = way.emit()
+            stats = way()
         except CompileError as err:
-            refusal = refusal or err
+            refusal = err
             e.rollback(start)
             continue
-        cycles = model.predict(stats["work"])
+        size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
+                   and not ln.endswith(":"))
+        cycles = model.predict(stats["work"]) + low.instruction_price * size
         if best is None or cycles < best[0]:
             best = (cycles, way)
         e.rollback(start)
     if best is None:
         raise refusal
-    return best[1].emit()
+    return best[1]()
 
 
 class _GemmStream:
@@ -538,6 +541,8 @@ class _ConvWeightStream:
         loops = kw * c >= LOOP_TILES * cfg.rows
         low._begin(self.u, " (streamed weights)")
         ibuf, isum, ldram, yreg, *xq = pipe_regs(e, 5 if loops else 4, n.name)
+        spare = [r for r in PIPE_REGS if r not in e.result_regs.values()
+                 and r not in (ibuf, isum, ldram, yreg, *xq)]
         try:
             low._load_tensor(x, "next")
             e.marker(pop="prev")  # the padded copy reads the input
@@ -546,6 +551,8 @@ class _ConvWeightStream:
             else:
                 xp, hp, wp = low._padded(n, x, (bn, h, w, c), n.pads, n.pad_value)
                 img = hp * wp * c
+            low._dead = {x}
+            low._reuse_input(n, xp)
             low.out(y)
             room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
             g = min(ncol, room // js, max(1, ceil_div(ncol, 4)))
@@ -586,15 +593,15 @@ class _ConvWeightStream:
             e.set_cfg("out_stride", oc)
             low._requant_cfg(n.requant)
             wo, xo, ao, *regs = e.scratch(6)
+            def group(nr, x_at, y_at):
+                chain = low.conv_chain(n, P_WORK, rows, hp, nr, ow, x_at, (wo, xo, ao),
+                                       xq[0] if xq else None)
+                low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols, rows.acc_rows(nr, ow),
+                                  y_at, chain, regs, j0=j0,
+                                  split=rows.split(nr, ow, oc, (xo, ao)))
+
             for b in range(bn):
-                for r0, nr in groups(oh, rows.per):
-                    chain = low.conv_chain(n, P_WORK, rows, hp, nr, ow,
-                                           xp + b * img + r0 * rows.x_step(c, sh),
-                                           (wo, xo, ao), xq[0] if xq else None)
-                    low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols,
-                                      rows.acc_rows(nr, ow),
-                                      (yreg, (b * oh + r0) * ow * oc), chain, regs, j0=j0,
-                                      split=rows.split(nr, ow, oc, (xo, ao)))
+                low.conv_groups(n, rows, xp + b * img, (yreg, b * oh * ow * oc), group, spare)
             if push:
                 e.push_after_last_compute("prev")
 
