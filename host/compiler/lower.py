@@ -862,8 +862,8 @@ class Lowering:
         geom = (c, oh, ow, kh, sh, sw, w + pl + pr)
         tiles = len(conv_tiles(kh, kw * c, self.config.rows))
         # Without padding the plain mapping reads the input where it is; a phased
-        # one copies it.
-        copy = 0 if any(n.pads) else bn * h * w * c
+        # one copies the rows of the phases its kernel rows read.
+        copy = 0 if any(n.pads) else bn * h * w * c * min(kh, sh) // sh
         rows = choose_rows(geom, tiles, oc, self.config, phased, copy)
         if rows is None:
             raise CompileError(f"an output row of {ow} positions exceeds the "

@@ -372,9 +372,9 @@ class _ConvStream:
         if not fits:
             raise CompileError(f"one output row of {n.name} needs {2 * set_bytes(1)} bytes "
                                f"of scratchpad (double-buffered), {max(0, room)} are left")
-        rb = max(fits)
+        steps = ceil_div(oh, max(fits))
+        rb = ceil_div(oh, steps)  # bands as equal as they can be
         hb = (rb - 1) * sh + kh
-        steps = ceil_div(oh, rb)
         inb = align(row0 + hb * wp * c + pl * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
         fill = n.pad_value

@@ -1,0 +1,179 @@
+"""Convolutions as long GEMMs (host/compiler/convrows.py and its lowering).
+
+Every layer runs on the golden NPU through the runtime, bit for bit against the
+reference interpreter, with balanced token channels and no races between the
+queues (``run_checked``); the mapping the cost model picks is checked against the
+golden model's cycles of the others.
+"""
+
+import re
+
+import numpy as np
+import pytest
+from test_compiler_streaming import run_checked
+
+from firmware.config import CONFIGS
+from host.builder import GraphBuilder
+from host.cli import model_path
+from host.compiler import CompileError, compile_model, convrows, stream
+from host.compiler.lower import Lowering
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.ir import QConv
+from host.onnx_import import load_onnx
+from host.runtime import Session
+from verif.conv_shapes import LAYERS, conv_layer
+
+DEFAULT, SMALL = CONFIGS["default"], CONFIGS["small"]
+
+
+def gemm_rows(model) -> list[int]:
+    return [int(m) for m in re.findall(r"gemm\.\w+ p\d, r\d+, r\d+, (\d+)", model.source)]
+
+
+def test_groups_are_balanced_and_cover_the_rows():
+    assert convrows.groups(32, 30) == [(0, 16), (16, 16)]
+    assert convrows.groups(7, 3) == [(0, 3), (3, 2), (5, 2)]
+    assert convrows.groups(5, 8) == [(0, 5)]
+
+
+def test_candidates_of_a_stride_2_layer():
+    # (C, OH, OW, KH, SH, SW, padded width): ResNet-8's 16 -> 32 stage boundary.
+    geom = (16, 16, 16, 3, 2, 2, 33)
+    by = {(m.kind, m.phases): m for m in convrows.candidates(geom, 1024, phased=True)}
+    assert by[("rows", 1)].pitch == 16
+    assert by[("long", 1)].pitch == 33  # two input rows per output row
+    phased = by[("long", 2)]
+    assert (phased.wp, phased.pitch) == (34, 17)  # a phase row, widened to an even width
+    assert phased.kernel_row_at(1, 16, 33, 2) == 17 * 34 * 16  # phase 1's first row
+    assert phased.kernel_row_at(2, 16, 33, 2) == 34 * 16  # phase 0's second row
+    assert ("long", 2) not in {(m.kind, m.phases) for m in
+                               convrows.candidates(geom, 1024, phased=False)}
+
+
+def test_a_group_fits_the_accumulators():
+    for m in convrows.candidates((16, 32, 32, 3, 1, 1, 34), 1024, phased=False):
+        assert m.gemm_rows(m.per, 32) <= 1024
+    assert not convrows.candidates((16, 1, 2000, 3, 1, 1, 2002), 1024, phased=False)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_equals_the_reference(name, seed):
+    rng = np.random.default_rng(seed)
+    model = run_checked(conv_layer(seed, *LAYERS[name]), DEFAULT, rng)
+    assert model.instructions <= DEFAULT.imem_depth
+
+
+def test_stride_1_runs_one_gemm_per_tile_over_the_padded_width(seed):
+    """16x16 output rows, padded to 18 pixels: one gemm of 15 * 18 + 16 rows per
+    reduction tile, the two pad columns of each row left out of the vreqs."""
+    model = run_checked(conv_layer(seed, *LAYERS["long_pad1"]), DEFAULT,
+                        np.random.default_rng(seed))
+    assert set(gemm_rows(model)) == {15 * 18 + 16}
+    assert re.search(r"vreq p1, r\d+, r\d+, 16, 8", model.source)
+
+
+def test_stride_2_reads_its_rows_by_phase(seed):
+    """16x16 in, 8x8 out: padded rows 18 pixels wide (17 widened to even), by
+    phase: 9 gemm rows per output row, 7 * 9 + 8 per gemm."""
+    model = run_checked(conv_layer(seed, *LAYERS["phased_stride2"]), DEFAULT,
+                        np.random.default_rng(seed))
+    assert set(gemm_rows(model)) == {7 * 9 + 8}
+
+
+def test_pointwise_runs_as_one_gemm_over_all_pixels(seed):
+    model = run_checked(conv_layer(seed, *LAYERS["pointwise"]), DEFAULT,
+                        np.random.default_rng(seed))
+    assert set(gemm_rows(model)) == {25 * 5}
+    assert "vclip" not in model.source  # no padded copy
+
+
+def test_weights_stream_when_the_image_fits_but_bands_would_be_thin(seed):
+    model = run_checked(conv_layer(seed, *LAYERS["weights_stream"]), DEFAULT,
+                        np.random.default_rng(seed))
+    (unit,) = model.units
+    assert "streamed weights" in unit.instructions[1]
+    assert set(gemm_rows(model)) == {7 * 10 + 8}  # the whole image per gemm
+
+
+def test_output_groups_beyond_the_accumulator_loop(seed, monkeypatch):
+    """40 output rows 42 gemm rows apart exceed the 1024 accumulator rows: two
+    groups of 20, one hardware loop (the layer kept whole)."""
+
+    def refuse(low, u, why):
+        raise CompileError("not streamed here")
+
+    monkeypatch.setattr(stream, "stream_unit", refuse)
+    model = run_checked(conv_layer(seed, 8, 40, 40, 8, 3, (1, 1), (1, 1, 1, 1)), DEFAULT,
+                        np.random.default_rng(seed))
+    assert set(gemm_rows(model)) == {19 * 42 + 40}
+    assert "loop 2, groups_" in model.source
+
+
+def _golden_cycles(graph, config, rows: convrows.ConvRows | None, monkeypatch) -> int:
+    """Warm cycles of ``graph`` with its convolution mapped as ``rows`` (None: the
+    mapping the cost model picks)."""
+    def forced(self, n, phased):
+        if rows.phases > 1 and not phased:  # a way that cannot copy its input by phase
+            raise CompileError("not phased")
+        return rows
+
+    if rows is not None:
+        monkeypatch.setattr(Lowering, "conv_rows", forced)
+    model = compile_model(graph, config)
+    monkeypatch.undo()
+    s = Session(NPUDriver(GoldenDevice(config)), model, check=True)
+    s.load()
+    x = {"x": np.zeros(graph.tensors["x"].shape, dtype=np.int8)}
+    s.run(x)
+    return s.run(x).cycles
+
+
+@pytest.mark.parametrize("name", ["long_pad1", "phased_stride2", "pointwise_stride2",
+                                  "stem_c3"])
+def test_the_cost_model_picks_the_fastest_mapping(name, seed, monkeypatch):
+    """Every mapping the layer allows, measured on the golden model (cycle-exact
+    with the RTL): the one :func:`convrows.choose` picks is within 3 % of the
+    fastest."""
+    c, h, w, oc, k, strides, pads, batch = LAYERS[name]
+    graph = conv_layer(seed, *LAYERS[name])
+    conv = next(n for n in graph.nodes if isinstance(n, QConv))
+    oh, ow = graph.tensors[conv.outputs[0]].shape[2:]
+    geom = (c, oh, ow, k, strides[0], strides[1], w + pads[1] + pads[3])
+    measured = {m: _golden_cycles(graph, DEFAULT, m, monkeypatch)
+                for m in convrows.candidates(geom, DEFAULT.acc_rows, phased=True)}
+    assert len(measured) >= 2
+    picked = _golden_cycles(graph, DEFAULT, None, monkeypatch)
+    assert picked <= 1.03 * min(measured.values()), (picked, measured)
+
+
+def test_mobilenet_dense_layers_compile_on_the_default_profile(seed):
+    """Every dense (group 1) convolution of MobileNetV1-0.25 at 96x96, alone in a
+    graph with its real weights and requantization, compiles on ``default`` and
+    equals the reference: the 3 -> 8 stem on the 96x96 image and the pointwise
+    layers, the 256 x 256 one (64 KiB of weights) streaming them as a GEMM."""
+    graph = load_onnx(model_path("mobilenet_v1_025"), allow_cpu_fallback=True)
+    convs = [n for _, n in graph.walk() if isinstance(n, QConv) and n.group == 1]
+    assert len(convs) == 14
+    rng = np.random.default_rng(seed)
+    for n in convs:
+        b = GraphBuilder("layer")
+        shape = graph.tensors[n.inputs[0]].shape
+        x = b.input("x", shape, scale=0.05, zp=0)
+        y = b.qconv(x, n.weight, n.bias, strides=n.strides, pads=n.pads,
+                    requant=n.requant)
+        b.output(y, "y")
+        layer = b.build()
+        model = run_checked(layer, DEFAULT, rng, runs=1)
+        if n.weight.shape[:2] == (256, 256):
+            assert model.units[0].resources.get("streamed_steps")
+
+
+@pytest.mark.rtl
+def test_conv_layers_on_the_rtl(seed):
+    """Every layer of ``LAYERS`` under Verilator: outputs, exact counters, trace and
+    (where the golden model says exact) cycles equal the golden model's, cold and
+    warm."""
+    from verif.fastsim import run_scenario
+
+    run_scenario("verif.conv_shapes:conv_rows_vs_golden", "default", seed=seed)
