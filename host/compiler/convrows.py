@@ -42,6 +42,9 @@ class ConvRows:
     phases : input rows stored by phase of the row stride (1: in order).
     pitch : GEMM and accumulator rows from one output row to the next.
     per : output rows per group (the accumulators hold a group).
+    skew : pixels from a padded row's start to the window of output column 0 (a
+        copied input shares one run of pad columns between the right of a row and
+        the left of the next: ``max(PL, PR)`` pixels, placed before each row).
     """
 
     kind: str
@@ -49,6 +52,7 @@ class ConvRows:
     phases: int
     pitch: int
     per: int
+    skew: int = 0
 
     def gemm_rows(self, nr: int, ow: int) -> int:
         """Rows of each ``gemm`` (and accumulator rows) of a group of ``nr`` output rows."""
@@ -101,31 +105,34 @@ def _per(pitch: int, ow: int, oh: int, acc_rows: int) -> int:
     return min(oh, (limit - ow) // pitch + 1)
 
 
-def candidates(geom, acc_rows: int, phased: bool) -> list[ConvRows]:
-    """Every mapping the geometry allows. ``geom`` = (c, oh, ow, kh, sh, sw, wp);
-    ``phased``: the input is copied into its padded buffer (it may be deinterleaved)."""
-    c, oh, ow, kh, sh, sw, wp = geom
+def candidates(geom, acc_rows: int, copied: bool) -> list[ConvRows]:
+    """Every mapping the geometry allows. ``geom`` = (C, OH, OW, KH, SH, SW, W, PL,
+    PR); ``copied``: the input is copied into a padded buffer, whose rows share
+    their pad columns and may be stored by phase; otherwise the rows are ``W + PL +
+    PR`` pixels wide (a streamed band's)."""
+    c, oh, ow, kh, sh, sw, w, pl, pr = geom
+    wp, skew = (w + max(pl, pr), max(pl, pr) - pl) if copied else (w + pl + pr, 0)
     out = []
     per = _per(ow, ow, oh, acc_rows)
     if per:
-        out.append(ConvRows("rows", wp, 1, ow, per))
+        out.append(ConvRows("rows", wp, 1, ow, per, skew))
     if (sh * wp) % sw == 0:
         pitch = sh * wp // sw
         per = _per(pitch, ow, oh, acc_rows)
         if per:
-            out.append(ConvRows("long", wp, 1, pitch, per))
-    if phased and sh > 1:
+            out.append(ConvRows("long", wp, 1, pitch, per, skew))
+    if copied and sh > 1:
         wq = -(-wp // sw) * sw
         pitch = wq // sw
         per = _per(pitch, ow, oh, acc_rows)
         if per:
-            out.append(ConvRows("long", wq, sh, pitch, per))
+            out.append(ConvRows("long", wq, sh, pitch, per, skew))
     return out
 
 
 def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0) -> float:
     """Predicted cycles of mapping ``m`` (:func:`host.compiler.cost.conv_cycles`)."""
-    c, oh, ow, kh, sh, sw, wp = geom
+    oh, ow = geom[1], geom[2]
     plan = []
     for _, nr in groups(oh, m.per):
         if m.kind == "rows":
@@ -137,12 +144,12 @@ def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0)
     return conv_cycles(config, plan, tiles, oc, copy_bytes if m.phases > 1 else 0)
 
 
-def choose(geom, tiles: int, oc: int, config, phased: bool,
+def choose(geom, tiles: int, oc: int, config, copied: bool,
            copy_bytes: int = 0) -> ConvRows | None:
     """The mapping with the fewest predicted cycles (None when no output row fits
     the accumulators). ``tiles``: reduction tiles per output-column tile;
     ``copy_bytes``: bytes a phased layout copies that the plain one does not."""
-    options = candidates(geom, config.acc_rows, phased)
+    options = candidates(geom, config.acc_rows, copied)
     if not options:
         return None
     return min(options, key=lambda m: predict(m, geom, tiles, oc, config, copy_bytes))

@@ -784,12 +784,8 @@ class Lowering:
         sh, sw = n.strides
         pt, pl, pb, pr = n.pads
         self._need_nhwc(n, n.inputs[0])
-        rows = self.conv_rows(n, phased=True)
-        if rows.phases > 1:
-            xp, hp, img = self._padded_phases(n, n.inputs[0], (bn, h, w, c), rows)
-        else:
-            xp, hp, wp = self._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
-            img = hp * wp * c
+        rows = self.conv_rows(n, copied=True)
+        xp, hp, img = self._padded_rows(n, n.inputs[0], rows)
         self._reuse_input(n, xp)
         y_off = self.out(n.outputs[0])
         part, wsp, blob = self._weights(n)
@@ -821,6 +817,7 @@ class Lowering:
         c, sh = self.tensor[n.inputs[0]].shape[1], n.strides[0]
         _, oc, oh, ow = self.tensor[n.outputs[0]].shape
         sizes = [nr for _, nr in groups(oh, rows.per)]
+        x_at = _shift(x_at, rows.skew * c)
         for nr, run in itertools.groupby(sizes):
             count = len(list(run))
             dx, dy = nr * rows.x_step(c, sh), nr * ow * oc
@@ -851,20 +848,21 @@ class Lowering:
                 and self.tensor[y].size <= self.tensor[x].size:
             self.sp[y] = self.sp[x]
 
-    def conv_rows(self, n: QConv, phased: bool) -> ConvRows:
+    def conv_rows(self, n: QConv, copied: bool) -> ConvRows:
         """The mapping of ``n``'s output rows the cost model predicts fastest
-        (:mod:`.convrows`); ``phased``: its input may be copied by row phase."""
+        (:mod:`.convrows`); ``copied``: its input is copied into a padded buffer
+        (:meth:`_padded_rows`), else read in rows ``W + PL + PR`` pixels wide."""
         bn, c, h, w = self.tensor[n.inputs[0]].shape
         oc, _, kh, kw = n.weight.shape
         _, _, oh, ow = self.tensor[n.outputs[0]].shape
         sh, sw = n.strides
         pt, pl, pb, pr = n.pads
-        geom = (c, oh, ow, kh, sh, sw, w + pl + pr)
+        geom = (c, oh, ow, kh, sh, sw, w, pl, pr)
         tiles = len(conv_tiles(kh, kw * c, self.config.rows))
         # Without padding the plain mapping reads the input where it is; a phased
         # one copies the rows of the phases its kernel rows read.
         copy = 0 if any(n.pads) else bn * h * w * c * min(kh, sh) // sh
-        rows = choose_rows(geom, tiles, oc, self.config, phased, copy)
+        rows = choose_rows(geom, tiles, oc, self.config, copied, copy)
         if rows is None:
             raise CompileError(f"an output row of {ow} positions exceeds the "
                                f"{self.config.acc_rows} accumulator rows", n.name)
@@ -977,10 +975,10 @@ class Lowering:
             e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {h}, {w * c}")
         return dst, hp, wp
 
-    def _fill_pads(self, dst: int, rows: list, pitch: int, fill: int):
+    def _fill_pads(self, dst: int, rows: list, pitch: int, fill: int, tail: int = 0):
         """Write ``fill`` over the pad bytes of ``len(rows)`` rows of ``pitch`` bytes
-        at ``dst``: all of a row that is None, the bytes outside ``(lo, hi)``
-        otherwise. Pad bytes that touch merge into runs; runs of one length one
+        at ``dst`` and the ``tail`` bytes after them: all of a row that is None,
+        the bytes outside ``(lo, hi)`` otherwise. Pad bytes that touch merge into runs; runs of one length one
         row apart (a row's right pad and the next one's left) take one strided
         ``vclip``, the others dense ones."""
         runs: list[list[int]] = []  # [start, length]
@@ -998,6 +996,7 @@ class Lowering:
             lo, hi = inside or (pitch, pitch)
             pad(at, lo)
             pad(at + hi, pitch - hi)
+        pad(dst + len(rows) * pitch, tail)
         e = self.e
         e.set_cfg("clip_hi", fill)
         e.set_cfg("clip_lo", fill)
@@ -1022,38 +1021,44 @@ class Lowering:
                     e.compute(f"vclip {P_WORK}, {d}, {P_WORK}, {d}, {nrows}, {nb}")
             i = j
 
-    def _padded_phases(self, n: QConv, tensor, nhwc, rows: ConvRows) -> tuple[int, int, int]:
-        """Offset, padded height and image bytes of ``tensor`` (NHWC) copied into a
-        padded buffer by row phase (:mod:`.convrows`): for each phase ``f`` of the
-        row stride that a kernel row reads, the padded rows ``f, f + sh, ...`` of
-        ``rows.wp`` pixels, one after the other."""
-        bn, h, w, c = nhwc
-        sh = n.strides[0]
+    def _padded_rows(self, n: QConv, tensor, rows: ConvRows) -> tuple[int, int, int]:
+        """Offset, padded height and image bytes of ``tensor`` (NHWC) as mapping
+        ``rows`` reads it: the input itself when it needs no padding, else copied
+        into a padded buffer. There each padded row is ``rows.wp`` pixels, its
+        pixels ``max(PL, PR)`` in: the pad columns after one row are the ones
+        before the next (a tail after the last row). By phase (``rows.phases``
+        > 1): for each phase ``f`` of the row stride a kernel row reads, the
+        padded rows ``f, f + SH, ...``, one after the other."""
+        bn, c, h, w = self.tensor[tensor].shape
         pt, pl, pb, pr = n.pads
-        hp, wq = h + pt + pb, rows.wp
+        ph = rows.phases
+        src = self.at(tensor)
+        hp, wq, lead = h + pt + pb, rows.wp, max(pl, pr)
+        if not any(n.pads) and ph == 1 and wq == w:
+            return src, h, h * w * c
         if wq * c > MAX_ROW_BYTES:
             raise CompileError(f"padded rows of {wq * c} bytes exceed a vector row", n.name)
-        hq = rows.phase_rows(hp, sh)
-        used = min(n.weight.shape[2], sh)
+        hq = rows.phase_rows(hp, ph)
+        used = min(n.weight.shape[2], ph)
         img = used * hq * wq * c
-        dst = self.alloc(bn * img, f"padded input of {n.name}")
-        src = self.at(tensor)
-        e = self.e
-        inside = (pl * c, (pl + w) * c)
-        self._fill_pads(dst, [inside if pt <= q * sh + f < pt + h else None
+        tail = lead * c
+        dst = self.alloc(bn * img + tail, f"padded input of {n.name}")
+        inside = (lead * c, (lead + w) * c)
+        self._fill_pads(dst, [inside if pt <= q * ph + f < pt + h else None
                               for _ in range(bn) for f in range(used) for q in range(hq)],
-                        wq * c, n.pad_value)
+                        wq * c, n.pad_value, tail)
+        e = self.e
         e.set_cfg("clip_lo", -128)
         e.set_cfg("clip_hi", 127)
-        e.set_cfg("in_stride", sh * w * c)
+        e.set_cfg("in_stride", ph * w * c)
         e.set_cfg("out_stride", wq * c)
         for b in range(bn):
             for f in range(used):
-                s0 = (f - pt) % sh  # the first source row of phase f
+                s0 = (f - pt) % ph  # the first source row of phase f
                 if s0 >= h:
                     continue
-                count = len(range(s0, h, sh))
-                to = e.reg(dst + b * img + (f * hq + (s0 + pt) // sh) * wq * c + pl * c)
+                count = len(range(s0, h, ph))
+                to = e.reg(dst + b * img + (f * hq + (s0 + pt) // ph) * wq * c + lead * c)
                 frm = e.reg(src + (b * h + s0) * w * c)
                 e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {count}, {w * c}")
         return dst, hp, img

@@ -355,7 +355,7 @@ class _ConvStream:
         blob = low.place.blobs[n.name]
         work = e.work.snapshot()
         low._reset()
-        rows = low.conv_rows(n, phased=False)  # a band's rows, one or more per gemm
+        rows = low.conv_rows(n, copied=False)  # a band's rows, one or more per gemm
         row0 = pr * c  # buffer offset of band row 0 (the pad fix-up starts a row above)
         try:
             wpart, wsp = low._place_blob(blob)
@@ -534,7 +534,7 @@ class _ConvWeightStream:
         x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
         work = e.work.snapshot()
         low._reset()
-        rows = low.conv_rows(n, phased=True)
+        rows = low.conv_rows(n, copied=True)
         ncol = ceil_div(oc, cfg.cols)
         red = conv_tiles(kh, kw * c, cfg.rows)
         js = blob.j_stride() if ncol > 1 else len(blob.data)
@@ -546,11 +546,7 @@ class _ConvWeightStream:
         try:
             low._load_tensor(x, "next")
             e.marker(pop="prev")  # the padded copy reads the input
-            if rows.phases > 1:
-                xp, hp, img = low._padded_phases(n, x, (bn, h, w, c), rows)
-            else:
-                xp, hp, wp = low._padded(n, x, (bn, h, w, c), n.pads, n.pad_value)
-                img = hp * wp * c
+            xp, hp, img = low._padded_rows(n, x, rows)
             low._dead = {x}
             low._reuse_input(n, xp)
             low.out(y)
