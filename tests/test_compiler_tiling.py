@@ -38,8 +38,8 @@ ACC = SMALL.acc_rows
 BUNDLED = {
     ("mlp", "default"): "137058e35bd802b6",
     ("mlp", "small"): "21f48cd1d6a33b39",
-    ("cnn", "default"): "a6f27e05296988ce",
-    ("cnn", "small"): "b0c64ef5c5fdd012",
+    ("cnn", "default"): "0d6e6bb8da4e6d00",
+    ("cnn", "small"): "6fe481a885267648",
     ("moe", "default"): "f35c5872bfcb5193",
     ("moe", "small"): "57007e64d16f6016",
     ("early_exit", "default"): "513217f15671bd1c",

@@ -307,6 +307,8 @@ class Lowering:
 
     def _reset(self):
         self.sp: dict[str, int] = {}
+        self._padded_at: dict = {}  # (input root, mapping) -> its padded buffer
+        self._loaded_padded: set[str] = set()  # inputs loaded straight into it
         self._dead: set[str] = set()  # the current node's inputs nothing reads after it
         self._top = 0
         self._blob_at: dict[str, tuple[str, int]] = {}
@@ -336,11 +338,14 @@ class Lowering:
                     first_of[n.name] = len(groups) - 1
         if groups[0]:
             first_of[u.nodes[0].name] = 0
+        padded = self._input_to_pad(u)
         for g in groups:
             for i, (kind, what) in enumerate(g):
                 push = "next" if i == len(g) - 1 else ""
                 if kind == "tensor":
-                    self._load_tensor(what, push)
+                    if not (padded and padded[0] == what
+                            and self._load_padded(u.nodes[0], padded[1], push)):
+                        self._load_tensor(what, push)
                 else:
                     self._load_blob(what, push)
         stored = set(u.outputs)
@@ -363,6 +368,21 @@ class Lowering:
         stats["m_tiles"] = 1
         stats["work"] = e.work.since(work)
         return stats
+
+    def _input_to_pad(self, u: UnitInfo):
+        """(input root, mapping) when the unit's first node is a convolution whose
+        input comes from DRAM for it alone: it can load straight into its padded
+        buffer (:meth:`_load_padded`). None otherwise."""
+        n = u.nodes[0]
+        if not isinstance(n, QConv) or n.group != 1:
+            return None
+        x = self.root(n.inputs[0])
+        lay = self.layout(x)
+        if x not in u.inputs or x in u.outputs or \
+                lay.axes != (0, 2, 3, 1) or lay.src_shape != self.tensor[x].shape or \
+                any(self.root(t) == x for m in u.nodes[1:] for t in m.inputs):
+            return None
+        return x, self.conv_rows(n, copied=True)
 
     # ---- M tiling -----------------------------------------------------------------------
     def _row_split(self, u: UnitInfo) -> tuple[int, dict[str, int]]:
@@ -844,6 +864,8 @@ class Lowering:
         a padded one (``xp``) and nothing reads it after ``n``: the copy completes
         before any requantization writes (the compute queue runs in order)."""
         x, y = self.root(n.inputs[0]), self.root(n.outputs[0])
+        if x not in self.sp:  # loaded straight into its padded buffer
+            return
         if xp != self.at(x) and x in self._dead and y not in self.sp \
                 and self.tensor[y].size <= self.tensor[x].size:
             self.sp[y] = self.sp[x]
@@ -1023,30 +1045,25 @@ class Lowering:
 
     def _padded_rows(self, n: QConv, tensor, rows: ConvRows) -> tuple[int, int, int]:
         """Offset, padded height and image bytes of ``tensor`` (NHWC) as mapping
-        ``rows`` reads it: the input itself when it needs no padding, else copied
-        into a padded buffer. There each padded row is ``rows.wp`` pixels, its
-        pixels ``max(PL, PR)`` in: the pad columns after one row are the ones
-        before the next (a tail after the last row). By phase (``rows.phases``
-        > 1): for each phase ``f`` of the row stride a kernel row reads, the
-        padded rows ``f, f + SH, ...``, one after the other."""
+        ``rows`` reads it: the input itself when it needs no padding, else in a
+        padded buffer (:meth:`_padded_layout`), loaded there from DRAM
+        (:meth:`_load_padded`, the pad bytes the wide rows brought rewritten
+        here) or copied there now."""
         bn, c, h, w = self.tensor[tensor].shape
         pt, pl, pb, pr = n.pads
         ph = rows.phases
-        src = self.at(tensor)
-        hp, wq, lead = h + pt + pb, rows.wp, max(pl, pr)
-        if not any(n.pads) and ph == 1 and wq == w:
-            return src, h, h * w * c
-        if wq * c > MAX_ROW_BYTES:
-            raise CompileError(f"padded rows of {wq * c} bytes exceed a vector row", n.name)
-        hq = rows.phase_rows(hp, ph)
-        used = min(n.weight.shape[2], ph)
-        img = used * hq * wq * c
-        tail = lead * c
-        dst = self.alloc(bn * img + tail, f"padded input of {n.name}")
+        layout = self._padded_layout(n, tensor, rows)
+        if layout is None:
+            return self.at(tensor), h, h * w * c
+        dst, hp, hq, used, img = layout
+        wq, lead = rows.wp, max(pl, pr)
         inside = (lead * c, (lead + w) * c)
         self._fill_pads(dst, [inside if pt <= q * ph + f < pt + h else None
                               for _ in range(bn) for f in range(used) for q in range(hq)],
-                        wq * c, n.pad_value, tail)
+                        wq * c, n.pad_value, lead * c)
+        if self.root(tensor) in self._loaded_padded:
+            return dst, hp, img
+        src = self.at(tensor)
         e = self.e
         e.set_cfg("clip_lo", -128)
         e.set_cfg("clip_hi", 127)
@@ -1062,6 +1079,69 @@ class Lowering:
                 frm = e.reg(src + (b * h + s0) * w * c)
                 e.compute(f"vclip {P_WORK}, {to}, {P_WORK}, {frm}, {count}, {w * c}")
         return dst, hp, img
+
+    def _padded_layout(self, n: QConv, tensor, rows: ConvRows):
+        """(offset, padded height, rows per phase, phases stored, image bytes) of
+        ``tensor``'s padded buffer for mapping ``rows`` (allocated the first time;
+        None when the input needs no padding). Each padded row is ``rows.wp``
+        pixels, its pixels ``max(PL, PR)`` in: the pad columns after one row are
+        the ones before the next (a tail after the last row). By phase
+        (``rows.phases`` > 1): for each phase ``f`` of the row stride a kernel row
+        reads, the padded rows ``f, f + SH, ...``, one after the other."""
+        bn, c, h, w = self.tensor[tensor].shape
+        pt, pl, pb, pr = n.pads
+        ph, wq = rows.phases, rows.wp
+        if not any(n.pads) and ph == 1 and wq == w:
+            return None
+        if wq * c > MAX_ROW_BYTES:
+            raise CompileError(f"padded rows of {wq * c} bytes exceed a vector row", n.name)
+        hp = h + pt + pb
+        hq = rows.phase_rows(hp, ph)
+        used = min(n.weight.shape[2], ph)
+        img = used * hq * wq * c
+        key = (self.root(tensor), rows)
+        if key not in self._padded_at:
+            self._padded_at[key] = self.alloc(bn * img + max(pl, pr) * c,
+                                              f"padded input of {n.name}")
+        return self._padded_at[key], hp, hq, used, img
+
+    def _load_padded(self, n: QConv, rows: ConvRows, push: str) -> bool:
+        """Load ``n``'s input from DRAM straight into its padded buffer (no copy
+        on chip), when it needs one: each real row loads ``rows.wp * C`` bytes from
+        its start (the row and the first bytes of the next, which land in pad
+        columns the fill rewrites), a phase's rows in one transfer with the DRAM
+        stride of ``SH`` rows; the image's last row loads alone, ``W * C`` bytes
+        (no read past the tensor). The last transfer pushes ``push``."""
+        x = self.root(n.inputs[0])
+        layout = self._padded_layout(n, x, rows)
+        if layout is None:
+            return False
+        dst, hp, hq, used, img = layout
+        bn, c, h, w = self.tensor[x].shape
+        pt, pl, pb, pr = n.pads
+        ph, wq, lead = rows.phases, rows.wp, max(pl, pr)
+        parts = []  # (source row, rows, bytes per row, DRAM stride, scratchpad offset)
+        for b in range(bn):
+            for f in range(used):
+                first = (f - pt) % ph
+                srcs = list(range(first, h, ph))
+                to = dst + b * img + (f * hq + (first + pt) // ph) * wq * c + lead * c
+                wide = [r for r in srcs if r != h - 1]
+                for i in range(0, len(wide), MAX_ROWS):
+                    chunk = wide[i:i + MAX_ROWS]
+                    parts.append((b * h + chunk[0], len(chunk), wq * c, ph * w * c,
+                                  to + i * wq * c))
+                if h - 1 in srcs:
+                    parts.append((b * h + h - 1, 1, w * c, 0, to + len(wide) * wq * c))
+        e = self.e
+        for i, (row, count, nbytes, stride, to) in enumerate(parts):
+            dram = e.reg(self.place.arena[x] + row * w * c, base="r2")
+            reg, imm = self._sp_reg(to, 11)
+            strd = e.reg(stride) if count > 1 and stride != nbytes else "r0"
+            e.op(f"load {P_WORK}, {reg}, {dram}, {strd}, {count}, {nbytes}, off={imm}",
+                 push=push if i == len(parts) - 1 else "", queue="load")
+        self._loaded_padded.add(x)
+        return True
 
     def maxpool(self, n: MaxPool):
         e = self.e

@@ -544,8 +544,9 @@ class _ConvWeightStream:
         spare = [r for r in PIPE_REGS if r not in e.result_regs.values()
                  and r not in (ibuf, isum, ldram, yreg, *xq)]
         try:
-            low._load_tensor(x, "next")
-            e.marker(pop="prev")  # the padded copy reads the input
+            if not low._load_padded(n, rows, "next"):
+                low._load_tensor(x, "next")
+            e.marker(pop="prev")  # the padding reads the input
             xp, hp, img = low._padded_rows(n, x, rows)
             low._dead = {x}
             low._reuse_input(n, xp)
