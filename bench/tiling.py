@@ -4,12 +4,16 @@ The FC autoencoder's dense stack and a ResNet-8 first stage (verif/mlperf_shapes
 compiled for the default NPU, and for the small one with a 1024-deep instruction
 bank (their programs exceed its 512): warm cycles per inference (weights that fit
 stay resident), MAC utilization against the array's peak, DRAM bytes, program size,
-and how many layers stream. Run: ``make bench-tiling``.
+and how many layers stream. Then each convolution layer of
+:data:`verif.conv_shapes.LAYERS` alone on the default NPU, with the rows of its
+longest ``gemm`` (the output rows one GEMM covers, :mod:`host.compiler.convrows`).
+Run: ``make bench-tiling``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -19,6 +23,7 @@ from host.compiler import compile_model
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.runtime import Session
+from verif.conv_shapes import LAYERS, conv_layer
 from verif.mlperf_shapes import fc_autoencoder, resnet8_convs
 
 PROFILES = {
@@ -46,6 +51,8 @@ def measure(graph, config) -> dict:
         "instructions": model.instructions,
         "units_streamed": sum(1 for u in model.units if u.resources.get("streamed_steps")),
         "units": len(model.units),
+        "gemm_rows_max": max((int(m) for m in re.findall(r"gemm\.\w+ p\d, r\d+, r\d+, (\d+)",
+                                                         model.source)), default=0),
     }
 
 
@@ -55,6 +62,8 @@ def main():
         graph = build()
         for prof, config in PROFILES.items():
             figures[f"{name} {prof}"] = measure(graph, config)
+    for name, geom in LAYERS.items():
+        figures[f"conv {name} default"] = measure(conv_layer(0, *geom), PROFILES["default"])
     report("tiling", figures)
 
 
