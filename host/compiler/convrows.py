@@ -23,6 +23,7 @@ fastest.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 
 from .cost import conv_cycles
 
@@ -116,11 +117,13 @@ def candidates(geom, acc_rows: int, copied: bool) -> list[ConvRows]:
     per = _per(ow, ow, oh, acc_rows)
     if per:
         out.append(ConvRows("rows", wp, 1, ow, per, skew))
-    if (sh * wp) % sw == 0:
-        pitch = sh * wp // sw
+    # A copied input's rows may be widened so that a row holds whole column strides.
+    wl = -(-wp // (sw // gcd(sh, sw))) * (sw // gcd(sh, sw)) if copied else wp
+    if (sh * wl) % sw == 0:
+        pitch = sh * wl // sw
         per = _per(pitch, ow, oh, acc_rows)
         if per:
-            out.append(ConvRows("long", wp, 1, pitch, per, skew))
+            out.append(ConvRows("long", wl, 1, pitch, per, skew))
     if copied and sh > 1:
         wq = -(-wp // sw) * sw
         pitch = wq // sw
