@@ -1000,9 +1000,9 @@ class Lowering:
     def _fill_pads(self, dst: int, rows: list, pitch: int, fill: int, tail: int = 0):
         """Write ``fill`` over the pad bytes of ``len(rows)`` rows of ``pitch`` bytes
         at ``dst`` and the ``tail`` bytes after them: all of a row that is None,
-        the bytes outside ``(lo, hi)`` otherwise. Pad bytes that touch merge into runs; runs of one length one
-        row apart (a row's right pad and the next one's left) take one strided
-        ``vclip``, the others dense ones."""
+        the bytes outside ``(lo, hi)`` otherwise. Pad bytes that touch merge into
+        runs; runs of one length one row apart (a row's right pad and the next
+        one's left) take one strided ``vclip``, the others dense ones."""
         runs: list[list[int]] = []  # [start, length]
 
         def pad(start, length):

@@ -29,13 +29,13 @@ from firmware.isa import QTAB_ENTRY_BYTES
 from ..ir import QConv, QGemm
 from .lower import (
     ALIGN,
+    LOOP_TILES,
     MAX_ROW_BYTES,
     MAX_ROWS,
     P_WORK,
     PIPE_REGS,
     CompileError,
     TooBig,
-    LOOP_TILES,
     align,
     ceil_div,
     conv_tiles,
@@ -220,37 +220,9 @@ class _GemmStream:
                                "streaming weights and rows together)")
         work = e.work.snapshot()
         low._reset()
-        ncol = ceil_div(nn, cfg.cols)
-        js = blob.j_stride() if ncol > 1 else len(blob.data)
         try:
             x_off, y_off = low.out(x), low.out(y)
-            room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
-            # At least four steps where the columns allow: loads overlap compute.
-            g = min(ncol, room // js, max(1, ceil_div(ncol, 4)))
-            if g < 1:
-                raise CompileError(f"one output-column tile of {n.name} ({js} bytes) "
-                                   f"exceeds half the {2 * room} bytes left (not built: "
-                                   "splitting the reduction into streamed pieces)")
-            # Equal groups where a divisor comes close: every step the same code.
-            g = next((d for d in range(g, (g + 1) // 2 - 1, -1) if ncol % d == 0), g)
-            # The last column tile ends where its content does (the blob is padded
-            # to whole DMA rows after it).
-            last, red = ncol - 1, gemm_tiles(k, cfg.rows)
-            n_last = nn - last * cfg.cols
-            if blob.qtab:
-                data_end = blob.qtab[last] + QTAB_ENTRY_BYTES * n_last
-            elif blob.bias:
-                data_end = blob.bias[last] + 4 * n_last
-            else:
-                data_end = blob.tiles[(last, len(red) - 1)] + red[-1][1] * n_last
-            data_end = align(data_end, 4)
-            pieces = []
-            for j0 in range(0, ncol, g):
-                start = blob.tiles[(j0, 0)]
-                end = blob.tiles[(j0 + g, 0)] if j0 + g < ncol else data_end
-                pieces.append((j0, min(g, ncol - j0), start, end - start))
-            size = max(p[3] for p in pieces)
-            bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(2)]
+            g, pieces, bufs = column_groups(low, blob, nn, gemm_tiles(k, cfg.rows), n.name)
         except TooBig as err:
             raise CompileError(str(err)) from None
         steps = len(pieces)
@@ -261,15 +233,6 @@ class _GemmStream:
             e.set_cfg("gemm_stride", k)
             e.set_cfg("out_stride", nn)
         low._requant_cfg(n.requant)
-        e.op(f"li {ibuf}, {bufs[0]}")
-        e.op(f"li {isum}, {bufs[0] + bufs[1]}")
-        e.op(f"addi {ldram}, r1, {blob.dram}")
-        e.op(f"li {yreg}, {y_off}")
-
-        def load(s, pop):
-            _, _, _, nbytes = pieces[s]
-            self._load(ibuf, ldram, nbytes, pop)
-            e.op(f"addi {ldram}, {ldram}, {g * js}")
 
         def compute(s, push):
             j0, gj, _, _ = pieces[s]
@@ -282,38 +245,12 @@ class _GemmStream:
             if push:
                 e.push_after_last_compute("prev")
 
-        def toggle():
-            e.op(f"sub {ibuf}, {isum}, {ibuf}")
-
-        def advance():
-            e.op(f"addi {yreg}, {yreg}, {g * cfg.cols}")
-
-        def same(s):
-            return pieces[s][1] == g and pieces[s + 2][3] == pieces[0][3] \
-                if s + 2 < steps else False
-
-        def same_tail(s):
-            return pieces[s][1] == pieces[s + 1][1] == g and \
-                min(g * cfg.cols, nn - pieces[s + 1][0] * cfg.cols) == g * cfg.cols
-
-        pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
+        column_steps(e, pieces, g, nn, cfg.cols, (ibuf, isum, ldram, yreg),
+                     (bufs, blob.dram, y_off), compute)
         e.push_after_last_compute("next")
         low._store_tensor(y)
         e.op(f"region.end {self.u.id}")
         return _Stats(m * k * nn, steps).finish(low, e, work)
-
-    def _load(self, dst: str, src: str, nbytes: int, pop: str):
-        e = self.e
-        parts = transfers(nbytes)
-        for i, (off, rows, row) in enumerate(parts):
-            d, s_ = dst, src
-            if off:
-                d, s_ = e.scratch(2)
-                e.op(f"addi {d}, {dst}, {off}")
-                e.op(f"addi {s_}, {src}, {off}")
-            e.op(f"load {P_WORK}, {d}, {s_}, r0, {rows}, {row}",
-                 pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
-                 queue="load")
 
 
 class _ConvStream:
@@ -333,7 +270,7 @@ class _ConvStream:
         self.e, self.cfg = low.e, low.config
 
     def _geometry(self):
-        low, n, cfg = self.low, self.n, self.cfg
+        low, n = self.low, self.n
         bn, c, h, w = low.tensor[n.inputs[0]].shape
         oc, _, kh, kw = n.weight.shape
         _, _, oh, ow = low.tensor[n.outputs[0]].shape
@@ -347,7 +284,7 @@ class _ConvStream:
         return c, h, w, oc, kh, oh, ow, pt, pl, pr, wp
 
     def emit(self) -> dict:
-        low, e, cfg, n = self.low, self.e, self.cfg, self.n
+        low, e, n = self.low, self.e, self.n
         c, h, w, oc, kh, oh, ow, pt, pl, pr, wp = self._geometry()
         sh = n.strides[0]
         low._need_nhwc(n, n.inputs[0])
@@ -489,6 +426,80 @@ class _ConvStream:
         e.compute(f"vclip {P_WORK}, {r}, {P_WORK}, {r}, {rows}, {row_bytes}")
 
 
+def column_groups(low, blob, nn: int, red_tiles, name: str):
+    """Groups of output-column tiles of ``blob`` that stream through two weight
+    buffers in the room left: (column tiles per group, :func:`column_pieces`, the
+    two buffers). At least four steps where the columns allow (loads overlap
+    compute), equal groups where a divisor of the column tiles comes close."""
+    cols = low.config.cols
+    ncol = ceil_div(nn, cols)
+    js = blob.j_stride() if ncol > 1 else len(blob.data)
+    room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
+    g = min(ncol, room // js, max(1, ceil_div(ncol, 4)))
+    if g < 1:
+        raise CompileError(f"one output-column tile of {name} ({js} bytes) "
+                           f"exceeds half the {2 * room} bytes left (not built: "
+                           "splitting the reduction into streamed pieces)")
+    g = next((d for d in range(g, (g + 1) // 2 - 1, -1) if ncol % d == 0), g)
+    pieces = column_pieces(blob, ncol, nn, red_tiles, g, cols)
+    size = max(p[3] for p in pieces)
+    bufs = [low.alloc(size, f"weight buffer {i} of {name}") for i in range(2)]
+    return g, pieces, bufs
+
+
+def column_steps(e, pieces, g: int, nn: int, cols: int, regs, at, compute):
+    """Emit the double-buffered steps of streamed column groups (:func:`pipeline`):
+    step ``s`` loads group ``pieces[s]`` into the buffer register ``ibuf`` points
+    at, from ``ldram``, and ``compute(s, push)`` emits its columns into the output
+    at ``yreg``. ``regs`` = (ibuf, isum: the sum of the two buffers' offsets,
+    ldram, yreg), set here from ``at`` = (the two buffers, the blob's offset in
+    the constants, the output's offset)."""
+    ibuf, isum, ldram, yreg = regs
+    bufs, dram, y_off = at
+    e.op(f"li {ibuf}, {bufs[0]}")
+    e.op(f"li {isum}, {bufs[0] + bufs[1]}")
+    e.op(f"addi {ldram}, r1, {dram}")
+    e.op(f"li {yreg}, {y_off}")
+    steps = len(pieces)
+    step_bytes = pieces[1][2] - pieces[0][2] if steps > 1 else 0
+
+    def load(s, pop):
+        load_bytes(e, ibuf, ldram, pieces[s][3], pop)
+        e.op(f"addi {ldram}, {ldram}, {step_bytes}")
+
+    def toggle():
+        e.op(f"sub {ibuf}, {isum}, {ibuf}")
+
+    def advance():
+        e.op(f"addi {yreg}, {yreg}, {g * cols}")
+
+    def same(s):
+        return pieces[s][1] == g and pieces[s + 2][3] == pieces[0][3] \
+            if s + 2 < steps else False
+
+    def same_tail(s):
+        return pieces[s][1] == pieces[s + 1][1] == g and \
+            min(g * cols, nn - pieces[s + 1][0] * cols) == g * cols
+
+    pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
+
+
+def load_bytes(e, dst: str, src: str, nbytes: int, pop: str):
+    """Load ``nbytes`` contiguous bytes from DRAM at register ``src`` to the working
+    area at register ``dst`` (:func:`transfers`); the first transfer pops ``pop``,
+    the last pushes a token to compute."""
+    parts = transfers(nbytes)
+    for i, (off, rows, row) in enumerate(parts):
+        d, s_ = dst, src
+        if off:
+            d, s_ = e.scratch(2)
+            e.op(f"addi {d}, {dst}, {off}")
+            e.op(f"addi {s_}, {src}, {off}")
+        e.op(f"load {P_WORK}, {d}, {s_}, r0, {rows}, {row}",
+             pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
+             queue="load")
+
+
 def column_pieces(blob, ncol: int, nn: int, red_tiles, g: int, cols: int):
     """(first column tile, column tiles, blob offset, bytes) of each group of ``g``
     output-column tiles of ``blob``: its weight tiles, biases and requantization
@@ -535,9 +546,7 @@ class _ConvWeightStream:
         work = e.work.snapshot()
         low._reset()
         rows = low.conv_rows(n, copied=True)
-        ncol = ceil_div(oc, cfg.cols)
         red = conv_tiles(kh, kw * c, cfg.rows)
-        js = blob.j_stride() if ncol > 1 else len(blob.data)
         loops = kw * c >= LOOP_TILES * cfg.rows
         low._begin(self.u, " (streamed weights)")
         ibuf, isum, ldram, yreg, *xq = pipe_regs(e, 5 if loops else 4, n.name)
@@ -551,36 +560,11 @@ class _ConvWeightStream:
             low._dead = {x}
             low._reuse_input(n, xp)
             low.out(y)
-            room = (low.work_limit() - low._top) // 2 // ALIGN * ALIGN
-            g = min(ncol, room // js, max(1, ceil_div(ncol, 4)))
-            if g < 1:
-                raise CompileError(f"one output-column tile of {n.name} ({js} bytes) "
-                                   f"exceeds half the {2 * room} bytes left beside its image")
-            g = next((d for d in range(g, (g + 1) // 2 - 1, -1) if ncol % d == 0), g)
-            pieces = column_pieces(blob, ncol, oc, red, g, cfg.cols)
-            size = max(p[3] for p in pieces)
-            bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(2)]
+            g, pieces, bufs = column_groups(low, blob, oc, red, n.name)
         except TooBig as err:
             raise CompileError(str(err)) from None
         steps = len(pieces)
         e.comment(f"{steps} steps of {g} column tiles")
-        e.op(f"li {ibuf}, {bufs[0]}")
-        e.op(f"li {isum}, {bufs[0] + bufs[1]}")
-        e.op(f"addi {ldram}, r1, {blob.dram}")
-        e.op(f"li {yreg}, {low.at(y)}")
-
-        def load(s, pop):
-            parts = transfers(pieces[s][3])
-            for i, (off, nrows, row) in enumerate(parts):
-                d, s_ = ibuf, ldram
-                if off:
-                    d, s_ = e.scratch(2)
-                    e.op(f"addi {d}, {ibuf}, {off}")
-                    e.op(f"addi {s_}, {ldram}, {off}")
-                e.op(f"load {P_WORK}, {d}, {s_}, r0, {nrows}, {row}",
-                     pop=pop if i == 0 else "",
-                     push="next" if i == len(parts) - 1 else "", queue="load")
-            e.op(f"addi {ldram}, {ldram}, {g * js}")
 
         def compute(s, push):
             j0, gj, _, _ = pieces[s]
@@ -602,21 +586,8 @@ class _ConvWeightStream:
             if push:
                 e.push_after_last_compute("prev")
 
-        def toggle():
-            e.op(f"sub {ibuf}, {isum}, {ibuf}")
-
-        def advance():
-            e.op(f"addi {yreg}, {yreg}, {g * cfg.cols}")
-
-        def same(s):
-            return pieces[s][1] == g and pieces[s + 2][3] == pieces[0][3] \
-                if s + 2 < steps else False
-
-        def same_tail(s):
-            return pieces[s][1] == pieces[s + 1][1] == g and \
-                min(g * cfg.cols, oc - pieces[s + 1][0] * cfg.cols) == g * cfg.cols
-
-        pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
+        column_steps(e, pieces, g, oc, cfg.cols, (ibuf, isum, ldram, yreg),
+                     (bufs, blob.dram, low.at(y)), compute)
         e.push_after_last_compute("next")
         low._store_tensor(y)
         e.op(f"region.end {self.u.id}")
