@@ -6,6 +6,7 @@ queues (``run_checked``); the mapping the cost model picks is checked against th
 golden model's cycles of the others.
 """
 
+import dataclasses
 import re
 
 import numpy as np
@@ -191,3 +192,12 @@ def test_conv_layers_on_the_rtl(seed):
     from verif.fastsim import run_scenario
 
     run_scenario("verif.conv_shapes:conv_rows_vs_golden", "default", seed=seed)
+
+
+def test_a_program_over_the_bank_trades_cycles_for_instructions():
+    """ResNet-8's fastest lowering takes 1018 instructions; with a 1000-deep bank
+    the compile is repeated with instructions priced in cycles and fits."""
+    graph = load_onnx(model_path("resnet8"), allow_cpu_fallback=True)
+    fastest = compile_model(graph, DEFAULT)
+    tight = compile_model(graph, dataclasses.replace(DEFAULT, imem_depth=1000))
+    assert tight.instructions <= 1000 < fastest.instructions <= DEFAULT.imem_depth

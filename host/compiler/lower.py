@@ -24,11 +24,13 @@ A unit that does not fit at once (working partition, accumulator rows, 4096
 rows (GEMMs, element-wise adds and clips): tiles of rows stream through double
 buffers, every node of the unit runs on a tile before the next (fused
 intermediates stay on chip), weights are loaded once. The tiles are unrolled,
-so a long M costs instructions. A convolution that fits runs its output rows in
-groups that fit the accumulators. A GEMM or convolution that neither fits nor
-splits into M tiles streams its weights or its image in double-buffered steps,
-the uniform ones in one hardware loop (:mod:`.stream`). Units that fit are
-emitted exactly as before.
+so a long M costs instructions. A convolution runs its output rows in groups
+that fit the accumulators, one ``gemm`` per reduction tile covering a whole
+group over the padded width (:mod:`.convrows`); a pointwise one is a GEMM. A
+GEMM or convolution that neither fits nor splits into M tiles streams its
+weights or its image in double-buffered steps, the uniform ones in one hardware
+loop (:mod:`.stream`); a convolution that fits is emitted whole and streamed,
+and the cost model keeps the faster.
 """
 
 from __future__ import annotations
@@ -238,10 +240,13 @@ class Lowering:
         A unit whose working set fits is emitted whole (every tensor on chip at
         once). Otherwise its rows are split into M tiles streamed through the
         working partition (:meth:`_unit_tiled`), or a GEMM's weights or a
-        convolution's image stream through it (:mod:`.stream`); a unit that
-        cannot be split raises :class:`CompileError` saying why. A GEMM whose
-        weights are not resident and larger than :data:`STREAM_BYTES` streams
-        them even when they would fit: their loads then overlap its compute.
+        convolution's image or weights stream through it (:mod:`.stream`); a
+        unit that cannot be split raises :class:`CompileError` saying why. A GEMM
+        whose weights are not resident and larger than :data:`STREAM_BYTES`
+        streams them even when they would fit: their loads then overlap its
+        compute. A convolution alone in its unit is emitted whole (when it fits)
+        and streamed, and :func:`.stream.fastest` keeps the faster. Pointwise
+        convolutions are lowered as the GEMMs they are (:meth:`gemm_view`).
         """
         from .stream import (  # they build on this module
             STREAM_BYTES,
