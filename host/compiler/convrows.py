@@ -11,10 +11,15 @@ read one output pixel's window. Two mappings (:class:`ConvRows`):
   ``x_step * r + sw * C * c``, so one ``gemm`` with ``cfg.gemm_stride = sw * C``
   covers a whole group of output rows, ``pitch = x_step / (sw * C)`` GEMM rows
   per output row. The ``pitch - OW`` rows at the end of each output row read
-  across the row's end; their accumulator rows are never requantized. With a
-  row stride ``sh > 1`` the input rows may be stored by phase (``row % sh``, the
-  padded copy deinterleaves them: ``phases > 1``), so that one output row is one
-  padded row of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw``.
+  across the row's end; their accumulator rows are never requantized.
+
+A padded buffer the lowering fills itself (a "copied" input: loaded from DRAM
+or copied on chip) shares one run of ``max(PL, PR)`` pad columns between the
+right of a row and the left of the next, widens its rows to whole column
+strides where needed, and with a row stride ``sh > 1`` may store its rows by
+phase (``row % sh``: ``phases > 1``), so that one output row is one padded row
+of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw``. A streamed
+image band keeps rows ``W + PL + PR`` pixels wide, in order.
 
 :func:`choose` keeps the mapping :func:`host.compiler.cost.conv_cycles` predicts
 fastest.
@@ -118,7 +123,8 @@ def candidates(geom, acc_rows: int, copied: bool) -> list[ConvRows]:
     if per:
         out.append(ConvRows("rows", wp, 1, ow, per, skew))
     # A copied input's rows may be widened so that a row holds whole column strides.
-    wl = -(-wp // (sw // gcd(sh, sw))) * (sw // gcd(sh, sw)) if copied else wp
+    unit = sw // gcd(sh, sw) if copied else 1
+    wl = -(-wp // unit) * unit
     if (sh * wl) % sw == 0:
         pitch = sh * wl // sw
         per = _per(pitch, ow, oh, acc_rows)
@@ -144,14 +150,17 @@ def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0)
             rows = m.gemm_rows(nr, ow)
             vreqs = 1 if m.pitch == ow else nr
             plan.append((rows, 1, rows, vreqs, nr * ow))
-    return conv_cycles(config, plan, tiles, oc, copy_bytes if m.phases > 1 else 0)
+    plain = geom[6] + geom[7] + geom[8]  # W + PL + PR: the rows as they come
+    return conv_cycles(config, plan, tiles, oc,
+                       copy_bytes if m.phases > 1 or m.wp != plain else 0)
 
 
 def choose(geom, tiles: int, oc: int, config, copied: bool,
            copy_bytes: int = 0) -> ConvRows | None:
     """The mapping with the fewest predicted cycles (None when no output row fits
     the accumulators). ``tiles``: reduction tiles per output-column tile;
-    ``copy_bytes``: bytes a phased layout copies that the plain one does not."""
+    ``copy_bytes``: bytes a layout by phase or of widened rows copies that the
+    rows as they come do not need."""
     options = candidates(geom, config.acc_rows, copied)
     if not options:
         return None

@@ -886,8 +886,8 @@ class Lowering:
         pt, pl, pb, pr = n.pads
         geom = (c, oh, ow, kh, sh, sw, w, pl, pr)
         tiles = len(conv_tiles(kh, kw * c, self.config.rows))
-        # Without padding the plain mapping reads the input where it is; a phased
-        # one copies the rows of the phases its kernel rows read.
+        # Without padding the rows as they come need no buffer; a layout by phase
+        # or of widened rows fills one with the rows its kernel rows read.
         copy = 0 if any(n.pads) else bn * h * w * c * min(kh, sh) // sh
         rows = choose_rows(geom, tiles, oc, self.config, copied, copy)
         if rows is None:
