@@ -67,9 +67,23 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     return _Compiler(graph, config, subs, log, weight_budget).run()
 
 
-#: Cycles one instruction of the bank is worth when choosing how to lower a unit:
-#: each a compile, the next only when the program outgrew the bank.
-INSTRUCTION_PRICES = (0.0, 20.0, 100.0, 1e9)
+def prices_to_fit(choices, length: int, depth: int) -> list[float]:
+    """Cycles to price an instruction at, cheapest first, so that a program of
+    ``length`` instructions lowered at price 0 fits ``depth``: each unit whose
+    ways of lowering compete (``choices``: per unit its options' predicted
+    cycles and instructions) takes the option cheapest at that price; the
+    first price listed is the lowest the options' sizes say fits, the later
+    ones are fallbacks."""
+
+    def size(price):
+        return sum(min(opts, key=lambda o: o[0] + price * o[1])[1] for opts in choices)
+
+    flips = sorted({(b[0] - a[0]) / (a[1] - b[1]) * (1 + 1e-9) + 1e-9
+                    for opts in choices for a in opts for b in opts
+                    if a[1] > b[1] and b[0] >= a[0]})
+    base = size(0.0)
+    fits = [p for p in flips if length - base + size(p) <= depth]
+    return [p for p in flips if p >= fits[0]] + [1e9] if fits else [1e9]
 
 
 class _Compiler:
@@ -135,14 +149,17 @@ class _Compiler:
         place = self._place()
         # Where ways of lowering a unit differ in speed and size, the fastest wins
         # unless the program outgrows the bank: then each instruction is priced in
-        # cycles, ever higher, until it fits.
-        for price in INSTRUCTION_PRICES:
-            source, program = self._emit(place, price)
-            if len(program) <= self.config.imem_depth:
-                break
-        else:
-            raise CompileError(f"the program has {len(program)} instructions; an instruction "
-                               f"bank holds {self.config.imem_depth}")
+        # cycles, the least that makes it fit.
+        depth = self.config.imem_depth
+        source, program = self._emit(place, 0.0)
+        if len(program) > depth:
+            for price in prices_to_fit(self.low.choices, len(program), depth):
+                source, program = self._emit(place, price)
+                if len(program) <= depth:
+                    break
+            else:
+                raise CompileError(f"the program has {len(program)} instructions; an "
+                                   f"instruction bank holds {depth}")
         for u, sub in zip(self.units, self.subs, strict=True):
             sub.inputs, sub.outputs = list(u.inputs), list(u.outputs)
         layouts = {r: self.layout(r) for r in place.arena}

@@ -18,8 +18,8 @@ or copied on chip) shares one run of ``max(PL, PR)`` pad columns between the
 right of a row and the left of the next, widens its rows to whole column
 strides where needed, and with a row stride ``sh > 1`` may store its rows by
 phase (``row % sh``: ``phases > 1``), so that one output row is one padded row
-of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw``. A streamed
-image band keeps rows ``W + PL + PR`` pixels wide, in order.
+of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw`` (not in a
+streamed image band, whose rows are in order).
 
 :func:`choose` keeps the mapping :func:`host.compiler.cost.conv_cycles` predicts
 fastest.
@@ -111,11 +111,11 @@ def _per(pitch: int, ow: int, oh: int, acc_rows: int) -> int:
     return min(oh, (limit - ow) // pitch + 1)
 
 
-def candidates(geom, acc_rows: int, copied: bool) -> list[ConvRows]:
+def candidates(geom, acc_rows: int, copied: bool, phased: bool = True) -> list[ConvRows]:
     """Every mapping the geometry allows. ``geom`` = (C, OH, OW, KH, SH, SW, W, PL,
-    PR); ``copied``: the input is copied into a padded buffer, whose rows share
-    their pad columns and may be stored by phase; otherwise the rows are ``W + PL +
-    PR`` pixels wide (a streamed band's)."""
+    PR); ``copied``: the lowering fills the input's padded buffer itself, so its
+    rows share their pad columns and may be widened, and stored by phase when
+    ``phased``; otherwise the rows are ``W + PL + PR`` pixels wide."""
     c, oh, ow, kh, sh, sw, w, pl, pr = geom
     wp, skew = (w + max(pl, pr), max(pl, pr) - pl) if copied else (w + pl + pr, 0)
     out = []
@@ -130,7 +130,7 @@ def candidates(geom, acc_rows: int, copied: bool) -> list[ConvRows]:
         per = _per(pitch, ow, oh, acc_rows)
         if per:
             out.append(ConvRows("long", wl, 1, pitch, per, skew))
-    if copied and sh > 1:
+    if copied and phased and sh > 1:
         wq = -(-wp // sw) * sw
         pitch = wq // sw
         per = _per(pitch, ow, oh, acc_rows)
@@ -155,13 +155,13 @@ def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0)
                        copy_bytes if m.phases > 1 or m.wp != plain else 0)
 
 
-def choose(geom, tiles: int, oc: int, config, copied: bool,
+def choose(geom, tiles: int, oc: int, config, copied: bool, phased: bool = True,
            copy_bytes: int = 0) -> ConvRows | None:
     """The mapping with the fewest predicted cycles (None when no output row fits
     the accumulators). ``tiles``: reduction tiles per output-column tile;
     ``copy_bytes``: bytes a layout by phase or of widened rows copies that the
     rows as they come do not need."""
-    options = candidates(geom, config.acc_rows, copied)
+    options = candidates(geom, config.acc_rows, copied, phased)
     if not options:
         return None
     return min(options, key=lambda m: predict(m, geom, tiles, oc, config, copy_bytes))

@@ -230,8 +230,11 @@ class Lowering:
         self.root = root
         self.layout = layout
         self.work_size = config.sp_bytes - place.weights_bytes
-        # Cycles an instruction is worth where ways of lowering a unit compete.
+        # Cycles an instruction is worth where ways of lowering a unit compete,
+        # and each competition's options: (predicted cycles, instructions).
         self.instruction_price = instruction_price
+        self.choices: list[list[tuple[float, int]]] = []
+        self.choosing = 0  # nesting depth of stream.fastest
 
     # ---- one unit ---------------------------------------------------------------------
     def unit(self, u: UnitInfo) -> dict:
@@ -875,10 +878,11 @@ class Lowering:
                 and self.tensor[y].size <= self.tensor[x].size:
             self.sp[y] = self.sp[x]
 
-    def conv_rows(self, n: QConv, copied: bool) -> ConvRows:
+    def conv_rows(self, n: QConv, copied: bool, phased: bool = True) -> ConvRows:
         """The mapping of ``n``'s output rows the cost model predicts fastest
-        (:mod:`.convrows`); ``copied``: its input is copied into a padded buffer
-        (:meth:`_padded_rows`), else read in rows ``W + PL + PR`` pixels wide."""
+        (:mod:`.convrows`); ``copied``: the lowering fills its input's padded
+        buffer (:meth:`_padded_rows`, an image band), by phase if ``phased``;
+        else the rows are read ``W + PL + PR`` pixels wide."""
         bn, c, h, w = self.tensor[n.inputs[0]].shape
         oc, _, kh, kw = n.weight.shape
         _, _, oh, ow = self.tensor[n.outputs[0]].shape
@@ -889,7 +893,7 @@ class Lowering:
         # Without padding the rows as they come need no buffer; a layout by phase
         # or of widened rows fills one with the rows its kernel rows read.
         copy = 0 if any(n.pads) else bn * h * w * c * min(kh, sh) // sh
-        rows = choose_rows(geom, tiles, oc, self.config, copied, copy)
+        rows = choose_rows(geom, tiles, oc, self.config, copied, phased, copy)
         if rows is None:
             raise CompileError(f"an output row of {ow} positions exceeds the "
                                f"{self.config.acc_rows} accumulator rows", n.name)

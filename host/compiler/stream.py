@@ -173,29 +173,35 @@ def fastest(low, ways) -> dict:
     """Emit each way (a function emitting the unit and returning its resource use)
     that fits, keep the one the cost model predicts fastest, its instructions
     priced at ``low.instruction_price`` cycles each; when none fits, raise the
-    last refusal."""
+    last refusal. The outermost choice of a unit records its options' (cycles,
+    instructions) in ``low.choices`` (what a program over its bank trades)."""
     from .cost import CostModel  # noqa: PLC0415 (cost imports nothing of ours)
 
     e, model = low.e, CostModel(low.config)
     start = e.checkpoint()
     len_at = len(e.lines)
-    best, refusal = None, None
-    for way in ways:
-        try:
-            stats = way()
-        except CompileError as err:
-            refusal = err
+    options, refusal = [], None
+    low.choosing += 1
+    try:
+        for way in ways:
+            try:
+                stats = way()
+            except CompileError as err:
+                refusal = err
+                e.rollback(start)
+                continue
+            size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
+                       and not ln.endswith(":"))
+            options.append((model.predict(stats["work"]), size, way))
             e.rollback(start)
-            continue
-        size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
-                   and not ln.endswith(":"))
-        cycles = model.predict(stats["work"]) + low.instruction_price * size
-        if best is None or cycles < best[0]:
-            best = (cycles, way)
-        e.rollback(start)
-    if best is None:
+    finally:
+        low.choosing -= 1
+    if not options:
         raise refusal
-    return best[1]()
+    if not low.choosing:
+        low.choices.append([(cycles, size) for cycles, size, _ in options])
+    price = low.instruction_price
+    return min(options, key=lambda o: o[0] + price * o[1])[2]()
 
 
 class _GemmStream:
@@ -257,9 +263,10 @@ class _ConvStream:
     """A convolution whose image streams in bands of output rows, each loaded with
     its input halo into one of two band buffers (see the module docstring).
 
-    A band buffer holds ``HB`` padded input rows of ``wp * c`` bytes. Real rows
-    load ``wp * c`` bytes each from their start (the row and the first bytes of
-    the next one), placed ``pl`` pixels in, so one transfer moves a band; a
+    A band buffer holds ``HB`` padded input rows of ``wp * c`` bytes, each row's
+    pixels ``max(PL, PR)`` in (its left pad is the right pad of the row above,
+    :mod:`.convrows`). Real rows load ``wp * c`` bytes each from their start (the
+    row and the first bytes of the next one), so one transfer moves a band; a
     ``vclip`` to the pad value then rewrites the pad columns those extra bytes
     landed in. Pad rows above the image are written once, before the first
     band; pad rows below it by the bands that reach them.
@@ -277,7 +284,7 @@ class _ConvStream:
         if bn != 1:
             raise CompileError(f"a batch of {bn} images (not built: streaming batches)")
         pt, pl, pb, pr = n.pads
-        wp = w + pl + pr
+        wp = w + pl + pr  # the widest a band's padded rows are
         if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
             raise CompileError(f"padded input rows of {wp * c} bytes or output rows of "
                                f"{ow * oc} bytes exceed one DMA row ({MAX_ROW_BYTES})")
@@ -292,8 +299,13 @@ class _ConvStream:
         blob = low.place.blobs[n.name]
         work = e.work.snapshot()
         low._reset()
-        rows = low.conv_rows(n, copied=False)  # a band's rows, one or more per gemm
-        row0 = pr * c  # buffer offset of band row 0 (the pad fix-up starts a row above)
+        # A band's rows share their pad columns (one or more output rows per gemm).
+        rows = low.conv_rows(n, copied=True, phased=False)
+        wp, lead = rows.wp, pl + rows.skew  # row pitch, pixels before a row's first
+        # Buffer offset of band row 0: the pad fix-up starts at the end of a row above.
+        row0 = (wp - w - lead) * c
+        if wp * c > MAX_ROW_BYTES:
+            raise CompileError(f"padded input rows of {wp * c} bytes exceed one DMA row")
         try:
             wpart, wsp = low._place_blob(blob)
             room = low.work_limit() - low._top
@@ -302,7 +314,7 @@ class _ConvStream:
 
         def set_bytes(r):  # one buffer set: a band of input rows and its output rows
             hb = (r - 1) * sh + kh
-            return align(row0 + hb * wp * c + pl * c) + align(r * ow * oc)
+            return align(row0 + hb * wp * c + lead * c) + align(r * ow * oc)
 
         fits = [r for r in range(1, min(oh, rows.per, MAX_ROWS) + 1)
                 if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
@@ -312,7 +324,7 @@ class _ConvStream:
         steps = ceil_div(oh, max(fits))
         rb = ceil_div(oh, steps)  # bands as equal as they can be
         hb = (rb - 1) * sh + kh
-        inb = align(row0 + hb * wp * c + pl * c)
+        inb = align(row0 + hb * wp * c + lead * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
         fill = n.pad_value
 
@@ -345,14 +357,14 @@ class _ConvStream:
 
         def load(s, pop):
             nominal, lo, hi, _ = band(s)
-            wide_hi = hi if (hi < h or pl + pr == 0) else hi - 1
+            wide_hi = hi if (hi < h or wp == w) else hi - 1
             parts = []
             if wide_hi > lo:
-                parts.append((lo, wide_hi - lo, wp * c if pl + pr else w * c))
+                parts.append((lo, wide_hi - lo, wp * c))
             if wide_hi < hi:
                 parts.append((hi - 1, 1, w * c))
             for i, (r, rows, nbytes) in enumerate(parts):
-                d_off = row0 + (r - nominal) * wp * c + pl * c
+                d_off = row0 + (r - nominal) * wp * c + lead * c
                 s_off = (r - nominal) * w * c
                 d, imm = ibuf, d_off
                 t1, t2 = e.scratch(2)
@@ -377,18 +389,19 @@ class _ConvStream:
             if hi < nominal + hb:  # pad rows below the image
                 e.op(f"addi {obuf}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
                 self._fill(obuf, nominal + hb - hi, wp * c, reg=True)
-            if pl + pr:  # the pad columns the wide rows' extra bytes landed in
+            if wp != w:  # the pad columns the wide rows' extra bytes landed in
                 for name, v in (("clip_lo", fill), ("clip_hi", fill),
                                 ("in_stride", wp * c), ("out_stride", wp * c)):
                     e.set_cfg(name, v)
                 e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {hb + 1}, "
-                          f"{(pl + pr) * c}")
+                          f"{(wp - w) * c}")
             e.set_cfg("gemm_stride", n.strides[1] * c)
             e.set_cfg("out_stride", oc)
             low._requant_cfg(n.requant)
             e.op(f"addi {obuf}, {ibuf}, {inb}")
             wo, xo, ao, *cols = e.scratch(6)
-            chain = low.conv_chain(n, wpart, rows, hb, nr, ow, (ibuf, row0), (wo, xo, ao), xq)
+            chain = low.conv_chain(n, wpart, rows, hb, nr, ow, (ibuf, row0 + rows.skew * c),
+                                   (wo, xo, ao), xq)
             low._column_tiles(n, wpart, wsp, blob, oc, rows.acc_rows(nr, ow), (obuf, 0), chain,
                               cols, split=rows.split(nr, ow, oc, (xo, ao)))
             e.marker(push="prev,next" if push else "next")
@@ -403,7 +416,7 @@ class _ConvStream:
 
         def uniform_load(s):
             nominal, lo, hi, _ = band(s)
-            return lo == nominal and hi == nominal + hb and (hi < h or pl + pr == 0)
+            return lo == nominal and hi == nominal + hb and (hi < h or wp == w)
 
         def same(s):
             nominal, _, hi, nr = band(s)
