@@ -44,10 +44,10 @@ def timing_key() -> str:
     """A digest of the hardware's timing as the golden model knows it (16 hex digits).
 
     CAPS name a build's shape, not its timing: an RTL change that moves a cycle
-    (a pipeline stage, a latency) keeps the profile key. The golden cost model takes
-    the RTL's cycles where its runs say exact (tests/test_golden.py), so its
-    parameters change with the timing. Saved runtime profiles are keyed on this too: timings measured
-    under another revision would steer the plan wrong.
+    (a pipeline stage, a latency) keeps the profile key. The golden cost model
+    takes the RTL's cycles where its runs say exact (tests/test_golden.py), so its
+    parameters change with the timing. Saved runtime profiles are keyed on this
+    too: timings measured under another revision would steer the plan wrong.
     """
     from dataclasses import asdict
 

@@ -2,8 +2,8 @@
 de-fusion, the compile cache across runtimes, and its refusals.
 
 The golden model is deterministic and takes the RTL's cycles where it says exact,
-so the cycle figures asserted here are properties of the plans, not timings. tests/test_adaptive_rtl.py
-runs the same loop on the Verilator NPU.
+so the cycle figures asserted here are properties of the plans, not timings.
+tests/test_adaptive_rtl.py runs the same loop on the Verilator NPU.
 """
 
 import copy
