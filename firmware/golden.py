@@ -717,6 +717,26 @@ class Machine:
         self._uses(writes=[(rows, n)])
         return self._vec_cycles(mrows, n)
 
+    def _op_vreqb(self, o):
+        mrows, n = o["m"], o["n"]
+        self._cols(n)
+        acc = self._acc_rows(self._reg(o["acc"]), mrows)
+        rows = self._sp_rows(o["p"], self._reg(o["sp"]), mrows, n,
+                             self.cfg[CfgField.OUT_STRIDE])
+        base = self._sp_range(o["pb"], self._reg(o["b"]), 4 * mrows)
+        bias = self.sp[base: base + 4 * mrows].view("<i4").astype(np.int64)
+        c = self.cfg
+        if o["tab"]:
+            mul, shift = self.qtab_mul[:n], self.qtab_shift[:n]
+        else:
+            mul, shift = c[CfgField.QMUL], c[CfgField.QSHIFT]
+        biased = wrap32(self.acc[acc, :n].astype(np.int64) + bias[:, None])
+        y = requantize(biased, mul, shift, c[CfgField.QZP], c[CfgField.CLIP_LO],
+                       c[CfgField.CLIP_HI])
+        self._sp_write(rows, y)
+        self._uses(reads=[(base + 4 * np.arange(mrows), 4)], writes=[(rows, n)])
+        return self._vec_cycles(mrows, n)  # a bias word beside each accumulator row
+
     def _op_vqtab(self, o):
         n = o["n"]
         self._cols(n)
@@ -831,7 +851,7 @@ def _signed(v: int) -> int:
     return v - (1 << 32) if v >> 31 else v
 
 
-_VECTOR_OPS = ("vbias", "vreq", "vadd", "vclip", "vmax", "vargmax", "vqtab")
+_VECTOR_OPS = ("vbias", "vreq", "vreqb", "vadd", "vclip", "vmax", "vargmax", "vqtab")
 
 
 class _Timeline:

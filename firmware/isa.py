@@ -520,6 +520,26 @@ SPECS: tuple[InstrSpec, ...] = (
         "vector",
     ),
     InstrSpec(
+        "vreqb", 0x22, Queue.COMPUTE,
+        (_part("p", 49, "destination partition"),
+         _reg("sp", 45, "destination scratchpad byte offset"),
+         _reg("acc", 41, "first accumulator row"),
+         _f("m", 29, 12, Kind.COUNT, "rows"),
+         _f("n", 21, 8, Kind.COUNT, "columns, 1..array cols"),
+         _part("pb", 18, "partition of the biases"),
+         _reg("b", 14, "scratchpad byte offset of the int32 biases, one per row"),
+         _f("tab", 13, 1, Kind.UINT, "1: column j's multiplier and shift from the "
+            "requantization table (vqtab)", default=0)),
+        "Requantize accumulator rows to int8 after adding a bias per row (GEMV results).",
+        "y = clamp(cfg.qzp + rshift_rne((acc + bias_i) * mul_j, shift_j), cfg.clip_lo, "
+        "cfg.clip_hi) with bias_i = int32le(sp[pb][b + 4i : +4]) added with int32 "
+        "wrapping and (mul_j, shift_j) as vreq; row i goes to sp + i*(cfg.out_stride "
+        "or n); the accumulators keep their values. A GEMV that streams transposed "
+        "weight rows through a stationary input column leaves output i in row i: "
+        "vbias would add one bias to every row.",
+        "vector",
+    ),
+    InstrSpec(
         "vadd", 0x1D, Queue.COMPUTE,
         (_part("pd", 49, "destination partition"), _reg("d", 45, "destination offset"),
          _part("pa", 42, "partition of a"), _reg("a", 38, "offset of a"),

@@ -205,6 +205,7 @@ class VectorOp(enum.IntEnum):
     MAX = 5  # sp[d + i*ostride + j] = max_t sp[a + i*pool_istride + t*pool_stride + j]
     ARGMAX = 6  # result = first argmax of int8 sp[a : a+n]
     QTAB = 7  # requantization table[j] = (int32le(sp[a + 8j]), sp[a + 8j + 4] & 63), j < n
+    REQB = 8  # sp[d + i*ostride + j] = requant(acc[acc+i][j] + int32le(sp[b + 4i]))
 
 
 def vector_command_layout(config: NPUConfig) -> data.StructLayout:
@@ -228,7 +229,7 @@ def vector_command_layout(config: NPUConfig) -> data.StructLayout:
         "acc": acc_addr_bits(config),
         "m": M_BITS,
         "n": N_BITS,
-        "tab": 1,  # REQ: per-column multipliers and shifts from the table
+        "tab": 1,  # REQ, REQB: per-column multipliers and shifts from the table
     })
 
 

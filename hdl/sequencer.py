@@ -75,8 +75,8 @@ from .seq.tokens import TokenCounters
 DEC = isa.decoder_constants()
 OPC = DEC["opcodes"]
 NUM_CHECKS = 3
-QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vadd", "vclip", "vmax",
-             "vargmax", "vqtab")
+QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vreqb", "vadd", "vclip",
+             "vmax", "vargmax", "vqtab")
 # The register-reading fields of each instruction, numbered in field order: (mnemonic,
 # field) -> read slot. ``rd`` fields are written, never read.
 SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
@@ -760,6 +760,19 @@ class Sequencer(wiring.Component):
             m.d.comb += (vec.a if mn == "vbias" else vec.d).eq(self.chk[0].addr)
             if mn == "vreq":
                 m.d.comb += vec.tab.eq(fieldof("tab"))
+        elif mn == "vreqb":
+            mr, n = fieldof("m"), fieldof("n")
+            fail(wbad, ErrorCode.BAD_OPERAND)  # n larger than the array
+            first = acc_check(mr)
+            ed = check(0, fieldof("p"), R(mn, "sp"),
+                       *rows_span(eff(CfgField.OUT_STRIDE, n), n))
+            fail(ed != 0, ed, at=0)
+            eb = check(1, fieldof("pb"), R(mn, "b"), *rows_span(4, 4))
+            fail(eb != 0, eb, at=1)
+            m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.REQB),
+                         vec.d.eq(self.chk[0].addr), vec.b.eq(self.chk[1].addr),
+                         vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n),
+                         vec.tab.eq(fieldof("tab"))]
         elif mn == "vqtab":
             n = fieldof("n")
             fail(wbad, ErrorCode.BAD_OPERAND)  # n larger than the array
@@ -843,7 +856,7 @@ def operands_bad(word, mn: str, config: NPUConfig):
                    for c, (_, lo, hi) in isa.CFG_RANGE.items()).any()
     if mn == "wload":
         return (f("k") > config.rows) | (f("n") > config.cols)
-    if mn in ("vbias", "vreq", "vqtab"):
+    if mn in ("vbias", "vreq", "vreqb", "vqtab"):
         return f("n") > config.cols
     if mn in ("loop", "loopr"):
         return f("end") >= config.imem_depth + 1

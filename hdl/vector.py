@@ -352,10 +352,13 @@ class VectorUnit(wiring.Component):
                     # First the 4n bias bytes at a, then (on the final bias word) the rows.
                     wa.load(m, base=cmd.a, rows=1, n=n,
                             chunks=((n << 2) + (W - 1)) >> shift_w)
-                with m.Case(VectorOp.REQ):
+                with m.Case(VectorOp.REQ, VectorOp.REQB):
                     wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
                     m.d.sync += a_on_acc.eq(1)
                     ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
+                    with m.If(op == VectorOp.REQB):
+                        # Each row's bias word: one window per row, beside its row.
+                        wb.load(m, base=cmd.b, rows=cmd.m, n=4, chunks=1, rstride=4)
                 with m.Case(VectorOp.ADD):
                     wa.load(m, base=cmd.a, rows=cmd.m, n=n, rstride=istride)
                     wb.load(m, base=cmd.b, rows=cmd.m, n=n, rstride=istride)
@@ -460,15 +463,16 @@ class VectorUnit(wiring.Component):
         head_valid, tail_valid = Signal(), Signal()
         move = ~tail_valid
         is_add = op == VectorOp.ADD
-        take = move & (qa.r_rdy | qacc.r_rdy) & (~is_add | qb.r_rdy)
+        uses_b = is_add | (op == VectorOp.REQB)  # b's windows pair with a's beats
+        take = move & (qa.r_rdy | qacc.r_rdy) & (~uses_b | qb.r_rdy)
         m.d.comb += [qa.r_en.eq(take & qa.r_rdy), qacc.r_en.eq(take & ~qa.r_rdy),
-                     qb.r_en.eq(take & is_add)]
+                     qb.r_en.eq(take & uses_b)]
 
         # Per-command constants of the arithmetic path, registered: they change only
         # when a command is accepted (the pipeline is empty then) and its first
         # operands reach S2 cycles later, so the copy is never stale when used, and
         # the multipliers start from registers, not from the opcode decoder.
-        req, add = op == VectorOp.REQ, is_add
+        req, add = (op == VectorOp.REQ) | (op == VectorOp.REQB), is_add
         coef_a = Signal(signed(32))  # the narrow lanes' (j >= cols) multipliers
         coef_b = Signal(signed(32))
         add_q = Signal()
@@ -544,6 +548,7 @@ class VectorUnit(wiring.Component):
         # (a register, so that no logic sits in front of the multipliers).
         xsign = [Signal(name=f"s1_xsign{j}") for j in range(C)]
         bias_buf = Signal(C * 32)
+        row_bias = qb.r_data[:32].as_signed()  # REQB: this row's bias word
         a_bytes = [head.data[8 * j: 8 * j + 8].as_signed() for j in range(W)]
         b_bytes = [qb.r_data[8 * j: 8 * j + 8].as_signed() for j in range(W)]
         acc_words = [head_acc.data[32 * j: 32 * j + 32].as_signed() for j in range(C)]
@@ -565,6 +570,9 @@ class VectorUnit(wiring.Component):
                     with m.Case(VectorOp.REQ):
                         if j < C:
                             m.d.sync += opa[j].eq(acc_words[j])
+                    with m.Case(VectorOp.REQB):
+                        if j < C:  # wrapping at 32 bits, as BIAS
+                            m.d.sync += opa[j].eq(acc_words[j] + row_bias)
                     with m.Case(VectorOp.BIAS):
                         if j < C:
                             m.d.sync += opa[j].eq(acc_words[j] + bias_words[j])

@@ -34,7 +34,8 @@ ACC = SMALL.acc_rows
 
 # sha256(source)[:16] of the bundled models' programs: M tiling and streaming leave
 # programs that fit unchanged (RTL tests, caches); a new lowering of an operator
-# changes them deliberately (cnn: its convolutions as long GEMMs, tests/test_conv_rows.py).
+# changes them deliberately (cnn: its convolutions as long GEMMs, tests/test_conv_rows.py;
+# every one-row GEMM as a GEMV, tests/test_gemv.py).
 BUNDLED = {
     ("mlp", "default"): "137058e35bd802b6",
     ("mlp", "small"): "21f48cd1d6a33b39",

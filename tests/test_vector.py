@@ -97,7 +97,7 @@ def run_and_check(config: NPUConfig, stim: Stimulus, seed: int, **kw) -> dict:
 
 CONFIG_NAMES = ["default", "small"]
 OPS = [VectorOp.BIAS, VectorOp.REQ, VectorOp.ADD, VectorOp.CLIP, VectorOp.MAX,
-       VectorOp.ARGMAX, VectorOp.QTAB]
+       VectorOp.ARGMAX, VectorOp.QTAB, VectorOp.REQB]
 
 
 @pytest.mark.parametrize("op", OPS, ids=[o.name.lower() for o in OPS])

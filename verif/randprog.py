@@ -125,12 +125,15 @@ class _Gen:
         # Per-channel requantization: a table of random entries (any multiplier, the
         # shift byte's ignored bits set at random) for vreq ... tab=1, after the biases.
         per_channel = self.rng.random() < 0.4
-        b_off = self.alloc(bp, (4 + QTAB_ENTRY_BYTES * per_channel) * n)
-        t_off = b_off + 4 * n
+        # A bias per row (vreqb, as GEMV results take it) instead of per column.
+        per_row = self.rng.random() < 0.3
+        nb = m if per_row else n
+        b_off = self.alloc(bp, 4 * nb + QTAB_ENTRY_BYTES * per_channel * n)
+        t_off = b_off + 4 * nb
         y_off = self.alloc(2, m * n)
         self.load(0, x_off, self.src_addr(m * k * ktiles), m, k * ktiles)
         self.load(1, w_off, self.src_addr(k * n * ktiles), 1, k * n * ktiles, tag=tag)
-        self.load(bp, b_off, self.src_addr(4 * n) & ~3, 1, 4 * n)
+        self.load(bp, b_off, self.src_addr(4 * nb) & ~3, 1, 4 * nb)
         if per_channel:
             self.load(bp, t_off, self.src_addr(QTAB_ENTRY_BYTES * n), 1, QTAB_ENTRY_BYTES * n)
         acc = self.r(0, c.acc_rows - m)
@@ -141,10 +144,17 @@ class _Gen:
             ins.append(f"wload p1, {wregs[t]}, {k}, {n}")
             mode = "overwrite" if t == 0 else "accumulate"
             ins.append(f"gemm.{mode} p0, r0, r5, {m}, swap=1, off={x_off + t * k}")
-        ins.append(f"vbias p{bp}, r0, r5, {m}, {n}, off={b_off}")
+        tab = ", tab=1" if per_channel else ""
+        if not per_row:
+            ins.append(f"vbias p{bp}, r0, r5, {m}, {n}, off={b_off}")
         if per_channel:
             ins.append(f"vqtab p{bp}, r0, {n}, off={t_off}")
-        ins.append(f"vreq p2, r0, r5, {m}, {n}, off={y_off}" + (", tab=1" if per_channel else ""))
+        if per_row:
+            self.emit(f"li r8, {y_off}")
+            self.emit(f"li r10, {b_off}")
+            ins.append(f"vreqb p2, r8, r5, {m}, {n}, p{bp}, r10{tab}")
+        else:
+            ins.append(f"vreq p2, r0, r5, {m}, {n}, off={y_off}{tab}")
         self.emit(f"li r5, {acc}")
         self.compute(ins, 4 if per_channel else 3)
         self.store(2, y_off, m, n)

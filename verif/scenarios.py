@@ -670,6 +670,12 @@ COST_PROGRAMS = {
     "vqtab": "vqtab p0, r0, 8\n",
     "vqtab 3": "vqtab p0, r0, 3\n",
     "vqtab, vreq.tab": "vqtab p0, r0, 8\nvreq p3, r0, r0, 8, 8, tab=1\n",
+    "vreqb": "vreqb p3, r0, r0, 8, 1, p2, r0\n",
+    "vreqb 8 cols, 20 rows": "vreqb p3, r0, r0, 20, 8, p0, r0\n",
+    "vqtab, vreqb.tab": "vqtab p0, r0, 8\nvreqb p3, r0, r0, 8, 8, p2, r0, tab=1\n",
+    # GEMV: an input column stationary, weight rows streaming, a bias per row
+    "gemv chunks, vreqb": ("wload p1, r0, 8, 1\n" + _gemm(24)) * 3
+                          + "vreqb p3, r0, r0, 24, 1, p2, r0\n",
     "wload": "wload p1, r0, 8, 8\n",
     "wload 4 rows": "wload p1, r0, 4, 8\n",
     "two wloads": "wload p1, r0, 8, 8\n" * 2,

@@ -148,6 +148,9 @@ def golden(config: NPUConfig, sp_init: np.ndarray, cmds: list[dict]) -> Expected
                 prog.append(make("vbias", p=0, sp=1, acc=4, m=mm, n=n))
             else:
                 prog.append(make("vreq", p=0, sp=1, acc=4, m=mm, n=n, tab=c["tab"]))
+        elif op == VectorOp.REQB:
+            li(1, c["d"]), li(2, c["b"]), li(4, c["acc"])
+            prog.append(make("vreqb", p=0, sp=1, acc=4, m=mm, n=n, pb=0, b=2, tab=c["tab"]))
         elif op == VectorOp.QTAB:
             li(1, c["a"])
             prog.append(make("vqtab", p=0, sp=1, n=n))
@@ -279,6 +282,26 @@ class Stimulus:
         tab = int(self.tables and r.random() < 0.5)
         self.cmds.append(command(VectorOp.REQ, d=d, acc=acc, m=m, n=n, tab=tab))
 
+    def reqb(self):
+        """REQ with a bias word per row (edge values planted), beside the rows' writes."""
+        r, c = self.rng, self.config
+        qmul, qshift, qzp = self.quant()
+        lo, hi = self.clip_range()
+        m = r.choice([r.randint(1, 6), r.randint(1, 3 * c.bus_bytes)])
+        n = r.choice([1, r.randint(1, c.cols)])
+        outs = r.choice([0, 0, n, n + r.randint(1, 19)])
+        self.maybe_cfg({CfgField.QMUL: qmul, CfgField.QSHIFT: qshift, CfgField.QZP: qzp,
+                        CfgField.CLIP_LO: lo, CfgField.CLIP_HI: hi,
+                        CfgField.OUT_STRIDE: outs})
+        acc = r.randrange(ACC_WINDOW - m + 1)
+        b = self.region(4 * m)
+        if r.random() < 0.5:
+            self.plant(b, [self.int32() for _ in range(m)], "<i4")
+        span = (m - 1) * (outs or n) + n
+        d = self.region(span, avoid=[(b, 4 * m)])
+        tab = int(self.tables and r.random() < 0.5)
+        self.cmds.append(command(VectorOp.REQB, d=d, b=b, acc=acc, m=m, n=n, tab=tab))
+
     def qtab(self):
         """A per-column requantization table: multipliers and shifts as :meth:`quant`
         picks them, shift bytes with junk in their ignored bits and padding bytes."""
@@ -371,13 +394,13 @@ class Stimulus:
     def op(self, op: VectorOp):
         {VectorOp.BIAS: self.bias, VectorOp.REQ: self.req, VectorOp.ADD: self.add,
          VectorOp.CLIP: self.clip, VectorOp.MAX: self.vmax, VectorOp.ARGMAX: self.argmax,
-         VectorOp.QTAB: self.qtab}[op]()
+         VectorOp.QTAB: self.qtab, VectorOp.REQB: self.reqb}[op]()
 
 
 def op_sequence(config: NPUConfig, seed: int, op: VectorOp, count: int) -> Stimulus:
     """``count`` commands of ``op`` (after accumulator set-up for REQ) with their cfg writes."""
     st = Stimulus(config, seed)
-    if op == VectorOp.REQ:
+    if op in (VectorOp.REQ, VectorOp.REQB):
         for _ in range(6):
             st.bias(edge=True)
         st.qtab()
@@ -394,7 +417,7 @@ def mixed_sequence(config: NPUConfig, seed: int, count: int) -> Stimulus:
     for _ in range(3):
         st.bias()
     ops = [VectorOp.BIAS, VectorOp.REQ, VectorOp.ADD, VectorOp.CLIP, VectorOp.MAX,
-           VectorOp.ARGMAX, VectorOp.QTAB]
+           VectorOp.ARGMAX, VectorOp.QTAB, VectorOp.REQB]
     for _ in range(count):
         op = st.rng.choice(ops)
         if op == VectorOp.ARGMAX and st.argmax_count == len(ARGMAX_REGS):

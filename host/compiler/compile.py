@@ -9,6 +9,7 @@ from ..ir import ArgMax, Equal, Graph, If, Node, QAvgPool, QConv, QGemm, Subgrap
 from .depthwise import avgpool_blob, grouped_blob
 from .emit import SEGMENT, Emitter
 from .estimate import check_fits
+from .gemv import gemv_blob, takes_gemv
 from .layout import Layout
 from .lower import (
     Lowering,
@@ -270,7 +271,8 @@ class _Compiler:
                         perm = self.layout(n.inputs[0]).row_permutation(rows)
                     except ValueError as err:
                         raise CompileError(str(err), n.name) from None
-                    blob = gemm_blob(n, self.config, perm)
+                    blob = gemv_blob(n, self.config, perm) \
+                        if takes_gemv(n, rows, self.config) else gemm_blob(n, self.config, perm)
                 elif isinstance(n, QConv):
                     blob = conv_blob(n, self.config) if n.group == 1 else \
                         grouped_blob(n, self.config)

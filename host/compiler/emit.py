@@ -227,7 +227,7 @@ class Work:
             # one before it; a swap fills the array with new weights.
             v["gemms" if kw.get("swap", "0") != "0" else "stream_gemms"] += mult
             v["gemm_rows"] += int(pos[3]) * mult
-        elif mnem in ("vbias", "vreq"):
+        elif mnem in ("vbias", "vreq", "vreqb"):
             v["vector_ops"] += mult
             v["vector_rows"] += int(pos[3]) * mult
             v["vector_bytes"] += int(pos[3]) * int(pos[4]) * mult

@@ -159,6 +159,10 @@ def stream_unit(low, u, why: CompileError) -> dict:
     n = u.nodes[0]
     try:
         if isinstance(n, QGemm):
+            from .gemv import GemvBlob, emit_streamed  # it builds on this module
+
+            if isinstance(low.place.blobs[n.name], GemvBlob):
+                return emit_streamed(low, u, n)
             return _GemmStream(low, u, n).emit()
         # The image stream's refusal (the last) says more when neither fits.
         ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n))
