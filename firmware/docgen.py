@@ -128,6 +128,9 @@ _SEMANTICS = """
   per tensor. A table entry is 8 bytes: the int32le multiplier, then a byte whose
   low 6 bits are the shift (the other bits and bytes are ignored, so every stored
   entry is in range: the table is data that no dispatch check sees).
+* `vreqb` (GEMV results): `y = clamp(qzp + rshift_rne((acc + bias_i) * mul_j, shift_j),
+  clip_lo, clip_hi)` with row `i`'s int32 bias added first, wrapping like `vbias`;
+  `(mul_j, shift_j)` as `vreq`. The accumulators keep their values.
 * `vadd`: `y = clamp(qzp + rshift_rne(add_mul_a*(a - add_zp_a) + add_mul_b*(b - add_zp_b),
   qshift), clip_lo, clip_hi)`; choose `add_mul_x / 2^qshift ~= scale_x / scale_y`.
 * `vargmax`: index of the first maximum (ONNX ArgMax with select_last_index=0).
@@ -208,11 +211,13 @@ Parameters (`firmware.golden.CostModel`):
   last `wload`.
 * Vector ops: one scratchpad window (`bus` bytes) a cycle, `rows * ceil(n / bus)`,
   plus `vector_latency` cycles (`vadd_latency`, `vargmax_latency` for those;
-  `vmax` walks `pool_count` windows per output window; `vreq` one accumulator row a
-  cycle); `vbias` reads its `4n` bias bytes first, `ceil(4n / bus) + rows +
-  vbias_latency`; `vqtab n` takes `ceil(8n / bus) + vqtab_latency`. `vadd` reads its two sources through two scratchpad ports: where a
-  window of the second wants a bank the first's takes in that cycle it waits, and a
-  source runs at most `vector_queue` windows ahead of the operand pairs taken
+  `vmax` walks `pool_count` windows per output window; `vreq` and `vreqb` one
+  accumulator row a cycle, `vreqb` reading each row's bias word beside it); `vbias`
+  reads its `4n` bias bytes first, `ceil(4n / bus) + rows + vbias_latency`; `vqtab n`
+  takes `ceil(8n / bus) + vqtab_latency`. `vadd` reads its two sources through two
+  scratchpad ports: where a window of the second wants a bank the first's takes in
+  that cycle it waits, and a source runs at most `vector_queue` windows ahead of the
+  operand pairs taken
   (`CostModel.read_pair_delay` plays this out window by window). A vector op starts
   `handoff` cycles after the array is idle (GEMMs and wloads before it done), and
   so does a `cfg` (the vector unit holds the registers). A
@@ -235,11 +240,12 @@ Parameters (`firmware.golden.CostModel`):
   `wload` (the array takes a command before it starts it; the model frees the entry
   at the start). There the run's `cycles` and every trace record's start and end
   equal the RTL's; the verification compares them on every such run
-  (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`). Measured: the 107
+  (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`). Measured: the 111
   programs of `verif.scenarios.COST_PROGRAMS` (`test_golden_cost_model_is_exact` in
   `tests/test_npu.py`: every kind of instruction alone, back to back, through each
-  token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, vadd's
-  bank conflicts, stores of one-beat rows, full queues); the bundled models `mlp`,
+  token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, a GEMV's
+  one-column wloads and its `vreqb`, vadd's bank conflicts, stores of one-beat rows,
+  full queues); the bundled models `mlp`,
   `cnn`, `moe` and `early_exit`, inference by inference (`tests/test_models_rtl.py`;
   `make bench-models ARGS="--rtl mlp cnn resnet8 ds_cnn"`: `mlp` 859 and `cnn` 2,319
   cycles on both, `resnet8` 287,370 on the RTL against 287,364 and `ds_cnn` 155,707

@@ -1,6 +1,6 @@
 """The vector unit: configuration registers, bias add, requantization (per tensor, or per
-column from its requantization table), element-wise add, clip, max-pool and argmax (the
-``cfg`` and ``v*`` instructions of the compute queue).
+column from its requantization table, with a bias per row for GEMV results), element-wise
+add, clip, max-pool and argmax (the ``cfg`` and ``v*`` instructions of the compute queue).
 
 Semantics are those of the golden model (``firmware.golden.Machine._op_cfg`` ...
 ``_op_vargmax``) and ``firmware.quant``; commands arrive resolved
@@ -181,6 +181,10 @@ class VectorUnit(wiring.Component):
     * ``REQ``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(acc[acc+i][j] * qmul,
       qshift))`` with an exact 64-bit product and round-half-to-even shift; with
       ``tab``, ``(qmul, qshift)`` of column ``j`` is table entry ``j``.
+    * ``REQB``: ``REQ`` of ``acc[acc+i][j] + int32le(sp[b + 4i : b + 4i + 4])``
+      (wrapping at 32 bits): a bias per row, for GEMV results (one output per
+      accumulator row). Reader B reads row ``i``'s bias word beside row ``i``, so
+      it streams a row per cycle like ``REQ``.
     * ``QTAB``: table entry ``j = (int32le(sp[a+8j : a+8j+4]), sp[a+8j+4] & 63)`` for
       ``j < n`` (``n <= cols``); the other entries keep their values.
     * ``ADD``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(add_mul_a*(x - add_zp_a)
@@ -217,11 +221,11 @@ class VectorUnit(wiring.Component):
         reset ``(qmul, qshift)``.
     rd_a, rd_b : Out(sp_window_signature(config))
         Scratchpad read windows: ``rd_a`` reads ``a`` (all ops), ``rd_b`` reads
-        ``b`` (``ADD``). Requests follow the window protocol (held until granted).
+        ``b`` (``ADD``, ``REQB``). Requests follow the window protocol (held until granted).
     wr : Out(sp_window_signature(config))
         Scratchpad write window (``we`` = 1, lanes selected by ``wstrb``).
     acc : Out(acc_port_signature(config))
-        Accumulator row port (``BIAS`` reads and writes, ``REQ`` reads).
+        Accumulator row port (``BIAS`` reads and writes, ``REQ`` and ``REQB`` read).
     result : Out(32)
         The ``ARGMAX`` index; valid while ``result_valid`` and held until the next one.
     result_valid : Out(1)

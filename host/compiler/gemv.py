@@ -195,49 +195,56 @@ def _prepare(low, n: QGemm):
 
 def lower_whole(low, n: QGemm) -> int:
     """A GEMV whose blob is on chip (resident, or loaded whole by the unit)."""
-    e, r = low.e, low.config.rows
+    e = low.e
     _prepare(low, n)
     part, wsp, blob = low._weights(n)
     x_off, y_off = low.at(n.inputs[0]), low.out(n.outputs[0])
     wreg, xreg, yreg, breg = e.scratch(4)
     runner = _Chunks(low, blob, part)
-    total = len(blob.chunks)
-    u = runner.per_pass(UNROLL)
-    full = sum(kc == r for _, kc in blob.chunks[1:])  # only the last may be partial
-    passes = full // u if full >= 2 * u else 0
-    for b, (o0, nb) in enumerate(blob.blocks):
+    for b, (o0, _) in enumerate(blob.blocks):
         e.op(f"li {wreg}, {wsp + blob.tiles[(b, 0)]}")
         e.op(f"li {xreg}, {x_off}")
-        at = 0  # the chunk the registers point at
-
-        def move_to(c: int):
-            nonlocal at
-            if c != at:
-                e.op(f"addi {wreg}, {wreg}, {blob.tiles[(b, c)] - blob.tiles[(b, at)]}")
-                e.op(f"addi {xreg}, {xreg}, {blob.chunks[c][0] - blob.chunks[at][0]}")
-                at = c
-
-        runner.emit(b, 0, 1, wreg, xreg)
-        c = 1
-        if passes:
-            move_to(1)
-            end = e.new_label("chunks")
-            e.op(f"loop {passes}, {end}")
-            runner.emit(b, 1, u, wreg, xreg)
-            e.op(f"addi {wreg}, {wreg}, {u * nb * r}")
-            e.op(f"addi {xreg}, {xreg}, {u * r}")
-            e.loop_end(end)
-            c = at = 1 + passes * u
-        while c < total:
-            step = min(u, total - c)
-            move_to(c)
-            runner.emit(b, c, step, wreg, xreg)
-            c += step
+        _block_chunks(low, runner, b, wreg, xreg)
         e.op(f"li {yreg}, {y_off + o0}")
         if blob.bias:
             e.op(f"li {breg}, {wsp + blob.bias[b]}")
         runner.finish(b, yreg, breg)
     return int(np.prod(n.weight.shape))
+
+
+def _block_chunks(low, runner: _Chunks, b: int, wreg: str, xreg: str):
+    """Every chunk of block ``b`` from the blob on chip (registers at its chunk 0):
+    the first alone (it overwrites), the full ones :data:`UNROLL` a loop pass."""
+    e, blob, r = low.e, runner.blob, low.config.rows
+    nb, total = blob.blocks[b][1], len(blob.chunks)
+    u = runner.per_pass(UNROLL)
+    full = sum(kc == r for _, kc in blob.chunks[1:])  # only the last may be partial
+    passes = full // u if full >= 2 * u else 0
+    at = 0  # the chunk the registers point at
+
+    def move_to(c: int):
+        nonlocal at
+        if c != at:
+            e.op(f"addi {wreg}, {wreg}, {blob.tiles[(b, c)] - blob.tiles[(b, at)]}")
+            e.op(f"addi {xreg}, {xreg}, {blob.chunks[c][0] - blob.chunks[at][0]}")
+            at = c
+
+    runner.emit(b, 0, 1, wreg, xreg)
+    c = 1
+    if passes:
+        move_to(1)
+        end = e.new_label("chunks")
+        e.op(f"loop {passes}, {end}")
+        runner.emit(b, 1, u, wreg, xreg)
+        e.op(f"addi {wreg}, {wreg}, {u * nb * r}")
+        e.op(f"addi {xreg}, {xreg}, {u * r}")
+        e.loop_end(end)
+        c = at = 1 + passes * u
+    while c < total:
+        step = min(u, total - c)
+        move_to(c)
+        runner.emit(b, c, step, wreg, xreg)
+        c += step
 
 
 @dataclass(frozen=True)
