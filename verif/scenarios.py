@@ -286,6 +286,10 @@ ERROR_CASES = [
     ("bad_vreq_n", "nop\nvreq p0, r0, r0, 1, 9\nend"),
     ("bad_vqtab_n", "nop\nvqtab p0, r0, 9\nend"),
     ("vqtab_partition_bounds", "li r1, 1020\nvqtab p0, r1, 1\nend"),
+    ("bad_vreqb_n", "nop\nvreqb p0, r0, r0, 1, 9, p1, r0\nend"),
+    # the destination fits, the 8 rows' bias words leave p1 (the second check)
+    ("vreqb_bias_bounds", "li r1, 1000\nvreqb p0, r0, r0, 8, 1, p1, r1\nend"),
+    ("vreqb_acc_bounds", "li r2, 1020\nvreqb p0, r0, r2, 8, 1, p1, r0\nend"),
     ("pc_bounds_loop", "loopr r1, 5000\nnop\nend"),
     # an untaken branch may name any target: the fault is the ptsel after it
     ("untaken_branch_past_the_end", "li r1, 1\nbr.eq r0, r1, 5000\nptsel 3\nend"),
