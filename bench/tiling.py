@@ -1,8 +1,7 @@
 """Streamed layers at MLPerf Tiny sizes on the golden model (RTL within a few cycles).
 
 The FC autoencoder's dense stack and a ResNet-8 first stage (verif/mlperf_shapes.py)
-compiled for the default NPU, and for the small one with a 1024-deep instruction
-bank (their programs exceed its 512): warm cycles per inference (weights that fit
+compiled for the default and the small NPU: warm cycles per inference (weights that fit
 stay resident), MAC utilization against the array's peak, DRAM bytes, program size,
 and how many layers stream. Then each convolution layer of
 :data:`verif.conv_shapes.LAYERS` alone on the default NPU, with the rows of its
@@ -12,7 +11,6 @@ Run: ``make bench-tiling``.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
@@ -28,7 +26,7 @@ from verif.mlperf_shapes import fc_autoencoder, resnet8_convs
 
 PROFILES = {
     "default": CONFIGS["default"],
-    "small_1024": dataclasses.replace(CONFIGS["small"], imem_depth=1024),
+    "small": CONFIGS["small"],
 }
 
 

@@ -81,8 +81,10 @@ class NPUConfig:
 
 CONFIGS = {
     "default": NPUConfig(),
+    # 1024-deep banks: the FC autoencoder's program (806 instructions) fits one bank, at
+    # 5 more DP16KD block RAMs than 512 (docs/compiler.md, "Program size").
     "small": NPUConfig(rows=4, cols=4, sp_bytes=16 * 1024, sp_banks=4, acc_rows=256,
-                       partitions=4, tag_slots=8, imem_depth=512, trace_depth=32),
+                       partitions=4, tag_slots=8, imem_depth=1024, trace_depth=32),
 }
 """Named configurations; the FPGA board configs join them with their board tops."""
 

@@ -175,10 +175,11 @@ def test_golden_timeline_predicts_each_unit(name, seed):
 
 def test_a_plan_that_faults_on_the_golden_model_is_refused():
     """The timeline run doubles as a check: a compiled plan whose program faults
-    (here a weight load outside its partition) is a compile error, never swapped in."""
+    (here a weight read outside its partition) is a compile error, never swapped in."""
     model = compile_model(load_onnx(model_path("mlp")), CONFIGS["default"])
     broken = copy.copy(model)
-    broken.source = model.source.replace("li r10, 0\n", "li r10, 100000\n", 1)
+    # the first GEMV's weight rows (its gemm's scratchpad operand)
+    broken.source = model.source.replace("li r8, 0\n", "li r8, 100000\n", 1)
     assert broken.source != model.source
     broken.program = asm.assemble(broken.source)
     with pytest.raises(CompileError, match="faults on the golden model: NPU error"):

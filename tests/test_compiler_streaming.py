@@ -7,7 +7,6 @@ bit for bit against the reference interpreter), with balanced token channels and
 no races between the queues (tests/test_compiler_tiling.py's checks).
 """
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -80,10 +79,9 @@ def test_fc_autoencoder_streams_on_the_default_profile(seed):
 
 @pytest.mark.slow
 def test_fc_autoencoder_on_the_small_profile(seed):
-    """Every layer compiles on the small NPU; the whole model needs a 1024-deep bank."""
+    """Every layer compiles on the small NPU, and the whole model fits its bank."""
     rng = np.random.default_rng(seed)
-    model = run_checked(fc_autoencoder(seed), dataclasses.replace(SMALL, imem_depth=1024),
-                        rng, runs=1)
+    model = run_checked(fc_autoencoder(seed), SMALL, rng, runs=1)
     assert all(steps(model)[i] for i in (0, 1, 2, 3, 6, 7, 8, 9))
 
 
@@ -119,8 +117,7 @@ def test_resnet8_stack_on_the_default_profile(seed):
 @pytest.mark.slow
 def test_resnet8_stack_on_the_small_profile(seed):
     rng = np.random.default_rng(seed)
-    model = run_checked(resnet8_convs(seed), dataclasses.replace(SMALL, imem_depth=1024),
-                        rng, runs=1)
+    model = run_checked(resnet8_convs(seed), SMALL, rng, runs=1)
     assert steps(model)[1] and steps(model)[2]
 
 
