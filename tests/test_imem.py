@@ -29,6 +29,7 @@ def _operands_bad(mn: str, f: dict, cfg) -> bool:
         "wload": lambda: f["k"] + 1 > cfg.rows or f["n"] + 1 > cfg.cols,
         "vbias": lambda: f["n"] + 1 > cfg.cols,
         "vreq": lambda: f["n"] + 1 > cfg.cols,
+        "vreqb": lambda: f["n"] + 1 > cfg.cols,
         "vqtab": lambda: f["n"] + 1 > cfg.cols,
         "loop": lambda: f["end"] > cfg.imem_depth,
         "loopr": lambda: f["end"] > cfg.imem_depth,

@@ -230,7 +230,9 @@ def test_batch_candidates():
     for name in ("mlp", "cnn"):
         g = simplified(name)
         cands = batch_candidates(g, CFG)
-        assert cands and cands[0] == 2
+        # (batch 1 runs its GEMMs as GEMVs: two rows through the GEMM mapping do not
+        # gain 5 % on it, four do)
+        assert cands and cands[0] == 4
         assert cands == sorted(cands) and all(c & (c - 1) == 0 for c in cands)
         prev = predicted_cycles(compile_model(g, CFG, simplified=True))
         for c in cands:  # each compiles and predicts fewer cycles per inference
@@ -238,7 +240,7 @@ def test_batch_candidates():
             assert per < prev
             prev = per
     # The mlp keeps gaining up to the latency cap; the cap and the gain bound hold.
-    assert batch_candidates(simplified("mlp"), CFG, max_batch=16) == [2, 4, 8, 16]
+    assert batch_candidates(simplified("mlp"), CFG, max_batch=16) == [4, 8, 16]
     assert batch_candidates(simplified("mlp"), CFG, min_gain=0.99) == []
     # The cnn's program unrolls per image: B=16 overflows the instruction bank.
     assert max(batch_candidates(simplified("cnn"), CFG, min_gain=0.0)) == 8

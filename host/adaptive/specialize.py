@@ -334,12 +334,14 @@ def batch_candidates(graph: Graph, config: NPUConfig, units: list | None = None,
                      cost: CostModel | None = None) -> list[int]:
     """Batch sizes worth specializing ``graph`` for on ``config``, ascending.
 
-    Powers of two from 2 up to ``max_batch``, kept while the batched program
-    fits the profile (scratchpad working partition, accumulator rows,
-    instruction bank: a larger batch only needs more of each) and its predicted
-    cycles per inference (``cost``, default the profile's initial coefficients)
-    improve on the previous size (the generic program for the first) by at
-    least ``min_gain``. Empty when the graph cannot be batched.
+    Powers of two from 2 up to ``max_batch`` while the batched program fits the
+    profile (scratchpad working partition, accumulator rows, instruction bank: a
+    larger batch only needs more of each), kept where its predicted cycles per
+    inference (``cost``, default the profile's initial coefficients) improve on
+    the best kept so far (the generic program for the first) by at least
+    ``min_gain``. A size that does not gain does not end the search: a one-row
+    GEMM runs as a GEMV, which a batch of 2 (two rows through the GEMM mapping)
+    may not beat while 4 does. Empty when the graph cannot be batched.
     """
     try:
         batch_graph(graph, 2)
@@ -354,8 +356,8 @@ def batch_candidates(graph: Graph, config: NPUConfig, units: list | None = None,
         except CompileError:
             break
         per = predicted_cycles(v.model, cost) / b
-        if per > prev * (1 - min_gain):
-            break
-        out.append(b)
-        prev, b = per, b * 2
+        if per <= prev * (1 - min_gain):
+            out.append(b)
+            prev = per
+        b *= 2
     return out
