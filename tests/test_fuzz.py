@@ -458,3 +458,18 @@ def test_hostile_expressions_are_assembler_errors(expr):
 
 def test_a_tab_separates_the_mnemonic():
     assert asm.assemble("li\tr1, 5\n\tend").words == asm.assemble("li r1, 5\nend").words
+
+
+@pytest.mark.parametrize("k", [2**32, 2**32 + 1, 1 - 2**32, -2**63])
+def test_a_branch_constant_beyond_32_bits_equals_no_index(sandbox, k):
+    """Found by the model fuzzing: ``Equal(ArgMax(x), k)`` with a ``k`` whose low 32
+    bits are an index took the branch on the NPU (its registers are 32 bits wide),
+    where the reference compares all 64."""
+    model = onnx.load(str(cli.MODELS / "early_exit.onnx"))
+    init = next(i for i in model.graph.initializer if i.name == "is_exit_k")
+    init.CopyFrom(numpy_helper.from_array(np.int64(k), init.name))
+    path = sandbox / "early_exit_k.onnx"
+    path.write_bytes(model.SerializeToString())
+    argv = ["run", str(path), "--digits", "8", "--no-cache"]
+    code, out, err = npu(argv)
+    assert code == ExitCode.OK and "8/8 results equal the reference" in out, err

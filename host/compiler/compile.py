@@ -330,7 +330,10 @@ class _Compiler:
         reg = e.result_regs[src]
         other, end = e.new_label("else"), e.new_label("endif")
         e.comment(f"{n.name}: if {src} == {eq.value}")
-        e.op(f"br.ne {reg}, {e.reg(eq.value)}, {other}")
+        if -(1 << 31) <= eq.value < 1 << 31:
+            e.op(f"br.ne {reg}, {e.reg(eq.value)}, {other}")
+        else:  # a 32-bit register would alias it to an index: it equals none
+            e.op(f"jmp {other}")
         self._emit_scope(n.then_graph)
         e.op(f"jmp {end}")
         e.label(other)
