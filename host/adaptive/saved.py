@@ -5,7 +5,9 @@ digest of the model file's bytes, with its name in front for people: a user's ow
 ``moe.onnx`` never reads or overwrites the bundled model's files, and ``npu report
 /any/moe.onnx`` shows that file's own report. Files are written whole (a temporary
 file renamed over the old one), so a killed run leaves the previous file or the
-new one, never half of one. Every read is validated; a file ``npu`` cannot use
+new one, never half of one; the temporary such a run leaves carries its
+writer's process id and host, and the next write in that directory removes it
+once that process is gone. Every read is validated; a file ``npu`` cannot use
 raises :class:`SavedFileError`, whose message names the file and the way out.
 
 State saved by earlier versions under the model's name alone is still read as a
@@ -15,9 +17,12 @@ signature) and left where it is; such a report is never shown as this model's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -99,9 +104,15 @@ def legacy_path(kind: str, model_file: Path, config: NPUConfig) -> Path:
 
 
 def save_json(data: dict, path: Path) -> Path:
-    """Write ``data`` to ``path`` whole: a crash leaves the old file or the new one."""
+    """Write ``data`` to ``path`` whole: a crash leaves the old file or the new one.
+
+    The temporary is ``.NAME.PID@HOST.XXXXXXXX.tmp`` beside ``path``; a writer killed
+    before its rename leaves one, which :func:`sweep_temporaries` (run first) removes.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    sweep_temporaries(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{_writer()}.",
+                               suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
@@ -112,6 +123,52 @@ def save_json(data: dict, path: Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+_TEMPORARY = re.compile(r"\..+\.(\d+)@([A-Za-z0-9-]+)\.[a-z0-9_]+\.tmp")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def _writer() -> str:
+    return f"{os.getpid()}@{_host()}"
+
+
+def sweep_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporaries :func:`save_json` writers on this host left in
+    ``directory`` when they died before renaming; return what was removed.
+
+    Only names of :func:`save_json`'s pattern whose process no longer runs: a
+    writer still at work (or another host's, whose processes this one cannot see)
+    and every other file are left alone.
+    """
+    removed = []
+    host = _host()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _TEMPORARY.fullmatch(name)
+        if m and m.group(2) == host and not _running(int(m.group(1))):
+            with contextlib.suppress(FileNotFoundError):  # a sweeper beside us took it
+                os.unlink(Path(directory) / name)
+                removed.append(Path(directory) / name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id a writer has: not ours to judge
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's live process
+        return True
+    return True
 
 
 def read_json(path: Path, schema: dict, way_out: str) -> dict | None:
