@@ -11,8 +11,8 @@ run ends in a checked result or a reported fault, and every staged swap lands.
 On the RTL (the Verilator library, ``rtl=True``) every run also meets random DRAM
 backpressure (pauses on a seeded share of the cycles, 0 to 60 %), and a golden
 model twin runs the same inputs, plans, swaps and fault windows in lockstep: the
-RTL's outputs must equal the twin's bit for bit, its fault codes the twin's, and
-its cycles the twin's on every run without backpressure.
+RTL's outputs must equal the twin's bit for bit, its errors the twin's (code, pc
+and address), and its cycles the twin's on every run without backpressure.
 
 ``make bench-soak`` runs 10,000 golden runs with 1,000 swaps and 1,000 RTL runs
 with 100 swaps (``ARGS=golden`` or ``ARGS=rtl`` for one) and writes both into
@@ -61,11 +61,12 @@ def _open_rtl(config):
 
 
 def _attempt(session: Session, x: dict, stage) -> Inference | str:
-    """One run: its checked inference, or the NPU error code it reported."""
+    """One run: its checked inference, or the error the NPU reported (its code, pc
+    and address: "BUS_ERROR at pc 2 (address 0x0)")."""
     try:
         return session.run(x, while_running=stage)
     except DeviceError as err:
-        return str(err).split()[2]  # "NPU error BUS_ERROR at pc ..."
+        return str(err).removeprefix("NPU error ")
 
 
 def soak(runs: int, swaps: int, seed: int, fault_rate: float = 0.05, rtl: bool = False) -> dict:
@@ -123,7 +124,7 @@ def soak(runs: int, swaps: int, seed: int, fault_rate: float = 0.05, rtl: bool =
         if rtl:
             outcomes["cycles equal the golden twin's"] += _compare(i, got, results[1], percent)
         if isinstance(got, str):
-            faults[got] += 1
+            faults[got.split()[0]] += 1
             outcomes["fault reported"] += 1
             pending += 1
         else:
