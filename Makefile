@@ -38,7 +38,7 @@ help:
 	@echo "make bench-demo      make demo's run on the fast Verilator library and under cocotb (demo.json)"
 	@echo "make bench-adaptive  moe over a phase-shifting stream: unfused vs static vs adaptive (adaptive.json, .png)"
 	@echo "make bench-models    every bundled and MLPerf Tiny model on the golden NPU vs its roofline (models.json; ARGS=--rtl adds Verilator)"
-	@echo "make bench-soak      10,000 golden runs and 1,000 swaps with random bus faults (soak.json)"
+	@echo "make bench-soak      10,000 golden and 1,000 RTL runs, swaps, bus faults, backpressure (soak.json)"
 	@echo "make bench-tiling    streamed layers at MLPerf Tiny sizes: cycles, MAC utilization (tiling.json)"
 	@echo "make bench-depthwise depthwise conv and average pooling layers on the golden model (depthwise.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
