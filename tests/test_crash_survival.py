@@ -18,12 +18,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from firmware.config import CONFIGS
 from host import cli
 from host.adaptive import saved
 
 MOE = cli.MODELS / "moe.onnx"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def npu(*args, env) -> subprocess.CompletedProcess:
@@ -81,10 +83,12 @@ def test_a_write_killed_before_its_rename_leaves_a_temporary_the_next_write_remo
     path = tmp_path / "state" / "m-0123-default.json"
     saved.save_json({"run": "first"}, path)
     writer = subprocess.Popen([sys.executable, "-c", STALLED_WRITER, str(path)],
-                              stdout=subprocess.PIPE, text=True)
-    assert writer.stdout.readline() == "written\n"
-    writer.send_signal(signal.SIGKILL)
-    writer.wait()
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "written\n"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
     left = [p.name for p in path.parent.glob("*.tmp")]
     assert len(left) == 1 and f".{writer.pid}@" in left[0], left
     assert json.loads(path.read_text()) == {"run": "first"}  # the old file, whole
