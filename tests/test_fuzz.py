@@ -125,6 +125,16 @@ def warm_up(sandbox: Path) -> None:
     assert code == ExitCode.OK, err
 
 
+def test_a_case_never_sees_what_another_left(sandbox):
+    with hermetic(sandbox):
+        code, out, err = npu(["compile", "mlp", "-o", "mlp"])  # a file named like the model
+        assert code == ExitCode.OK and Path("mlp").is_file(), err
+    with hermetic(sandbox):
+        code, out, err = npu(["run", "mlp", "--digits", "2", "--no-cache"])
+        assert code == ExitCode.OK, err  # the bundled model, not the program file
+    assert [p.name for p in sandbox.iterdir() if p.name.startswith("case")] == []
+
+
 # ---- ONNX models: mutated and random ------------------------------------------------------
 
 ODD_DIMS = [0, 1, 2, 3, 7, 8, 64, 65, 1000, 4097, 10**6, 10**12]
