@@ -1098,6 +1098,9 @@ class _Importer:
         w = p.w
         sx = np.asarray(p.x.scale).reshape(1)
         sw = np.asarray(w.scale).reshape(-1)
+        if not np.all(sw > 0):
+            raise ModelError(f"weight scale {sw.min()} must be positive", p.root.name,
+                             fix=_REQUANTIZE)
         if np.unique(sw).size != 1:
             self._per_channel_weights(p.kind, w.q.shape, w.axis, w.zp)
         else:

@@ -23,6 +23,7 @@ import contextlib
 import io
 import shutil
 import tempfile
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -518,3 +519,19 @@ def test_a_branch_constant_beyond_32_bits_equals_no_index(sandbox, k):
     argv = ["run", str(path), "--digits", "8", "--no-cache"]
     code, out, err = npu(argv)
     assert code == ExitCode.OK and "8/8 results equal the reference" in out, err
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan")])
+def test_a_weight_scale_that_is_not_positive_is_named(sandbox, scale):
+    """Found by the model fuzzing: a zero or NaN weight scale divided by zero in the
+    bias (a RuntimeWarning on stderr) and was refused as a bias or requantization
+    problem; it is the weight scale's, and the line says so."""
+    model = onnx.load(str(cli.MODELS / "mlp.onnx"))
+    init = next(i for i in model.graph.initializer if i.name == "fc1_W_scale")
+    init.CopyFrom(numpy_helper.from_array(np.float32(scale), init.name))
+    path = sandbox / "mlp_w.onnx"
+    path.write_bytes(model.SerializeToString())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache"])
+    assert code == ExitCode.BAD_MODEL and f"weight scale {scale} must be positive" in err, err
