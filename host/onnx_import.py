@@ -413,6 +413,10 @@ class _Importer:
         shape = []
         for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value"):
+                if d.dim_value < 1:  # an empty tensor: nothing for the NPU to compute
+                    raise ModelError(f"graph input {vi.name!r} has the size {d.dim_value} at "
+                                     f"axis {axis}", fix="export the model with sizes of at "
+                                     "least 1")
                 shape.append(d.dim_value)
                 continue
             label = repr(d.dim_param) if d.dim_param else "(unnamed)"

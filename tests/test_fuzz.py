@@ -12,6 +12,9 @@ hangs, not slowness). Inputs:
 * ``npu`` argument lists drawn from its commands, options and hostile values;
 * assembly text: the bundled programs mutated and random lines.
 
+A Python warning on stderr (what the user would see) fails a case as a traceback
+does.
+
 Seeded from the session seed (``--seed N`` reproduces a run); ``make regress``
 (``--regress``) tries ten times as many cases. Each test reports how many cases it
 tried (the ``fuzz`` lines of the pytest summary).
@@ -76,17 +79,29 @@ class Tally:
 def npu(argv: list[str]) -> tuple[int, str, str]:
     """Run ``npu`` in-process: exit code, stdout, stderr (argparse's exits included)."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
         try:
             code = cli.main(argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else ExitCode.INTERNAL
+    for w in caught:  # what Python would print on the user's terminal
+        if not issubclass(w.category, SILENT_WARNINGS):
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
     return code, out.getvalue(), err.getvalue()
+
+
+# Warning classes Python does not show outside __main__ by default (ResourceWarning
+# is pytest's own business).
+SILENT_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                   ResourceWarning)
 
 
 def assert_clean(argv, code, out, err):
     assert code in CLEAN, f"npu {argv}: exit {code}\n{err[-3000:]}"
     assert "Traceback" not in err and "Traceback" not in out, f"npu {argv}:\n{err}"
+    assert "Warning: " not in err, f"npu {argv}: a Python warning on stderr:\n{err}"
     if code != ExitCode.OK and "usage:" not in err:
         assert len(err.strip().splitlines()) == 1, f"npu {argv}: not one line:\n{err}"
 
@@ -535,3 +550,18 @@ def test_a_weight_scale_that_is_not_positive_is_named(sandbox, scale):
         warnings.simplefilter("error", RuntimeWarning)
         code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache"])
     assert code == ExitCode.BAD_MODEL and f"weight scale {scale} must be positive" in err, err
+
+
+def test_an_empty_input_is_a_bad_model(sandbox):
+    """Found by the model fuzzing: the MLP declared with 0 rows, fed an empty array by
+    ``--inputs``, reached the compiler, which wrote a GEMM of 0 rows (an internal
+    error); an input of size 0 is refused on import."""
+    model = onnx.load(str(cli.MODELS / "mlp.onnx"))
+    for v in (*model.graph.input, *model.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = 0
+    path = sandbox / "mlp_empty.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.savez(sandbox / "empty.npz", input=np.zeros((2, 0, 64), np.float32))
+    for inputs in (["--inputs", str(sandbox / "empty.npz")], ["--digits", "2"]):
+        code, out, err = npu(["run", str(path), *inputs, "--no-cache"])
+        assert code == ExitCode.BAD_MODEL and "size 0 at axis 0" in err, err
