@@ -41,6 +41,8 @@ help:
 	@echo "make bench-soak      10,000 golden and 1,000 RTL runs, swaps, bus faults, backpressure (soak.json)"
 	@echo "make bench-tiling    streamed layers at MLPerf Tiny sizes: cycles, MAC utilization (tiling.json)"
 	@echo "make bench-depthwise depthwise conv and average pooling layers on the golden model (depthwise.json)"
+	@echo "make bench-precompile npu precompile serial vs a pool of compile processes, bundled + MLPerf (precompile.json)"
+	@echo "make bench-swaps     instruction words a plan change writes into the shadow bank (swaps.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)

@@ -10,7 +10,7 @@
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
     npu disasm MODEL.onnx [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
     npu info [--backend golden|verilator|serial] [--config NAME]
-    npu precompile --profile NAME [--model M ...] [--cache PATH]
+    npu precompile --profile NAME [--model M ...] [--cache PATH] [--jobs N] [--cpu-fallback]
     npu cache info|verify|clear [--cache PATH] [--model M ...]
 
 The golden backend runs the golden model in-process. The verilator backend
@@ -53,6 +53,7 @@ class ExitCode(enum.IntEnum):
     DEVICE = 5       # the NPU, its bus or its serial port reported an error
     MISMATCH = 6     # a result differs from the reference interpreter
     LIMIT = 7        # a run went past its cycle budget or wall-clock timeout
+    INTERRUPTED = 130  # stopped by Ctrl-C (what a shell reports for SIGINT)
 
 
 EXIT_CODES_HELP = "exit codes: " + ", ".join(
@@ -484,37 +485,59 @@ def disasm_cmd(opts) -> int:
 
 def precompile_cmd(opts) -> int:
     """Fill the compiled-unit cache for a hardware profile ahead of time."""
-    from .adaptive.cache import CompileCache, default_cache_path, precompile
-    from .compiler import simplify
-    from .errors import ModelError
-    from .onnx_import import load_onnx
+    from .adaptive.cache import CompileCache, default_cache_path
+    from .adaptive.pool import cores
     from .profiles import profile
 
     config = profile(opts.profile)
     names = opts.model or bundled_quantized()
+    jobs = cores() if opts.jobs is None else opts.jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs {jobs}: give at least 1 compile process")
     path = Path(opts.cache) if opts.cache else default_cache_path()
     console = Console()
-    table = Table("model", "plans", "compiled", "cached already", "refused",
+    table = Table("model", "plans", "compiled", "cached already", "refused", "units compiled",
                   title=f"precompiled for the {opts.profile} profile")
     with CompileCache(path) as cache:
-        for name in names:
-            graph, _ = simplify(load_onnx(model_path(name)))
-            try:
-                res = precompile(cache, graph, config)
-            except ModelError as err:
-                console.print(f"note: {name} skipped: {err}", soft_wrap=True, highlight=False)
-                table.add_row(name, "-", "-", "-", "-")
-                continue
-            for note in res.notes:
-                console.print(f"note: {note}", soft_wrap=True, highlight=False)
-            table.add_row(name, str(res.plans), str(res.compiled), str(res.cached),
-                          str(res.refused))
+        try:
+            done = _precompile_models(cache, names, config, jobs, opts, console, table)
+        except KeyboardInterrupt:
+            print(f"npu: precompile interrupted; {path} keeps every unit and plan compiled "
+                  "so far (run it again to finish)", file=sys.stderr)
+            return ExitCode.INTERRUPTED
         console.print(table)
         st = cache.stats()
-    console.print(f"{st['compiles']} compiles, {st['hits']} cache hits; cache {path} "
-                  f"({st['entries']} entries, {st['bytes']} bytes)", soft_wrap=True,
-                  highlight=False)
+    console.print(f"{done['compiled']} compiles, {done['cached']} cache hits, {done['units']} "
+                  f"units compiled ({jobs} process{'es' if jobs > 1 else ''}); cache {path} "
+                  f"({st['entries']} entries, {st['units']} compiled units, "
+                  f"{st['bytes'] + st['unit_bytes']} bytes)", soft_wrap=True, highlight=False)
     return 0
+
+
+def _precompile_models(cache, names, config, jobs, opts, console, table):
+    """Precompile the models into ``cache`` (all of them through one pool of ``jobs``
+    processes), a row of ``table`` each; returns the plans compiled, found cached,
+    and the units compiled, over all models."""
+    from .adaptive.cache import precompile_models
+    from .compiler import simplify
+    from .onnx_import import load_onnx
+
+    graphs = [simplify(load_onnx(model_path(name), allow_cpu_fallback=opts.cpu_fallback))[0]
+              for name in names]
+    results = precompile_models(cache, graphs, config, jobs)
+    done = dict.fromkeys(("compiled", "cached", "units"), 0)
+    for name, res in zip(names, results, strict=True):
+        if isinstance(res, Exception):
+            console.print(f"note: {name} skipped: {res}", soft_wrap=True, highlight=False)
+            table.add_row(name, "-", "-", "-", "-", "-")
+            continue
+        for note in res.notes:
+            console.print(f"note: {note}", soft_wrap=True, highlight=False)
+        table.add_row(name, str(res.plans), str(res.compiled), str(res.cached),
+                      str(res.refused), str(res.units))
+        for k in done:
+            done[k] += getattr(res, k)
+    return done
 
 
 def bundled_quantized() -> list[str]:
@@ -548,7 +571,11 @@ def cache_info(cache) -> int:
     print(f"path: {cache.path}")
     print(f"entries: {len(entries)} ({programs} programs, {len(entries) - programs} refusals"
           f"{f', {other_version} from another compiler version' if other_version else ''})")
-    print(f"size: {st['bytes']} bytes stored, file {cache.path.stat().st_size} bytes")
+    units = cache.unit_entries()
+    refused = sum(u["kind"] == "error" for u in units)
+    print(f"units: {len(units)} compiled units ({refused} refusals)")
+    print(f"size: {st['bytes'] + st['unit_bytes']} bytes stored, file "
+          f"{cache.path.stat().st_size} bytes")
     print("profiles: " + (", ".join(f"{name} ({n})" for name, n in sorted(profiles.items()))
                           or "none"))
     return ExitCode.OK
@@ -568,7 +595,9 @@ def cache_verify(cache, names: list[str]) -> int:
             print(f"note: {name} skipped: {err}")
     res = verify(cache, graphs)
     print(f"{cache.path}: {res.entries} entries; {res.recompiled} recompiled and compared, "
-          f"{res.intact} others intact (version, digest, decoding); evicted {res.evicted}")
+          f"{res.intact} others intact (version, digest, decoding); evicted {res.evicted}; "
+          f"{res.units} compiled units checked (version, digest, decoding), "
+          f"{res.units_evicted} evicted")
     return ExitCode.OK
 
 
@@ -668,6 +697,10 @@ def _parser() -> argparse.ArgumentParser:
                    "quantized model)")
     p.add_argument("--cache", help="the cache file (default: $NPU_CACHE_DIR/compile.sqlite "
                    "or ~/.cache/npu/compile.sqlite)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="compile processes (default: one per core)")
+    p.add_argument("--cpu-fallback", action="store_true",
+                   help="run what the NPU lacks on the CPU (models such as resnet8)")
     p = sub.add_parser("cache", help="inspect, verify or clear the compile cache")
     p.add_argument("action", choices=("info", "verify", "clear"),
                    help="info: what it holds; verify: recompile the bundled models' plans "

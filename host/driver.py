@@ -85,6 +85,11 @@ class NPUDriver:
         self.config: NPUConfig = caps_to_config(caps)
         # What a Session bounds each run by (None figures: derived from its program).
         self.limits = RunLimits()
+        # What this driver wrote into each instruction bank (None: unknown), and the
+        # instruction words written so far (the cost of program changes).
+        self._imem: list[list[int] | None] = [None, None]
+        self.imem_words_written = 0
+        self.imem_words_whole = 0  # what writing every program whole would have cost
         self.addr = addresses(self.config)
         self._counters = counter_names(self.config)
         self.write("IRQ_ENABLE", field_mask("IRQ_ENABLE", "done")
@@ -109,13 +114,18 @@ class NPUDriver:
         return 1 - self.active_bank
 
     # ---- programs, tables, swaps ----------------------------------------------------------
-    def write_program(self, words, version: int | None = None) -> int:
+    def write_program(self, words, version: int | None = None, *,
+                      changed_only: bool = False) -> int:
         """Write a program (words or an ``asm.Program``) into the shadow bank.
 
         A zero word follows the program (when it fits), so running off its end is an
-        illegal instruction, as in the golden model. Returns the bank written.
-        Raises ``ValueError`` when the program does not fit, ``DeviceError`` when
-        the device refused the write.
+        illegal instruction, as in the golden model. ``changed_only``: write only
+        the runs of words that differ from what this driver last wrote into that
+        bank (all of them when it does not know: the first write, or after a
+        refused one); a hot swap between plans of one model then rewrites only the
+        units that changed or moved. Returns the bank written. Raises
+        ``ValueError`` when the program does not fit, ``DeviceError`` when the
+        device refused the write.
         """
         words = list(getattr(words, "words", words))
         depth = self.config.imem_depth
@@ -125,14 +135,25 @@ class NPUDriver:
         if len(words) < depth:
             words = words + [0]
         bank = self.shadow_bank
-        self.write("IMEM_ADDR", pack_fields("IMEM_ADDR", index=0, bank=bank))
-        for w in words:
-            self.write("IMEM_DATA_LO", w & 0xFFFF_FFFF)
-            self.write("IMEM_DATA_HI", w >> 32)
+        self.imem_words_whole += len(words)
+        held = self._imem[bank] if changed_only else None
+        self._imem[bank] = None  # unknown until the write is through
+        for start, end in _changed_runs(held, words):
+            self.write("IMEM_ADDR", pack_fields("IMEM_ADDR", index=start, bank=bank))
+            for w in words[start:end]:
+                self.write("IMEM_DATA_LO", w & 0xFFFF_FFFF)
+                self.write("IMEM_DATA_HI", w >> 32)
+            self.imem_words_written += end - start
         if version is not None:
             self.write(f"BANK_VERSION{bank}", version)
         self._check_not_refused("program")
+        self._imem[bank] = words if held is None else words + held[len(words):]
         return bank
+
+    def forget_programs(self) -> None:
+        """Forget what the banks hold (the next ``changed_only`` write is whole): for
+        whoever writes the instruction memory by other means, or resets the NPU."""
+        self._imem = [None, None]
 
     def set_partitions(self, table, pt_set: int = 0) -> None:
         """Write one partition table ``[(base, size), ...]`` of the shadow bank.
@@ -255,3 +276,20 @@ class NPUDriver:
 
     def read_mem(self, addr: int, size: int) -> bytes:
         return self.device.read_mem(addr, size)
+
+
+def _changed_runs(held: list[int] | None, words: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of ``words`` that differ from ``held`` (all when None)."""
+    if held is None:
+        return [(0, len(words))] if words else []
+    runs, start = [], None
+    for i, w in enumerate(words):
+        same = i < len(held) and held[i] == w
+        if not same and start is None:
+            start = i
+        elif same and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(words)))
+    return runs

@@ -103,7 +103,7 @@ class Session:
             self.driver.write_mem(self.const_base, model.const_image())
             invalidate_tags = True
         self.version += 1
-        self.driver.write_program(model.program, version=self.version)
+        self.driver.write_program(model.program, version=self.version, changed_only=True)
         self.driver.set_partitions(model.partitions)
         if invalidate_tags:
             self.driver.invalidate_tags()
@@ -123,7 +123,7 @@ class Session:
             raise ValueError("a staged plan must share the running plan's constants "
                              "(install() rewrites them between runs)")
         self.version += 1
-        self.driver.write_program(model.program, version=self.version)
+        self.driver.write_program(model.program, version=self.version, changed_only=True)
         self.driver.set_partitions(model.partitions)
         self.driver.swap(wait=False)
         self._staged = model

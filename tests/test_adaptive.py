@@ -208,7 +208,7 @@ def test_refusals():
 
 def test_compile_refusal_is_remembered(seed, monkeypatch):
     """A merge the compiler refuses is reported with its reason and not retried."""
-    from host.adaptive import engine
+    from host.adaptive import cache
     from host.compiler.plan import CompileError
 
     def refuse(graph, config, units=None, **kw):
@@ -216,7 +216,7 @@ def test_compile_refusal_is_remembered(seed, monkeypatch):
             raise CompileError("the merged unit's working set does not fit the partition")
         return compile_model(graph, config, units, **kw)
 
-    monkeypatch.setattr(engine, "compile_model", refuse)
+    monkeypatch.setattr(cache, "compile_model", refuse)  # what the runtime's cache calls
     rt = _runtime("mlp")
     for x in _stream(rt, 24, [ALL], seed):
         assert rt.run(x).checked

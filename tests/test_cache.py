@@ -91,7 +91,8 @@ def test_hit_returns_the_same_program_and_it_runs(name, config, digits, seed):
     assert hit and cache.hits == 1 and cache.compiles == 1
     assert again is not fresh and again.graph is graph
     assert_same_program(again, fresh)
-    assert_same_program(again, compile_model(graph, cfg, plan, simplified=True))
+    assert_same_program(again, compile_model(graph, cfg, plan, simplified=True,
+                                             relocatable=True))
     # The program from the cache computes the model: bit-exact against the reference.
     s = Session(NPUDriver(GoldenDevice(cfg)), again, check=True)
     s.load()
@@ -198,7 +199,8 @@ def test_entries_outlive_the_process_that_wrote_them(tmp_path):
         for cfg in (DEFAULT, SMALL):
             model, hit = cache.get_or_compile(g, None, cfg, compile_fn=never_compile)
             assert hit
-            assert_same_program(model, compile_model(g, cfg, simplified=True))
+            assert_same_program(model, compile_model(g, cfg, simplified=True,
+                                                     relocatable=True))
     assert cache.compiles == 0 and cache.hits == 6 and cache.stale == 0
     assert {e["model"] for e in cache.entries("small")} == {"mlp", "cnn", "moe"}
     assert all(e["profile_name"] == "small" and e["current"] for e in cache.entries(SMALL))
@@ -511,18 +513,19 @@ def test_profile_database():
 def test_precompile_cli_fills_then_hits(tmp_path, capsys):
     path = tmp_path / "aot.sqlite"
     argv = ["precompile", "--profile", "small", "--model", "mlp", "--cache", str(path)]
-    summary = re.compile(r"(\d+) compiles, (\d+) cache hits; cache (\S+)")
+    summary = re.compile(r"(\d+) compiles, (\d+) cache hits, \d+ units compiled \(.*\); "
+                         r"cache (\S+)")
 
     assert npu_main(argv) == 0
     out = capsys.readouterr().out
     compiles, hits, where = summary.search(out).groups()
     assert (int(compiles), int(hits), where) == (2, 0, str(path))
-    assert re.search(r"mlp\s*│\s*2\s*│\s*2\s*│\s*0\s*│\s*0", out), out
+    assert re.search(r"mlp\s*│\s*2\s*│\s*2\s*│\s*0\s*│\s*0\s*│\s*3", out), out
 
     assert npu_main(argv) == 0
     out = capsys.readouterr().out
     assert summary.search(out).groups()[:2] == ("0", "2"), out
-    assert re.search(r"mlp\s*│\s*2\s*│\s*0\s*│\s*2\s*│\s*0", out), out
+    assert re.search(r"mlp\s*│\s*2\s*│\s*0\s*│\s*2\s*│\s*0\s*│\s*0", out), out
 
     entries = CompileCache(path).entries("small")
     assert sorted(e["plan"] for e in entries) == [(("fc1",), ("fc2",)), (("fc1", "fc2"),)]

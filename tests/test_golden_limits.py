@@ -101,7 +101,8 @@ def spin_instead_of_the_program(monkeypatch):
     monkeypatch.setattr(timeline, "attach_timeline", lambda model: model)
     write_program = NPUDriver.write_program
     monkeypatch.setattr(NPUDriver, "write_program",
-                        lambda self, words, version=None: write_program(self, SPIN, version))
+                        lambda self, words, version=None, **kw: write_program(self, SPIN,
+                                                                              version))
 
 
 @pytest.mark.parametrize("args, budget", [([], 100_000), (["--cycle-budget", "20000"], 20_000)])

@@ -1,4 +1,5 @@
-"""The compiled-unit cache: compiled plans persisted in sqlite, shared across processes.
+"""The compiled-unit cache: compiled units and plans persisted in sqlite, shared across
+processes.
 
 The adaptive runtime compiles many plans (the initial cut of a model, merged
 units, de-fused ones, specialized variants). Compiling is off the inference
@@ -19,6 +20,21 @@ plan under the key
 A plan the compiler refuses (:class:`~host.compiler.plan.CompileError`) is stored
 too, as a negative entry, so it is not recompiled on every attempt.
 
+Underneath the plans, a second table stores every unit compiled on its own into
+relocatable code (:mod:`host.compiler.units`) under the key
+
+``(unit key, hardware profile, variant)``
+
+* the unit key digests the unit's signature (:func:`unit_signature`) and its
+  context in the model (:meth:`host.compiler.compile._Compiler.unit_context`: node
+  names, the residency and bytes of its weight blobs, the layouts of its DRAM
+  tensors, the weights partition size, the result registers in use), the facts
+  every plan of the model agrees on;
+* the variant names a variant of the unit's lowering ("" today: the one lowering).
+
+A plan the cache has not seen compiles only the units it lacks and links them
+(:func:`~host.compiler.compile_model` with the cache as ``unit_store``).
+
 The store is one sqlite table in WAL mode (readers never wait for a writer);
 every process and thread may open the same file. An entry that cannot be read
 back (damaged, written by another cache format or another compiler version) is a
@@ -29,11 +45,13 @@ like the compiler itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import pickle
 import sqlite3
@@ -49,6 +67,10 @@ import numpy as np
 from firmware.config import NPUConfig
 
 from ..compiler import CompiledModel, CompileError, compile_model, initial_units
+from ..compiler.compile import ProgramTooLong, blobs_remembered
+from ..compiler.plan import check_supported
+from ..compiler.units import UnitCode
+from ..errors import ModelError
 from ..ir import Graph, Node, Subgraph
 from ..profiles import PROFILES, profile_key, profile_name
 
@@ -58,6 +80,15 @@ FORMAT_VERSION = 1
 """Layout of a stored entry; bump it when the pickled pieces change."""
 
 _TABLE = "compiled"
+_UNITS = "units"
+_KEYS = {"compiled": ("graph", "names", "plan", "profile", "specialization"),
+         "units": ("unit", "profile", "variant")}
+_UNIT_COLUMNS = ("unit", "profile", "variant", "version", "kind", "model", "digest", "blob",
+                 "size", "created")
+_UNIT_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {_UNITS} (
+    unit TEXT NOT NULL, profile TEXT NOT NULL, variant TEXT NOT NULL, version TEXT NOT NULL,
+    kind TEXT NOT NULL, model TEXT NOT NULL, digest TEXT NOT NULL, blob BLOB NOT NULL,
+    size INTEGER NOT NULL, created REAL NOT NULL, PRIMARY KEY (unit, profile, variant))"""
 _COLUMNS = ("graph", "names", "plan", "profile", "specialization", "version", "kind",
             "model", "config", "digest", "blob", "size", "created")
 _SCHEMA = f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
@@ -164,7 +195,7 @@ def _is_unmarked_cache(path: Path) -> bool:
             db.close()
     except sqlite3.DatabaseError:
         return False
-    return tables == [_TABLE] and cols == _COLUMNS
+    return sorted(tables) in ([_TABLE], [_TABLE, _UNITS]) and cols == _COLUMNS
 
 
 def _writable(path: Path) -> bool:
@@ -417,6 +448,8 @@ class CompileCache:
     hits, misses : lookups that found / did not find a usable entry (a stored
         refusal is a hit).
     compiles : compilations run by :meth:`get_or_compile`.
+    unit_hits, unit_compiles : units found in the cache / compiled and stored while
+        compiling plans (a plan compile lowers only the units the cache lacks).
     stale : entries found unreadable or from another version, dropped and
         counted as misses.
     negative_hits : hits on stored refusals.
@@ -431,6 +464,8 @@ class CompileCache:
         self.fresh = fresh
         self.hits = self.misses = self.compiles = self.stale = self.negative_hits = 0
         self.evicted = 0
+        self.unit_hits = self.unit_compiles = 0
+        self._held_rows: dict | None = None  # see hold_writes
         self._lock = threading.RLock()
         self._orphans: list = []
         self._db = self._connect()
@@ -441,6 +476,7 @@ class CompileCache:
         if self.path is None:
             db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             db.execute(_SCHEMA)
+            db.execute(_UNIT_SCHEMA)
             return db
         _refuse_unless_usable(self.path)
         try:
@@ -467,13 +503,16 @@ class CompileCache:
             status = db.execute("PRAGMA quick_check").fetchone()[0]
             if status != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {status}")
-            db.execute(_SCHEMA)
-            cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({_TABLE})"))
-            if cols != _COLUMNS:
-                # A table from another cache format: nothing in it is usable.
-                log.warning("compile cache %s has another format; emptying it", self.path)
-                db.execute(f"DROP TABLE {_TABLE}")
-                db.execute(_SCHEMA)
+            for table, schema, columns in ((_TABLE, _SCHEMA, _COLUMNS),
+                                           (_UNITS, _UNIT_SCHEMA, _UNIT_COLUMNS)):
+                db.execute(schema)
+                cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({table})"))
+                if cols != columns:
+                    # A table from another cache format: nothing in it is usable.
+                    log.warning("compile cache %s has another format; emptying its %s",
+                                self.path, table)
+                    db.execute(f"DROP TABLE {table}")
+                    db.execute(schema)
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -515,7 +554,9 @@ class CompileCache:
         if not isinstance(specialization, str):
             raise TypeError(f"specialization must be a string, got {specialization!r}")
         plan = initial_units(graph) if plan is None else list(plan)
-        return CacheKey(graph_signature(graph), _names_digest(graph), _plan_text(graph, plan),
+        sig, names = _memo(graph, "graph", lambda: (graph_signature(graph),
+                                                    _names_digest(graph)))
+        return CacheKey(sig, names, _plan_text(graph, plan),
                         profile_key(config), specialization)
 
     # ---- lookups ---------------------------------------------------------------------------
@@ -537,8 +578,12 @@ class CompileCache:
                        ) -> tuple[CompiledModel, bool]:
         """The stored program, or compile it now and store it: ``(model, hit)``.
 
-        ``compile_fn`` defaults to ``compile_model(graph, config, plan,
-        simplified=True)``; a specialized variant passes its own. A
+        ``compile_fn`` defaults to linking the plan from the cache's compiled units,
+        lowering the ones it lacks (``compile_model(..., unit_store=...)``), and
+        when that program does not fit the instruction bank, to
+        ``compile_model(graph, config, plan, simplified=True)`` (units lowered in
+        place, each after the code before it: fewer ``cfg`` writes);
+        a specialized variant passes its own. A
         :class:`CompileError` (fresh or stored) is raised and stored. On a miss
         the plan's :class:`~host.ir.Subgraph` records (if any) are filled by the
         compiler; on a hit they are not: read ``model.units``.
@@ -554,7 +599,13 @@ class CompileCache:
             units = initial_units(graph) if plan is None else list(plan)
 
             def compile_fn():
-                return compile_model(graph, config, units, simplified=True)
+                try:
+                    return compile_model(graph, config, units, simplified=True,
+                                         unit_store=self.unit_store(config, specialization))
+                except ProgramTooLong:
+                    # Linked units set up their own cfg and registers, so a program
+                    # near the bank's size may fit only lowered in place.
+                    return compile_model(graph, config, units, simplified=True)
 
         try:
             model = compile_fn()
@@ -586,12 +637,20 @@ class CompileCache:
         return found
 
     def _lookup(self, key: CacheKey, graph: Graph):
+        return self._read(_TABLE, key, lambda kind, blob: self._decode(kind, blob, key, graph))
+
+    def _read(self, table: str, key: tuple, decode: Callable[[str, bytes], Any]):
+        """The entry under ``key`` decoded, or ``_MISS``; an entry that is damaged or of
+        another compiler version is dropped (and counted stale), never served."""
         if self.fresh:
             return _MISS
-        with self._lock:
-            row = self._conn().execute(
-                f"SELECT version, kind, digest, blob FROM {_TABLE} WHERE graph=? AND names=? "
-                "AND plan=? AND profile=? AND specialization=?", key).fetchone()
+        columns = _KEYS[table]
+        row = self._held(table, key)
+        if row is None:
+            with self._lock:
+                row = self._conn().execute(
+                    f"SELECT version, kind, digest, blob FROM {table} WHERE "
+                    + " AND ".join(f"{c}=?" for c in columns), key).fetchone()
         if row is None:
             return _MISS
         version, kind, digest, blob = row
@@ -600,23 +659,21 @@ class CompileCache:
                 raise ValueError(f"version {version}, this compiler writes {cache_version()}")
             if hashlib.sha256(blob).hexdigest()[:32] != digest:
                 raise ValueError("the stored bytes do not match their digest")
-            return self._decode(kind, blob, key, graph)
+            return decode(kind, blob)
         except Exception as err:  # any damage at all: never serve it
             log.warning("dropping a stale compile-cache entry (%s)", err)
             with self._lock:
                 self.stale += 1
                 self._conn().execute(
-                    f"DELETE FROM {_TABLE} WHERE graph=? AND names=? AND plan=? AND "
-                    "profile=? AND specialization=? AND digest=?", (*key, digest))
+                    f"DELETE FROM {table} WHERE "
+                    + " AND ".join(f"{c}=?" for c in (*columns, "digest")), (*key, digest))
             return _MISS
 
     @staticmethod
     def _decode(kind: str, blob: bytes, key: CacheKey, graph: Graph):
         obj = pickle.loads(blob)
         if kind == "error":
-            err = CompileError("")
-            err.args, err.node = (str(obj["message"]),), str(obj["node"])
-            return err
+            return _refusal(obj)
         if kind != "program" or not isinstance(obj, CompiledModel):
             raise ValueError(f"an entry of kind {kind!r} holds a {type(obj).__name__}")
         if profile_key(obj.config) != key.profile:
@@ -628,9 +685,7 @@ class CompileCache:
     def _store(self, key: CacheKey, graph: Graph, config: NPUConfig,
                result: CompiledModel | CompileError):
         if isinstance(result, CompileError):
-            kind = "error"
-            blob = pickle.dumps({"message": result.args[0] if result.args else str(result),
-                                 "node": getattr(result, "node", "")})
+            kind, blob = "error", _refusal_blob(result)
         else:
             kind = "program"
             # The graph is the caller's (the key vouches for it): store the rest.
@@ -640,10 +695,105 @@ class CompileCache:
         row = (*key, cache_version(), kind, graph.name,
                json.dumps(config.as_dict(), sort_keys=True),
                hashlib.sha256(blob).hexdigest()[:32], blob, len(blob), time.time())
+        self._write(_TABLE, row)
+
+    # ---- writes held back ------------------------------------------------------------------
+    def hold_writes(self) -> None:
+        """Keep what is stored from now on in this object (lookups see it) until
+        :meth:`take_held`: a compile process hands its entries to the one process that
+        writes, so processes never wait on each other for the file's write lock."""
+        self._held_rows = {}
+
+    def take_held(self) -> list[tuple[str, tuple]]:
+        """The held ``(table, row)`` entries; writes go to the file again."""
+        rows, self._held_rows = list((self._held_rows or {}).values()), None
+        return rows
+
+    def write_rows(self, rows: list[tuple[str, tuple]]) -> None:
+        """Store entries another process held (:meth:`take_held`), in one transaction."""
         with self._lock:
-            self._conn().execute(
-                f"INSERT OR REPLACE INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES "
-                f"({', '.join('?' * len(_COLUMNS))})", row)
+            db = self._conn()
+            db.execute("BEGIN")
+            try:
+                for table, row in rows:
+                    self._insert(db, table, row)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _held(self, table: str, key: tuple):
+        """A held entry as the file's query returns it (version, kind, digest, blob)."""
+        if not self._held_rows:
+            return None
+        found = self._held_rows.get((table, tuple(key)))
+        if found is None:
+            return None
+        row = found[1]
+        n = len(key)
+        return row[n], row[n + 1], row[-4], row[-3]
+
+    def _write(self, table: str, row: tuple) -> None:
+        n = len(_KEYS[table])
+        with self._lock:
+            if self._held_rows is not None:
+                self._held_rows[(table, tuple(row[:n]))] = (table, row)
+                return
+            self._insert(self._conn(), table, row)
+
+    @staticmethod
+    def _insert(db, table: str, row: tuple) -> None:
+        columns = _COLUMNS if table == _TABLE else _UNIT_COLUMNS
+        db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES "
+                   f"({', '.join('?' * len(columns))})", row)
+
+    # ---- units ----------------------------------------------------------------------------
+    def unit_store(self, config: NPUConfig, variant: str = "") -> _UnitStore:
+        """This cache as the compiler's :class:`~host.compiler.units.UnitStore` for one
+        hardware profile and unit variant."""
+        return _UnitStore(self, profile_key(config), variant)
+
+    def has_unit(self, key: tuple) -> bool:
+        """Whether a unit entry of this compiler version is stored under ``key``
+        (``(unit key, profile key, variant)``); its bytes are checked when it is read."""
+        if self.fresh:
+            return False
+        if self._held(_UNITS, key) is not None:
+            return True
+        with self._lock:
+            return self._conn().execute(
+                f"SELECT 1 FROM {_UNITS} WHERE unit=? AND profile=? AND variant=? AND "
+                "version=?", (*key, cache_version())).fetchone() is not None
+
+    def _unit_lookup(self, key: tuple):
+        return self._read(_UNITS, key, _decode_unit)
+
+    def _unit_store_row(self, key: tuple, model: str, result):
+        if isinstance(result, CompileError):
+            kind, blob = "error", _refusal_blob(result)
+        else:
+            kind = "unit"
+            blob = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        row = (*key, cache_version(), kind, model, hashlib.sha256(blob).hexdigest()[:32],
+               blob, len(blob), time.time())
+        with self._lock:
+            self.unit_compiles += 1
+        self._write(_UNITS, row)
+
+    def _evict_units(self, graph: Graph, plan: list | None, config: NPUConfig) -> int:
+        """Remove the stored units a plan links (its program failed validation)."""
+        store = _UnitStore(self, profile_key(config), "", record=True)
+        units = initial_units(graph) if plan is None else list(plan)
+        try:
+            compile_model(graph, config, units, simplified=True, unit_store=store)
+        except CompileError:
+            pass
+        with self._lock:
+            n = 0
+            for key in store.seen:
+                n += self._conn().execute(f"DELETE FROM {_UNITS} WHERE unit=? AND profile=? "
+                                          "AND variant=?", key).rowcount
+            return n
 
     # ---- inspection ------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -651,9 +801,13 @@ class CompileCache:
         with self._lock:
             count, size = self._conn().execute(
                 f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone()
+            units, unit_bytes = self._conn().execute(
+                f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {_UNITS}").fetchone()
             return {"hits": self.hits, "misses": self.misses, "compiles": self.compiles,
                     "stale": self.stale, "negative_hits": self.negative_hits,
-                    "evicted": self.evicted,
+                    "evicted": self.evicted, "unit_hits": self.unit_hits,
+                    "unit_compiles": self.unit_compiles, "units": units,
+                    "unit_bytes": unit_bytes,
                     "entries": count, "bytes": size,
                     "path": str(self.path) if self.path else None}
 
@@ -694,8 +848,11 @@ class CompileCache:
 
     def evict(self, graph: Graph, plan: list | None, config: NPUConfig,
               specialization: str = "") -> bool:
-        """Remove one entry (a program that failed validation); True when there was one."""
+        """Remove one entry (a program that failed validation) and, for the generic
+        plan, the compiled units it links; True when there was a plan entry."""
         key = self.key(graph, plan, config, specialization)
+        if not specialization:
+            self._evict_units(graph, plan, config)
         with self._lock:
             cur = self._conn().execute(
                 f"DELETE FROM {_TABLE} WHERE graph=? AND names=? AND plan=? AND profile=? "
@@ -704,9 +861,114 @@ class CompileCache:
             return cur.rowcount > 0
 
     def clear(self) -> int:
-        """Remove every entry (the counters are kept); returns how many there were."""
+        """Remove every entry, plans and units (the counters are kept); returns how
+        many plan entries there were."""
         with self._lock:
+            self._conn().execute(f"DELETE FROM {_UNITS}")
             return self._conn().execute(f"DELETE FROM {_TABLE}").rowcount
+
+    def unit_entries(self) -> list[dict]:
+        """The stored units: ``model``, ``profile``, ``variant``, ``kind`` ("unit" or
+        "error"), ``current`` (this compiler version) and ``size``."""
+        with self._lock:
+            rows = self._conn().execute(
+                f"SELECT model, profile, variant, kind, version, size FROM {_UNITS} "
+                "ORDER BY created").fetchall()
+        return [{"model": m, "profile": p, "variant": v, "kind": k,
+                 "current": ver == cache_version(), "size": n} for m, p, v, k, ver, n in rows]
+
+
+def _refusal_blob(err: CompileError) -> bytes:
+    return pickle.dumps({"message": err.args[0] if err.args else str(err),
+                         "node": getattr(err, "node", "")})
+
+
+def _refusal(obj: dict) -> CompileError:
+    err = CompileError("")
+    err.args, err.node = (str(obj["message"]),), str(obj["node"])
+    return err
+
+
+def _decode_unit(kind: str, blob: bytes):
+    obj = pickle.loads(blob)
+    if kind == "error":
+        return _refusal(obj)
+    if kind != "unit" or not isinstance(obj, UnitCode):
+        raise ValueError(f"a unit entry of kind {kind!r} holds a {type(obj).__name__}")
+    return obj
+
+
+def unit_key(graph: Graph, nodes: list[str], context: tuple) -> str:
+    """The cache key of a unit: its signature and its context (32 hex digits)."""
+    nodes = tuple(nodes)
+    h = hashlib.sha256(_memo(graph, nodes, lambda: unit_signature(graph, nodes)).encode())
+    h.update(repr(context).encode())
+    return h.hexdigest()[:32]
+
+
+_memos = threading.local()  # .graphs: id(graph) -> (graph, what -> digest), while on
+
+
+@contextlib.contextmanager
+def digests_remembered():
+    """Within it, this thread remembers the digests of each graph object (the graph
+    signature, unit signatures) and its packed weight blobs
+    (:func:`~host.compiler.compile.blobs_remembered`): compiling the plans of one
+    model digests and packs the same graph and units again and again. The graphs
+    must not change meanwhile."""
+    outer = getattr(_memos, "graphs", None)
+    _memos.graphs = {} if outer is None else outer
+    try:
+        with blobs_remembered():
+            yield
+    finally:
+        _memos.graphs = outer
+
+
+def _memo(graph: Graph, what, digest: Callable[[], Any]):
+    graphs = getattr(_memos, "graphs", None)
+    if graphs is None:
+        return digest()
+    entry = graphs.get(id(graph))
+    if entry is None or entry[0] is not graph:
+        entry = graphs[id(graph)] = (graph, {})
+    if what not in entry[1]:
+        entry[1][what] = digest()
+    return entry[1][what]
+
+
+class _UnitStore:
+    """A :class:`CompileCache` as the compiler's unit store (one profile, one variant).
+
+    ``record``: remember the key of every unit looked up (``seen``); ``read_only``:
+    store nothing (``missing`` says whether a unit was not there)."""
+
+    def __init__(self, cache: CompileCache, profile: str, variant: str, record=False,
+                 read_only=False):
+        self.cache, self.profile, self.variant = cache, profile, variant
+        self.seen: list[tuple] | None = [] if record else None
+        self.read_only, self.missing = read_only, False
+
+    def _key(self, graph, nodes, context) -> tuple:
+        key = (unit_key(graph, nodes, context), self.profile, self.variant)
+        if self.seen is not None:
+            self.seen.append(key)
+        return key
+
+    def get(self, graph, nodes, context):
+        found = self.cache._unit_lookup(self._key(graph, nodes, context))
+        if found is _MISS:
+            self.missing = True
+            return None
+        with self.cache._lock:
+            self.cache.unit_hits += 1
+        if isinstance(found, CompileError):
+            raise found
+        return found
+
+    def put(self, graph, nodes, context, result):
+        if not self.read_only:
+            self.cache._unit_store_row(self._key(graph, nodes, context), graph.name, result)
 
 
 # ---- ahead-of-time compilation -------------------------------------------------------------------
@@ -787,7 +1049,11 @@ def _merge_plans(graph: Graph, units: list[Subgraph], fixed: list[Subgraph],
 
     order = {n.name: i for i, (_, n) in enumerate(graph.walk())}
     plans = []
-    for combo in itertools.product(*(list(cuts(g)) for g in groups)):
+    if math.prod(1 << (len(g) - 1) for g in groups) > _MAX_CUTS:
+        combos = _fewest_merges(groups, limit)
+    else:
+        combos = itertools.product(*(list(cuts(g)) for g in groups))
+    for combo in combos:
         runs = [r for part in combo for r in part]
         merged = [r for r in runs if len(r) > 1]
         plan = [r[0] if len(r) == 1 else
@@ -801,6 +1067,36 @@ def _merge_plans(graph: Graph, units: list[Subgraph], fixed: list[Subgraph],
     return [(label, plan) for _, label, plan in plans[:limit]]
 
 
+_MAX_CUTS = 4096  # beyond this many ways to cut, plans are enumerated fewest merges first
+
+
+def _fewest_merges(groups: list[list[Subgraph]], limit: int):
+    """The cuts of ``groups`` with 0, 1, 2, ... merged runs, at most ``limit``: for a
+    model whose every way to cut (2 ** (units - 1) per group) cannot be listed."""
+    runs = [(g, a, b) for g, group in enumerate(groups)
+            for a in range(len(group)) for b in range(a + 2, len(group) + 1)]
+    made = 0
+    for k in itertools.count():
+        if made >= limit or k > len(runs):
+            return
+        for chosen in itertools.combinations(runs, k):
+            spans = sorted(chosen)
+            if any(x[0] == y[0] and y[1] < x[2] for x, y in itertools.pairwise(spans)):
+                continue  # two runs overlap
+            combo = []
+            for g, group in enumerate(groups):
+                mine = [(a, b) for gg, a, b in spans if gg == g]
+                part, at = [], 0
+                for a, b in mine:
+                    part += [[u] for u in group[at:a]] + [group[a:b]]
+                    at = b
+                combo.append(part + [[u] for u in group[at:]])
+            yield combo
+            made += 1
+            if made >= limit:
+                return
+
+
 @dataclasses.dataclass
 class PrecompileResult:
     """What :func:`precompile` did for one model.
@@ -812,6 +1108,7 @@ class PrecompileResult:
     compiled : plans compiled now (and stored).
     cached : plans found in the cache already (stored refusals included).
     refused : plans the compiler refused (now or before).
+    units : units lowered now (the plans link from them).
     notes : one line per refusal.
     """
 
@@ -820,37 +1117,69 @@ class PrecompileResult:
     compiled: int = 0
     cached: int = 0
     refused: int = 0
+    units: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def precompile(cache: CompileCache, graph: Graph, config: NPUConfig) -> PrecompileResult:
+def precompile(cache: CompileCache, graph: Graph, config: NPUConfig,
+               workers: int = 1, pool=None) -> PrecompileResult:
     """Fill ``cache`` with the :func:`precompile_plans` and :func:`speculative_plans`
-    of the simplified ``graph`` for ``config``.
+    of the simplified ``graph`` for ``config`` (see :func:`precompile_models`).
 
-    Refused plans are noted and stored as refusals. Raises
-    :class:`~host.errors.ModelError` (an unsupported operator) when the model
-    cannot run on the NPU at all.
+    Raises :class:`~host.errors.ModelError` (an unsupported operator) when the
+    model cannot run on the NPU at all.
     """
-    res = PrecompileResult(graph.name)
-    jobs = [(label, graph, plan) for label, plan in precompile_plans(graph)]
-    jobs += speculative_plans(graph)
-    for label, g, plan in jobs:
-        res.plans += 1
-        before = cache.compiles
+    res = precompile_models(cache, [graph], config, workers, pool)[0]
+    if isinstance(res, Exception):
+        raise res
+    return res
+
+
+def precompile_models(cache: CompileCache, graphs: list[Graph], config: NPUConfig,
+                      workers: int = 1, pool=None, busy: list | None = None
+                      ) -> list[PrecompileResult | ModelError]:
+    """:func:`precompile` for each simplified graph: its result, or the
+    :class:`~host.errors.ModelError` (an unsupported operator) that rules it out.
+
+    With ``workers`` > 1 (and a cache file) a pool of that many processes at most
+    compiles every model's plans together (:mod:`host.adaptive.pool`; ``pool``: the
+    processes of :func:`~host.adaptive.pool.compile_pool` to use; ``busy``: see
+    :func:`~host.adaptive.pool.compile_plans_parallel`). Refused plans are noted
+    and stored as refusals.
+    """
+    from .pool import compile_one, compile_plans_parallel
+
+    results: list = []
+    jobs: list[tuple[int, str, Graph, list]] = []  # (model, label, graph, plan)
+    for m, graph in enumerate(graphs):
         try:
-            _, hit = cache.get_or_compile(g, plan, config)
-        except CompileError as err:
-            res.refused += 1
-            fresh = cache.compiles > before
-            res.cached += not fresh
-            res.notes.append(f"{graph.name}: {label} refused{'' if fresh else ' (cached)'}: "
-                             f"{err}")
+            check_supported(graph)
+        except ModelError as err:
+            results.append(err)
             continue
-        if hit:
+        results.append(PrecompileResult(graph.name))
+        jobs += [(m, label, graph, plan) for label, plan in precompile_plans(graph)]
+        jobs += [(m, label, g, plan) for label, g, plan in speculative_plans(graph)]
+    with digests_remembered():
+        if workers > 1 and cache.path is not None and not cache.fresh:
+            outcomes = compile_plans_parallel(cache, [(g, p) for _, _, g, p in jobs],
+                                              config, workers, pool, busy)
+        else:
+            outcomes = [compile_one(cache, g, p, config) for _, _, g, p in jobs]
+    for (m, label, _, _), out in zip(jobs, outcomes, strict=True):
+        res = results[m]
+        res.plans += 1
+        res.units += out.units
+        if out.kind == "refused":
+            res.refused += 1
+            res.cached += not out.fresh
+            res.notes.append(f"{res.model}: {label} refused"
+                             f"{'' if out.fresh else ' (cached)'}: {out.message}")
+        elif out.kind == "hit":
             res.cached += 1
         else:
             res.compiled += 1
-    return res
+    return results
 
 
 # ---- verification ------------------------------------------------------------------------------
@@ -860,12 +1189,15 @@ def precompile(cache: CompileCache, graph: Graph, config: NPUConfig) -> Precompi
 class VerifyResult:
     """What :func:`verify` did: ``entries`` looked at, ``recompiled`` (compared with a
     fresh compile), ``intact`` (the others, whose integrity record held) and
-    ``evicted`` (either check failed)."""
+    ``evicted`` (either check failed); ``units`` compiled units checked by their
+    integrity record and ``units_evicted`` of them."""
 
     entries: int = 0
     recompiled: int = 0
     intact: int = 0
     evicted: int = 0
+    units: int = 0
+    units_evicted: int = 0
 
 
 def verify(cache: CompileCache, graphs: list[Graph]) -> VerifyResult:
@@ -901,6 +1233,15 @@ def verify(cache: CompileCache, graphs: list[Graph]) -> VerifyResult:
         if not _same_as_fresh(stored, graph, job[1], config):
             cache.evict(graph, job[1], config)
             res.evicted += 1
+        elif not _links_as_fresh(cache, graph, job[1], config):
+            res.units_evicted += cache._evict_units(graph, job[1], config)
+    # The other units: by their integrity record.
+    with cache._lock:
+        keys = cache._conn().execute(f"SELECT unit, profile, variant FROM {_UNITS}").fetchall()
+    for key in keys:
+        res.units += 1
+        if cache._unit_lookup(tuple(key)) is _MISS:
+            res.units_evicted += 1
     return res
 
 
@@ -920,9 +1261,26 @@ def _known_plans(cache: CompileCache, graphs: list[Graph]) -> dict:
     return known
 
 
-def _same_as_fresh(stored, graph: Graph, plan: list, config: NPUConfig) -> bool:
+def _links_as_fresh(cache: CompileCache, graph: Graph, plan: list, config: NPUConfig) -> bool:
+    """Whether the plan linked from the stored units (none compiled, none stored)
+    equals a fresh compile."""
+    store = _UnitStore(cache, profile_key(config), "", read_only=True)
     try:
-        fresh = compile_model(graph, config, plan, simplified=True)
+        linked = compile_model(graph, config, plan, simplified=True, unit_store=store)
+    except CompileError as err:
+        return store.missing or _same_as_fresh(err, graph, plan, config)
+    return _same_as_fresh(linked, graph, plan, config)
+
+
+def _same_as_fresh(stored, graph: Graph, plan: list, config: NPUConfig) -> bool:
+    """Whether ``stored`` equals what :meth:`CompileCache.get_or_compile` compiles now
+    (the plan lowered in place as relocatable units, or as it links when that
+    program is too long)."""
+    try:
+        try:
+            fresh = compile_model(graph, config, plan, simplified=True, relocatable=True)
+        except ProgramTooLong:
+            fresh = compile_model(graph, config, plan, simplified=True)
     except CompileError as err:
         return isinstance(stored, CompileError) and str(stored) == str(err)
     if isinstance(stored, CompileError):

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..compiler import CompiledModel, compile_model
+from ..compiler import CompiledModel
 from ..compiler.cost import CostModel
 from ..compiler.plan import CompileError, initial_units, simplify
 from ..driver import NPUDriver
@@ -150,6 +150,7 @@ class AdaptiveRuntime:
                  fault: Callable[[CompiledModel, int], CompiledModel] | None = None,
                  state: dict | None = None):
         self.driver, self.config = driver, config or AdaptiveConfig()
+        self._words_at_load = (0, 0)  # the driver's program-word counters at load()
         self.hw = driver.config
         self.cache = cache if cache is not None else CompileCache(None)
         self.fault = fault
@@ -219,6 +220,8 @@ class AdaptiveRuntime:
         """Write constants and the initial plan to the NPU."""
         self.session.load()
         self.resident.generic_installed()
+        # Program writes from here on are plan changes (and batch variants).
+        self._words_at_load = (self.driver.imem_words_written, self.driver.imem_words_whole)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -513,9 +516,9 @@ class AdaptiveRuntime:
     def _compile(self, plan: list[Subgraph], graph: Graph | None = None
                  ) -> tuple[CompiledModel, bool]:
         graph = self.graph if graph is None else graph
-        model, hit = self.cache.get_or_compile(
-            graph, plan, self.hw,
-            compile_fn=lambda: compile_model(graph, self.hw, plan, simplified=True))
+        # Linked from the cache's compiled units: only the units the plan lacks are
+        # lowered.
+        model, hit = self.cache.get_or_compile(graph, plan, self.hw)
         if hit:
             self._served[id(model)] = (model, graph, list(plan))
         # The cost model predicts the plan's units from their golden cycles.
@@ -687,6 +690,13 @@ class AdaptiveRuntime:
         if c is not None and c.future is not None:
             c.future.exception()
 
+    def _program_words(self) -> dict:
+        """Instruction words written since the initial load (plan changes, batch
+        variants), and what writing each of those programs whole would have taken."""
+        written, whole = self._words_at_load
+        return {"written": self.driver.imem_words_written - written,
+                "whole": self.driver.imem_words_whole - whole}
+
     def report(self) -> dict:
         """The state of the loop: units with histories, plan, events, figures."""
         before, after = self.cost_error()
@@ -704,6 +714,7 @@ class AdaptiveRuntime:
                             "threshold": self.speculation.threshold,
                             "active": self.speculation.report()},
             "cache": self.cache.stats(),
+            "program_words": self._program_words(),
             "cost_model_error": {"profile": before, "refit": after},
             **self.batches.report(),
             "units": self.units.as_dict()["units"],

@@ -67,6 +67,11 @@ def print_report(rep: dict, console: Console) -> None:
         f"rollbacks, {rep['compiles']} plan changes compiled ({cache['compiles']} compiles, "
         f"{cache['hits']} cache hits); cost model error {100 * err['profile']:.1f}% before "
         f"measuring (golden timeline), {100 * err['refit']:.1f}% refit", highlight=False)
+    words = rep.get("program_words")
+    if words and words["whole"]:
+        console.print(f"program changes wrote {words['written']} instruction words, "
+                      f"{words['whole']} as whole programs (only the runs that changed "
+                      "are written)", highlight=False)
     spec = rep.get("speculation")
     if spec:
         rate = spec["misspeculations"] / spec["bets"] if spec["bets"] else 0.0

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import threading
+
+import numpy as np
+
 from firmware import asm
 from firmware.config import NPUConfig
 
 from ..ir import ArgMax, Equal, Graph, If, Node, QAvgPool, QConv, QGemm, Subgraph
 from .depthwise import avgpool_blob, grouped_blob
-from .emit import SEGMENT, Emitter
+from .emit import RESULT_REGS, SEGMENT, Emitter
 from .estimate import check_fits
 from .gemv import gemv_blob, takes_gemv
 from .layout import Layout
 from .lower import (
+    Blob,
     Lowering,
     Placement,
     align,
@@ -32,12 +40,47 @@ from .plan import (
     stages,
 )
 from .program import CompiledModel
+from .units import Chunk, UnitCode, UnitStore, assemble_unit, link_program, relocatable, stand_in
 
 DRAM_ALIGN = 64  # a bus burst never straddles two tensors
 
 
+class ProgramTooLong(CompileError):
+    """The program does not fit one instruction bank."""
+
+
+_blobs = threading.local()  # .memo: (id(node), profile, row order) -> (node, blob)
+
+
+@contextlib.contextmanager
+def blobs_remembered():
+    """Within it, this thread packs each node's constants once per profile and row
+    order (compiling many plans of one model packs the same blobs again and again).
+    The graphs' nodes must not change meanwhile."""
+    outer = getattr(_blobs, "memo", None)
+    _blobs.memo = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _blobs.memo = outer
+
+
+def _packed(n: Node, key: tuple, pack) -> Blob:
+    """``pack()``, remembered under ``key`` for node ``n`` (see :func:`blobs_remembered`);
+    a copy each time, since placement fills in its offsets."""
+    memo = getattr(_blobs, "memo", None)
+    if memo is None:
+        return pack()
+    key = (id(n), *key)
+    if key not in memo or memo[key][0] is not n:
+        memo[key] = (n, pack())
+    return dataclasses.replace(memo[key][1])
+
+
 def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
-                  simplified: bool = False, weight_budget: int | None = None) -> CompiledModel:
+                  simplified: bool = False, weight_budget: int | None = None,
+                  relocatable: bool = False, unit_store: UnitStore | None = None
+                  ) -> CompiledModel:
     """Compile ``graph`` for ``config`` into one program.
 
     Parameters
@@ -49,6 +92,13 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
         unit per anchor operator. The adaptive runtime passes merged units here.
     simplified : ``graph`` is already simplified (a ``CompiledModel.graph``).
     weight_budget : bytes of scratchpad for resident weights (default half).
+    relocatable : lower each unit as if on its own: nothing known at its start, no
+        tensor or constant at DRAM offset 0 (so every address is one instruction).
+        The units then link into any plan (:mod:`host.compiler.units`); the program
+        costs each unit the ``cfg`` writes and register loads it needs.
+    unit_store : compile each unit on its own into relocatable code kept in this
+        store, taking the units it already holds, and link them; the program equals
+        the one ``relocatable`` lowers in place.
 
     Raises :class:`~host.compiler.plan.CompileError` (a ``ModelError``) naming the
     node or unit that does not fit, and ``UnsupportedOpError`` for NPU-placed
@@ -65,7 +115,46 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     # between plans and threads, are never written).
     subs = [Subgraph(u.id, list(u.nodes)) if isinstance(u, Subgraph)
             else Subgraph(i + 1, list(u)) for i, u in enumerate(units)]
-    return _Compiler(graph, config, subs, log, weight_budget).run()
+    return _Compiler(graph, config, subs, log, weight_budget, unit_store,
+                     relocatable or unit_store is not None).run()
+
+
+def plan_units(graph: Graph, config: NPUConfig, units: list, *,
+               weight_budget: int | None = None) -> UnitPlanner:
+    """The units of a plan of the simplified ``graph``, analysed but not lowered: what
+    a pool of compile processes needs to compile them one by one
+    (:class:`UnitPlanner`). Raises :class:`CompileError` as :func:`compile_model`."""
+    check_supported(graph)
+    check_fits(graph, config)
+    subs = [Subgraph(u.id, list(u.nodes)) if isinstance(u, Subgraph)
+            else Subgraph(i + 1, list(u)) for i, u in enumerate(units)]
+    comp = _Compiler(graph, config, subs, [], weight_budget, relocatable=True)
+    comp.analyse()
+    return UnitPlanner(comp)
+
+
+class UnitPlanner:
+    """A plan's units in program order, each with what its code depends on.
+
+    Members
+    -------
+    graph : the graph.
+    units : ``(unit, taken)`` in program order; ``taken`` counts the scalar result
+        registers the units before it use.
+    """
+
+    def __init__(self, comp: _Compiler):
+        self._comp = comp
+        self.graph = comp.g
+        self.units = comp.program_order()
+
+    def context(self, unit: UnitInfo, taken: int) -> tuple:
+        """See :meth:`_Compiler.unit_context`."""
+        return self._comp.unit_context(unit, taken)
+
+    def lower(self, unit: UnitInfo, taken: int) -> UnitCode:
+        """Compile one unit on its own (raises :class:`CompileError`)."""
+        return self._comp.lower_alone(unit, taken)
 
 
 def prices_to_fit(choices, length: int, depth: int) -> list[float]:
@@ -88,8 +177,11 @@ def prices_to_fit(choices, length: int, depth: int) -> list[float]:
 
 
 class _Compiler:
-    def __init__(self, graph, config, subs, log, weight_budget):
+    def __init__(self, graph, config, subs, log, weight_budget, unit_store=None,
+                 relocatable=False):
         self.g, self.config, self.subs, self.log = graph, config, subs, log
+        self.store, self.reloc = unit_store, relocatable
+        self.price = 0.0  # cycles an instruction is priced at (see run)
         self.weight_budget = config.sp_bytes // 2 if weight_budget is None else weight_budget
         self.tensors = scope_tensors(graph)
         self.prod: dict[str, Node] = {}
@@ -115,12 +207,47 @@ class _Compiler:
             p = self.prod.get(t)
         return t
 
+    # ---- analysis ----------------------------------------------------------------------
+    def analyse(self):
+        """Units, DRAM storage, layouts and placement: everything but code."""
+        self.units = self._unit_infos()
+        self._storage()
+        self._layouts: dict[str, Layout] = {}
+        self.place_ = self._place()
+
+    def program_order(self) -> list[tuple[UnitInfo, int]]:
+        """The units as :meth:`run` emits them, each with the number of scalar result
+        registers in use before it."""
+        by_node = {n.name: u for u in self.units for n in u.nodes}
+        order: list[UnitInfo] = []
+
+        def walk(g: Graph, take=lambda n: True):
+            for n in g.nodes:
+                if not take(n):
+                    continue
+                u = by_node.get(n.name)
+                if u is not None and u not in order:
+                    order.append(u)
+                elif isinstance(n, If) and n.device == "npu" and has_npu_work(n):
+                    walk(n.then_graph)
+                    walk(n.else_graph)
+
+        for s in sorted({s for s in self.top_stage.values() if s % 2}):
+            walk(self.g, lambda n, s=s: self.top_stage[n.name] == s)
+        out, taken = [], 0
+        for u in order:
+            out.append((u, taken))
+            taken += len(u.results)
+        return out
+
     def _emit(self, place, price: float):
         """The program's source and words, lowering at ``price`` cycles an instruction."""
         e = Emitter()
         low = Lowering(self.config, e, place, self.tensors, self.root, self.layout, price)
-        self.low, self.e, self.emitted = low, e, set()
+        self.low, self.e, self.emitted, self.price = low, e, set(), price
         self.done_roots: set[str] = set()
+        self._line_spans: dict[int, tuple[int, int]] = {}
+        self._chunks: list[Chunk] = []
         npu_stages = sorted({s for s in self.top_stage.values() if s % 2})
         seg_labels = [f"segment_{k}" for k in range(len(npu_stages))]
         if len(npu_stages) > 1:
@@ -136,18 +263,18 @@ class _Compiler:
         if missing:
             raise CompileError(f"units {missing} are not reachable in program order")
         source = e.text()
-        try:
-            program = asm.assemble(source)
-        except asm.AsmError as err:  # a compiler bug, never the user's model
-            raise RuntimeError(f"the compiler wrote invalid assembly: {err}") from err
+        if self.store is not None:
+            program = link_program(e.lines, self._chunks)
+        else:
+            try:
+                program = asm.assemble(source)
+            except asm.AsmError as err:  # a compiler bug, never the user's model
+                raise RuntimeError(f"the compiler wrote invalid assembly: {err}") from err
         return source, program
 
-    # ---- analysis ----------------------------------------------------------------------
     def run(self) -> CompiledModel:
-        self.units = self._unit_infos()
-        self._storage()
-        self._layouts: dict[str, Layout] = {}
-        place = self._place()
+        self.analyse()
+        place = self.place_
         # Where ways of lowering a unit differ in speed and size, the fastest wins
         # unless the program outgrows the bank: then each instruction is priced in
         # cycles, the least that makes it fit.
@@ -159,8 +286,9 @@ class _Compiler:
                 if len(program) <= depth:
                     break
             else:
-                raise CompileError(f"the program has {len(program)} instructions; an "
-                                   f"instruction bank holds {depth}")
+                raise ProgramTooLong(f"the program has {len(program)} instructions; an "
+                                     f"instruction bank holds {depth}")
+        spans = self._spans(program)
         for u, sub in zip(self.units, self.subs, strict=True):
             sub.inputs, sub.outputs = list(u.inputs), list(u.outputs)
         layouts = {r: self.layout(r) for r in place.arena}
@@ -168,7 +296,15 @@ class _Compiler:
         parts = [(0, wb), (wb, self.config.sp_bytes - wb)]
         return CompiledModel(self.g, self.config, program, source, self.subs, place, layouts,
                              {t: int(r[1:]) for t, r in self.e.result_regs.items()},
-                             self.top_stage, parts, self.log)
+                             self.top_stage, parts, self.log, spans)
+
+    def _spans(self, program) -> dict[int, tuple[int, int]]:
+        """Unit id -> its instruction indices ``[start, end)`` in the program."""
+        spans = {}
+        for uid, (a, b) in self._line_spans.items():
+            idx = [i for i, no in enumerate(program.lines) if a < no <= b]
+            spans[uid] = (idx[0], idx[-1] + 1) if idx else (0, 0)
+        return spans
 
     def _unit_infos(self) -> list[UnitInfo]:
         infos, owner = [], {}
@@ -255,13 +391,15 @@ class _Compiler:
         return self._layouts[r]
 
     def _place(self) -> Placement:
+        # Relocatable: no tensor or blob sits at offset 0, so each address is one
+        # ``addi`` from its base whatever the plan.
         place = Placement()
-        at = 0
+        at = base = DRAM_ALIGN if self.reloc else 0
         for r in self.dram:
             place.arena[r] = at
             at = align(at + self.tensors[r].size, DRAM_ALIGN)
         place.arena_bytes = at
-        const_at, sp_at, slot = 0, 0, 0
+        const_at, sp_at, slot = base, 0, 0
         for u in self.units:
             for n in u.nodes:
                 if isinstance(n, QGemm):
@@ -271,13 +409,19 @@ class _Compiler:
                         perm = self.layout(n.inputs[0]).row_permutation(rows)
                     except ValueError as err:
                         raise CompileError(str(err), n.name) from None
-                    blob = gemv_blob(n, self.config, perm) \
-                        if takes_gemv(n, rows, self.config) else gemm_blob(n, self.config, perm)
+                    order = None if perm is None else np.asarray(perm).tobytes()
+                    gemv = takes_gemv(n, rows, self.config)
+                    blob = _packed(n, (self.config, order, gemv),
+                                   lambda n=n, perm=perm, gemv=gemv:
+                                   gemv_blob(n, self.config, perm) if gemv
+                                   else gemm_blob(n, self.config, perm))
                 elif isinstance(n, QConv):
-                    blob = conv_blob(n, self.config) if n.group == 1 else \
-                        grouped_blob(n, self.config)
+                    blob = _packed(n, (self.config,), lambda n=n: conv_blob(n, self.config)
+                                   if n.group == 1 else grouped_blob(n, self.config))
                 elif isinstance(n, QAvgPool):
-                    blob = avgpool_blob(n, self.tensors[n.inputs[0]].shape[1], self.config)
+                    channels = self.tensors[n.inputs[0]].shape[1]
+                    blob = _packed(n, (self.config, channels), lambda n=n, c=channels:
+                                   avgpool_blob(n, c, self.config))
                 else:
                     continue
                 blob.dram = const_at
@@ -312,13 +456,98 @@ class _Compiler:
                                    f"{self.owner[p.name]} writes it (units must be "
                                    "contiguous in program order)")
         start = len(self.e.lines)
-        resources = self.low.unit(u)
+        if not self.reloc:
+            resources = self.low.unit(u)
+        elif self.store is None:
+            self.e.begin_unit()
+            start = len(self.e.lines)
+            # Labels as a unit compiled on its own names them: the same source.
+            outer, self.e._labels = self.e._labels, 0
+            resources = self.low.unit(u)
+            self.e._labels = outer
+            code = UnitCode(self.e.lines[start:], [], {})
+            code.labels = relocatable(code.lines, u.id, 0, 0, check=False)[1]
+            self.e.lines[start:] = code.link(u.id, [], [])
+        else:
+            self.e.begin_unit()
+            resources = self._link_unit(u)
+        if self.reloc:
+            self.e.begin_unit()  # the code after it knows nothing either way
+        self._line_spans[u.id] = (start, len(self.e.lines))
         sub = next(s for s in self.subs if s.id == u.id)
         sub.instructions = [ln.strip() for ln in self.e.lines[start:]]
         sub.resources = {**resources, "instructions": sum(
             1 for ln in sub.instructions if not ln.startswith(";") and not ln.endswith(":"))}
         self.done_roots.update(u.outputs)
         self.emitted.add(u.id)
+
+    # ---- units compiled on their own ------------------------------------------------------
+    def dram_tensors(self, u: UnitInfo) -> list[str]:
+        """The unit's DRAM tensors in symbol order (``@aN``): inputs, then outputs."""
+        return list(dict.fromkeys([*u.inputs, *u.outputs]))
+
+    def unit_blobs(self, u: UnitInfo) -> list:
+        """The unit's constants blobs in symbol order (``@cN``)."""
+        return [self.place_.blobs[n.name] for n in u.nodes if n.name in self.place_.blobs]
+
+    def unit_context(self, u: UnitInfo, taken: int) -> tuple:
+        """What the code of ``u`` depends on beyond its own nodes (plain values whose
+        ``repr`` is stable: what a cache key digests).
+
+        Its node and tensor names (named in its code's comments), its DRAM tensors
+        with their layouts, its blobs with their residency (tag slot, place in the
+        weights partition) but not their DRAM offsets, the size of the weights
+        partition, and how many scalar result registers are in use before it.
+        """
+        # A blob's tile offsets follow from its node, the profile and its row
+        # order, as its bytes do: the bytes' digest stands for all of them.
+        blobs = [(b.node, hashlib.sha256(b.data).hexdigest(), b.rows, b.row_bytes, b.slot,
+                  b.sp) for b in self.unit_blobs(u)]
+        tensors = [(t, self.layout(t).src_shape, self.layout(t).axes)
+                   for t in self.dram_tensors(u)]
+        return (tuple(n.name for n in u.nodes), tuple(u.inputs), tuple(u.outputs),
+                tuple(u.results), tensors, blobs, self.place_.weights_bytes, taken,
+                self.price)
+
+    def _link_unit(self, u: UnitInfo) -> dict:
+        taken = len(self.e.result_regs)
+        names = [n.name for n in u.nodes]
+        context = self.unit_context(u, taken)
+        code = self.store.get(self.g, names, context)
+        if code is None:
+            try:
+                code = self.lower_alone(u, taken)
+            except CompileError as err:
+                self.store.put(self.g, names, context, err)
+                raise
+            self.store.put(self.g, names, context, code)
+        arena = [self.place_.arena[t] for t in self.dram_tensors(u)]
+        blobs = [b.dram for b in self.unit_blobs(u)]
+        start = len(self.e.lines)
+        self.e.lines.extend(code.link(u.id, arena, blobs))
+        self._chunks.append(Chunk(start, len(self.e.lines), code, u.id, arena, blobs))
+        self.e.result_regs.update(code.results)
+        if len(self.e.result_regs) != taken + len(u.results):  # program_order counts so
+            raise RuntimeError(f"unit {u.id} took {len(code.results)} result registers "
+                               f"for {len(u.results)} scalar results")
+        return code.resources
+
+    def lower_alone(self, u: UnitInfo, taken: int) -> UnitCode:
+        """Lower ``u`` into an emitter of its own, with stand-in DRAM offsets."""
+        e = Emitter()
+        e.result_regs = {f"@{i}": r for i, r in enumerate(RESULT_REGS[:taken])}
+        tensors, blobs = self.dram_tensors(u), self.unit_blobs(u)
+        place = Placement(arena={t: stand_in(i) for i, t in enumerate(tensors)},
+                          blobs={b.node: dataclasses.replace(b, dram=stand_in(i))
+                                 for i, b in enumerate(blobs)},
+                          weights_bytes=self.place_.weights_bytes)
+        low = Lowering(self.config, e, place, self.tensors, self.root, self.layout,
+                       self.price)
+        e.begin_unit()
+        resources = low.unit(u)
+        lines, labels = relocatable(e.lines, u.id, len(tensors), len(blobs))
+        results = {t: r for t, r in e.result_regs.items() if not t.startswith("@")}
+        return assemble_unit(e.lines, lines, labels, resources, results)
 
     def _emit_if(self, n: If):
         e = self.e

@@ -110,6 +110,19 @@ class Emitter:
         self.cfg = {k: None for k in self.cfg}
         self._reg_value.clear()
 
+    def begin_unit(self):
+        """State at a unit boundary: nothing known, nothing pending.
+
+        A unit's code then depends on the unit alone (not on the code before
+        it), so a unit compiled once links into any plan that holds it
+        (:mod:`host.compiler.units`)."""
+        self.forget()
+        self._next_scratch = 0
+        self._pending_pop = ""
+        self._last_compute = None
+        self._last_compute_looped = False
+        self._mult = [1]
+
     def run_start(self):
         """State at the start of a run: cfg at reset, registers unknown."""
         self.cfg = dict(CFG_RESET)

@@ -33,6 +33,7 @@ class CompiledModel:
     stages : top-level node -> stage (even: CPU, odd: NPU segment).
     partitions : the partition table the program expects.
     log : what the simplifier changed.
+    spans : unit id -> its instruction indices ``[start, end)`` in ``program``.
     """
 
     graph: Graph
@@ -46,6 +47,7 @@ class CompiledModel:
     stages: dict[str, int]
     partitions: list[tuple[int, int]]
     log: list[str] = field(default_factory=list)
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def regions(self) -> dict[int, Subgraph]:
