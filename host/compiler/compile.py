@@ -527,6 +527,7 @@ class _Compiler:
         self.e.lines.extend(code.link(u.id, arena, blobs))
         self._chunks.append(Chunk(start, len(self.e.lines), code, u.id, arena, blobs))
         self.e.result_regs.update(code.results)
+        self.low.choices.extend(code.choices)
         if len(self.e.result_regs) != taken + len(u.results):  # program_order counts so
             raise RuntimeError(f"unit {u.id} took {len(code.results)} result registers "
                                f"for {len(u.results)} scalar results")
@@ -547,7 +548,9 @@ class _Compiler:
         resources = low.unit(u)
         lines, labels = relocatable(e.lines, u.id, len(tensors), len(blobs))
         results = {t: r for t, r in e.result_regs.items() if not t.startswith("@")}
-        return assemble_unit(e.lines, lines, labels, resources, results)
+        code = assemble_unit(e.lines, lines, labels, resources, results)
+        code.choices = list(low.choices)
+        return code
 
     def _emit_if(self, n: If):
         e = self.e

@@ -63,6 +63,8 @@ class UnitCode:
     word_lines : index in ``lines`` of each word.
     symbols : label -> instruction index from the unit's start.
     relocs : the fields the linker fills, :class:`Reloc` per field.
+    choices : the competing ways of lowering it, as ``Lowering.choices`` records
+        them (what pricing instructions trades when a program outgrows the bank).
     """
 
     lines: list[str]
@@ -73,6 +75,7 @@ class UnitCode:
     word_lines: list[int] = field(default_factory=list)
     symbols: dict[str, int] = field(default_factory=dict)
     relocs: list[Reloc] = field(default_factory=list)
+    choices: list = field(default_factory=list)
 
     def link_words(self, at: int, region: int, tensors: list[int], blobs: list[int]
                    ) -> list[int]:
