@@ -29,6 +29,9 @@ class NPUConfig:
     region_depth : region-mark nesting depth.
     trace_depth : region-trace FIFO entries.
     queue_depth : entries in each of the load / compute / store queues.
+    dw_rows : input rows the depthwise engine (``dwload``/``dwconv``) holds per
+        column, 3..16; 0 builds no depthwise engine (its instructions are then
+        BAD_OPERAND).
     """
 
     rows: int = 8
@@ -45,6 +48,7 @@ class NPUConfig:
     region_depth: int = 4
     trace_depth: int = 64
     queue_depth: int = 8
+    dw_rows: int = 10
 
     def __post_init__(self):
         def need(cond, name, why):
@@ -53,6 +57,10 @@ class NPUConfig:
 
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "dw_rows":  # 0: no depthwise engine
+                need(isinstance(v, int) and (v == 0 or 3 <= v <= 16), f.name,
+                     "must be 0 (no depthwise engine) or 3..16")
+                continue
             need(isinstance(v, int) and v > 0, f.name, "must be a positive integer")
         need(self.rows <= 256, "rows", "array dimensions are at most 256")
         need(self.cols <= 256, "cols", "array dimensions are at most 256")
@@ -84,7 +92,7 @@ CONFIGS = {
     # 1024-deep banks: the FC autoencoder's program (806 instructions) fits one bank, at
     # 5 more DP16KD block RAMs than 512 (docs/compiler.md, "Program size").
     "small": NPUConfig(rows=4, cols=4, sp_bytes=16 * 1024, sp_banks=4, acc_rows=256,
-                       partitions=4, tag_slots=8, imem_depth=1024, trace_depth=32),
+                       partitions=4, tag_slots=8, imem_depth=1024, trace_depth=32, dw_rows=0),
 }
 """Named configurations; the FPGA board configs join them with their board tops."""
 

@@ -22,6 +22,7 @@ _CLASS_TITLES = {
     "config": "Compute configuration",
     "gemm": "Systolic array",
     "vector": "Vector unit",
+    "depthwise": "Depthwise engine",
 }
 
 _INTRO = """\
@@ -224,6 +225,13 @@ Parameters (`firmware.golden.CostModel`):
   dispatch that reads the register of an in-flight `vargmax` (a `br` too: its
   condition step comes after the wait) ends `reg_writeback` cycles after the
   `vargmax`.
+* Depthwise engine: `dwload` reads its 9 tap windows, one a cycle, done
+  `dwload_latency` after; `dwconv` reads one window a cycle, `((h-1)*s + kh) *
+  ((m-1)*s + kw)` of them, and writes its `h*m` accumulator rows as the columns
+  complete: `reads + h + dwconv_latency` cycles. Both start like a vector op
+  (`handoff` after the array is idle), and a vector op or a `gemm` after them waits
+  for them as for a vector op (the engine shares the accumulator and the GEMM
+  engine's scratchpad port).
 * The compute queue retires its instructions in program order, one a cycle. A pushed
   token counts in the popping queue `token` cycles after the pushing instruction
   retires (a `cfg`'s at once, unless it waited for the array); a pop waits for it. `end`, `sync`, `region` marks and

@@ -83,6 +83,8 @@ class CostModel:
     vbias_latency: int = 6  # ... for vbias (after its bias words: accumulators to accumulators)
     vargmax_latency: int = 8  # ... for vargmax (a reduction into a register)
     vqtab_latency: int = 6  # ... for vqtab (table words into the unit's registers)
+    dwload_latency: int = 4  # the depthwise engine's tap reads (one window per tap) to done
+    dwconv_latency: int = 5  # its last window's grant to its last accumulator write, less h
     reg_writeback: int = 4  # from a vargmax's end to the end of a dispatch reading its rd
     wload_latency: int = 1  # a swap gemm may follow a k-row wload k + this cycles after its start
     # ... one more after a one-row wload (its row is written a cycle after its data
@@ -336,6 +338,7 @@ class Machine:
         self.w = [np.zeros((cfg.rows, cfg.cols), dtype=np.int8) for _ in range(2)]
         self.wdims = [(0, 0), (0, 0)]
         self.w_active = 0
+        self.dw_taps = np.zeros((isa.DW_TAPS, cfg.cols), dtype=np.int8)
         self.pt_set = 0
         self.tokens = {c: deque() for c in isa.TOKEN_CHANNELS}
         self.loops: list[list[int]] = []  # [start, end, remaining]
@@ -689,6 +692,55 @@ class Machine:
         self._uses(reads=[(rows, k)])
         return mrows
 
+    def _op_dwload(self, o):
+        cfg = self.config
+        self._dw_present()
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        nbytes = isa.DW_TAPS * cfg.cols
+        base = self._sp_range(o["p"], offset, nbytes)
+        self.dw_taps = self.sp[base: base + nbytes].view(np.int8).reshape(isa.DW_TAPS, cfg.cols)
+        self._uses(reads=[(base + np.arange(isa.DW_TAPS) * cfg.cols, cfg.cols)])
+        return isa.DW_TAPS
+
+    def _op_dwconv(self, o):
+        h, mo, s, kh, kw, n = o["h"], o["m"], o["s"], o["kh"], o["kw"], o["n"]
+        k = isa.DW_KERNEL
+        self._dw_present()
+        rows_in, cols_in = (h - 1) * s + kh, (mo - 1) * s + kw
+        if kh > k or kw > k:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"a {kh}x{kw} kernel exceeds the "
+                        f"depthwise engine's {k}x{k}")
+        self._cols(n)
+        if rows_in > self.config.dw_rows:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"{rows_in} input rows exceed the depthwise "
+                        f"engine's {self.config.dw_rows}")
+        acc = self._acc_rows(self._reg(o["acc"]), h * mo)
+        pix = self.cfg[CfgField.GEMM_STRIDE] or n
+        row = self.cfg[CfgField.IN_STRIDE] or n
+        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, (rows_in - 1) * row + (cols_in - 1) * pix + n)
+        # x[i, c, j]: input row i, column c, lane j of the window
+        idx = (base + np.arange(rows_in)[:, None, None] * row
+               + np.arange(cols_in)[None, :, None] * pix + np.arange(n)[None, None, :])
+        x = self.sp[idx].view(np.int8).astype(np.int64)
+        taps = self.dw_taps[:, :n].astype(np.int64).reshape(k, k, n)
+        out = np.zeros((h, mo, n), dtype=np.int64)
+        for i in range(kh):
+            for c in range(kw):
+                out += taps[i, k - kw + c] * x[i: i + (h - 1) * s + 1: s,
+                                               c: c + (mo - 1) * s + 1: s]
+        out = out.reshape(h * mo, n)
+        if o["mode"] == GemmMode.ACCUMULATE:
+            out = out + self.acc[acc, :n].astype(np.int64)
+        self.acc[acc, :n] = wrap32(out)
+        self.counters["macs"] += h * mo * kh * kw * n
+        self._uses(reads=[(idx[:, :, 0].reshape(-1), n)])
+        return rows_in * cols_in + h  # a window a cycle, then a cycle per output row
+
+    def _dw_present(self):
+        if not self.config.dw_rows:
+            raise _Stop(ErrorCode.BAD_OPERAND, "this build has no depthwise engine")
+
     def _op_vbias(self, o):
         mrows, n = o["m"], o["n"]
         self._cols(n)
@@ -852,6 +904,9 @@ def _signed(v: int) -> int:
 
 
 _VECTOR_OPS = ("vbias", "vreq", "vreqb", "vadd", "vclip", "vmax", "vargmax", "vqtab")
+# The depthwise engine shares the accumulator and the GEMM engine's scratchpad port,
+# and takes turns with both engines as the vector unit does.
+_DW_OPS = ("dwload", "dwconv")
 
 
 class _Timeline:
@@ -958,12 +1013,14 @@ class _Timeline:
             late = after_array >= start  # its completion then reaches the queue later
             start = max(start, after_array)
             issue = latency = cycles
-        elif m in _VECTOR_OPS:
+        elif m in _VECTOR_OPS or m in _DW_OPS:
             # ... and the vector unit only while the array is idle (wloads too).
             start = max(start, max(self.array_done, self.wload_done) + c.handoff)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
                                         "vargmax": c.vargmax_latency,
-                                        "vqtab": c.vqtab_latency}.get(m, c.vector_latency)
+                                        "vqtab": c.vqtab_latency,
+                                        "dwload": c.dwload_latency,
+                                        "dwconv": c.dwconv_latency}.get(m, c.vector_latency)
         elif isinstance(cycles, tuple):  # a tag hit
             latency, issue = cycles
         elif q in ("load", "store"):
@@ -997,7 +1054,7 @@ class _Timeline:
             self.wload_done = end
             one_row = cycles == 1 and not self._stealing
             self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if one_row else 0)
-        elif m in _VECTOR_OPS:
+        elif m in _VECTOR_OPS or m in _DW_OPS:
             self.vector_done = end
             if m == "vargmax":
                 self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback

@@ -169,6 +169,10 @@ CFG_RESET = {f: r[0] for f, r in CFG_RANGE.items()}
 QTAB_ENTRY_BYTES = 8
 QTAB_SHIFT_BITS = 6
 
+# The depthwise engine's taps (``dwload``): a 3x3 kernel frame per channel lane.
+DW_KERNEL = 3
+DW_TAPS = DW_KERNEL * DW_KERNEL
+
 
 class ErrorCode(enum.IntEnum):
     """Why a program stopped. The RTL reports the same codes in its status register."""
@@ -596,6 +600,39 @@ SPECS: tuple[InstrSpec, ...] = (
         "reset values of cfg.qmul and cfg.qshift. The table lives in the vector unit, "
         "so vreq reads no table bytes per row.",
         "vector",
+    ),
+    # ---- compute: depthwise engine ----------------------------------------------
+    InstrSpec(
+        "dwload", 0x23, Queue.COMPUTE,
+        (_part("p", 49), _reg("sp", 45, "scratchpad byte offset of the taps"),
+         _f("off", 0, 16, Kind.UINT, "immediate added to the offset", default=0)),
+        "Load the depthwise engine's 3x3 taps of one group of array-cols channels.",
+        f"for t < {DW_TAPS}, j < cols: tap[t][j] = int8 sp[p][sp+off + t*cols + j] "
+        "(tap t = 3i + c: kernel row i, column slot c). BAD_OPERAND on a build "
+        "without the depthwise engine (CAPS dw_rows = 0).",
+        "depthwise",
+    ),
+    InstrSpec(
+        "dwconv", 0x24, Queue.COMPUTE,
+        (_part("p", 49), _reg("sp", 45, "scratchpad byte offset of the input window"),
+         _reg("acc", 41, "first accumulator row"),
+         _f("m", 29, 12, Kind.COUNT, "output pixels per output row, 1..4096"),
+         _f("h", 25, 4, Kind.COUNT, "output rows, 1..16"),
+         _f("mode", 24, 1, Kind.ENUM, "overwrite or accumulate", enum=GemmMode, suffix=True),
+         _f("s", 23, 1, Kind.COUNT, "convolution stride (both axes), 1..2"),
+         _f("kh", 21, 2, Kind.COUNT, "kernel rows, 1..3"),
+         _f("kw", 19, 2, Kind.COUNT, "kernel columns, 1..3"),
+         _f("n", 11, 8, Kind.COUNT, "channels (lanes), 1..array cols"),
+         _f("off", 0, 11, Kind.UINT, "immediate added to the offset", default=0)),
+        "Depthwise convolution of h output rows of m pixels on n channels "
+        "(dwconv.overwrite / dwconv.accumulate).",
+        "P = cfg.gemm_stride or n (bytes between pixels), R = cfg.in_stride or n "
+        "(bytes between rows). for r < h, o < m, j < n: acc[acc + r*m + o][j] (=|+=) "
+        "sum over i < kh, c < kw of tap[3i + 3-kw+c][j] * int8 sp[p][sp+off + "
+        "(r*s + i)*R + (o*s + c)*P + j], in int32, wrapping (a narrower kernel sits "
+        "in the right-hand columns of the 3x3 taps). BAD_OPERAND when kh or kw > 3, "
+        "n > cols, or the (h-1)*s + kh input rows exceed CAPS dw_rows.",
+        "depthwise",
     ),
 )
 

@@ -27,6 +27,7 @@ from amaranth.lib.wiring import In, Out
 from firmware.config import NPUConfig
 from firmware.isa import Token
 
+from .depthwise import dw_command_layout
 from .ports import (
     DMA_DONE_LAYOUT,
     ArrayOp,
@@ -63,12 +64,14 @@ def store_entry_layout(config: NPUConfig) -> data.StructLayout:
 
 
 def compute_entry_layout(config: NPUConfig) -> data.StructLayout:
-    """A compute-queue entry: an array command or a vector command, plus tokens.
+    """A compute-queue entry: an array, vector or depthwise command, plus tokens.
 
     ``rd`` is the destination register of a ``vargmax``.
     """
     return data.StructLayout({
         "vector": 1,
+        "depthwise": 1,
+        "dw": dw_command_layout(config),
         "arr": array_command_layout(config),
         "vec": vector_command_layout(config),
         "rd": 4,
@@ -283,28 +286,36 @@ class _Kind(enum.IntEnum):
     WLOAD = 0
     GEMM = 1
     VECTOR = 2
+    DEPTHWISE = 3
 
 
 class ComputeQueue(wiring.Component):
-    """The compute queue: GEMM engine and vector unit, in program order.
+    """The compute queue: GEMM engine, vector unit and depthwise engine, in program order.
 
     Array commands stream back to back (the engine overlaps a ``wload`` with the
     gemms before it); a vector command waits until the array is idle and an array
     command until the vector unit is idle, because both share the accumulator and
-    the scratchpad. The accumulator belongs to whichever engine was issued last.
+    the scratchpad; a depthwise command waits for both, and both wait for it (it
+    shares the accumulator, and the GEMM engine's scratchpad port). The accumulator
+    belongs to whichever engine was issued last.
     Completions retire in program order, so a token is never pushed for an
     instruction before everything ahead of it in this queue has completed.
 
     Members
     -------
     entry : In(stream of compute_entry_layout)
-    arr_cmd, vec_cmd : Out(command streams) to the GEMM engine and the vector unit.
-    arr_wload_done, arr_gemm_done, arr_idle, vec_done, vec_idle : In(1)
-        Engine completion pulses and idle flags.
+    arr_cmd, vec_cmd, dw_cmd : Out(command streams) to the GEMM engine, the vector
+        unit and the depthwise engine.
+    arr_wload_done, arr_gemm_done, arr_idle, vec_done, vec_idle, dw_done, dw_idle : In(1)
+        Engine completion pulses and idle flags (a build without the depthwise engine
+        ties ``dw_idle`` high; the sequencer never dispatches to it).
     vec_result, vec_result_valid : In
         vargmax results, written back through ``rd_we``/``rd_index``/``rd_value``.
     acc_sel : Out(1)
-        Accumulator owner (0: array, 1: vector).
+        Accumulator owner (0: array or depthwise, 1: vector).
+    dw_sel : Out(1)
+        The depthwise engine, not the array, owns the accumulator's array port and
+        the GEMM engine's scratchpad port.
     tok_in_load, tok_in_store : In(1)
         load -> compute and store -> compute pulses; ``tok_out_load``,
         ``tok_out_store``: compute -> load and compute -> store pulses.
@@ -317,11 +328,13 @@ class ComputeQueue(wiring.Component):
             "entry": In(stream.Signature(compute_entry_layout(config))),
             "arr_cmd": Out(command_stream(array_command_layout(config))),
             "vec_cmd": Out(command_stream(vector_command_layout(config))),
+            "dw_cmd": Out(command_stream(dw_command_layout(config))),
             "arr_wload_done": In(1), "arr_gemm_done": In(1), "arr_idle": In(1),
             "vec_done": In(1), "vec_idle": In(1),
+            "dw_done": In(1), "dw_idle": In(1, init=1),
             "vec_result": In(32), "vec_result_valid": In(1),
             "rd_we": Out(1), "rd_index": Out(4), "rd_value": Out(32),
-            "acc_sel": Out(1),
+            "acc_sel": Out(1), "dw_sel": Out(1),
             "tok_in_load": In(1), "tok_in_store": In(1),
             "tok_out_load": Out(1), "tok_out_store": Out(1),
             "run_start": In(1), "flush": In(1),
@@ -348,31 +361,39 @@ class ComputeQueue(wiring.Component):
         t_store = _TokenCounter(m, "s2c", self.tok_in_store, take & pop_store, self.run_start)
 
         is_vec = head.vector
+        is_dw = head.depthwise
+        is_arr = ~is_vec & ~is_dw
         is_argmax = is_vec & (head.vec.op == VectorOp.ARGMAX)
         kind = Signal(_Kind)
         m.d.comb += kind.eq(_Kind.VECTOR)
-        with m.If(~is_vec):
+        with m.If(is_dw):
+            m.d.comb += kind.eq(_Kind.DEPTHWISE)
+        with m.Elif(~is_vec):
             m.d.comb += kind.eq(_Kind.GEMM)
             with m.If(head.arr.op == ArrayOp.WLOAD):
                 m.d.comb += kind.eq(_Kind.WLOAD)
 
         tokens_ok = (~pop_load | t_load.available) & (~pop_store | t_store.available)
-        hazard_ok = ((is_vec & self.arr_idle) | (~is_vec & self.vec_idle))
+        hazard_ok = self.dw_idle & Mux(is_vec, self.arr_idle,
+                                       Mux(is_dw, self.arr_idle & self.vec_idle, self.vec_idle))
         room = infl.w_rdy & (~is_argmax | rds.w_rdy)
         present = q.r_rdy & ~self.flush & tokens_ok & hazard_ok & room
-        acc_sel = Signal()
+        acc_sel, dw_sel = Signal(), Signal()
         m.d.comb += [
             self.arr_cmd.payload.eq(head.arr), self.vec_cmd.payload.eq(head.vec),
-            self.arr_cmd.valid.eq(present & ~is_vec),
+            self.dw_cmd.payload.eq(head.dw),
+            self.arr_cmd.valid.eq(present & is_arr),
             self.vec_cmd.valid.eq(present & is_vec),
-            self.acc_sel.eq(acc_sel),
+            self.dw_cmd.valid.eq(present & is_dw),
+            self.acc_sel.eq(acc_sel), self.dw_sel.eq(dw_sel),
         ]
         # Both engines are idle-checked before presenting, so switching the owner
         # here is safe; engines touch the accumulator at the earliest one cycle
         # after accepting a command.
         with m.If(present):
-            m.d.sync += acc_sel.eq(is_vec)
-        issued = present & Mux(is_vec, self.vec_cmd.ready, self.arr_cmd.ready)
+            m.d.sync += [acc_sel.eq(is_vec), dw_sel.eq(is_dw)]
+        issued = present & Mux(is_vec, self.vec_cmd.ready,
+                               Mux(is_dw, self.dw_cmd.ready, self.arr_cmd.ready))
         record = Signal(inflight_layout)
         m.d.comb += [
             record.kind.eq(kind),
@@ -386,7 +407,7 @@ class ComputeQueue(wiring.Component):
 
         # Completion pulses not yet retired, per kind.
         done_in = {_Kind.WLOAD: self.arr_wload_done, _Kind.GEMM: self.arr_gemm_done,
-                   _Kind.VECTOR: self.vec_done}
+                   _Kind.VECTOR: self.vec_done, _Kind.DEPTHWISE: self.dw_done}
         pending = {k: Signal(8, name=f"pending_{k.name.lower()}") for k in _Kind}
         top = data.View(inflight_layout, infl.r_data)
         retire = Signal()
@@ -410,7 +431,8 @@ class ComputeQueue(wiring.Component):
             self.rd_value.eq(self.vec_result), rds.r_en.eq(self.vec_result_valid),
         ]
         m.d.comb += [
-            self.busy.eq(infl.r_rdy | ~self.arr_idle | ~self.vec_idle),
-            self.idle.eq((q.level == 0) & ~infl.r_rdy & self.arr_idle & self.vec_idle),
+            self.busy.eq(infl.r_rdy | ~self.arr_idle | ~self.vec_idle | ~self.dw_idle),
+            self.idle.eq((q.level == 0) & ~infl.r_rdy & self.arr_idle & self.vec_idle
+                         & self.dw_idle),
         ]
         return m

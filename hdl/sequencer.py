@@ -56,6 +56,7 @@ from firmware import isa
 from firmware.config import NPUConfig
 from firmware.isa import CfgField, Cond, ErrorCode
 
+from .depthwise import DwOp
 from .partition import pt_check_signature
 from .ports import ArrayOp, VectorOp
 from .queues import (
@@ -76,7 +77,7 @@ DEC = isa.decoder_constants()
 OPC = DEC["opcodes"]
 NUM_CHECKS = 3
 QUEUE_OPS = ("load", "store", "cfg", "wload", "gemm", "vbias", "vreq", "vreqb", "vadd", "vclip",
-             "vmax", "vargmax", "vqtab")
+             "vmax", "vargmax", "vqtab", "dwload", "dwconv")
 # The register-reading fields of each instruction, numbered in field order: (mnemonic,
 # field) -> read slot. ``rd`` fields are written, never read.
 SLOT_OF = {(mn, name): k for mn, fields in DEC["fields"].items()
@@ -437,11 +438,14 @@ class Sequencer(wiring.Component):
         # ---- partition checks ------------------------------------------------------------
         chk = self.chk
 
-        def check(i, p, offset, a, b, add=0, extra=False):
-            """Partition check ``i`` of ``a * b + add`` bytes (+ the pooling extent)."""
+        def check(i, p, offset, a, b, add=0, extra=False, a2=0, b2=0):
+            """Partition check ``i`` of ``a * b + a2 * b2 + add`` bytes (+ the pooling
+            extent; only check 0 has the second product)."""
             span = spans.span[i]
             m.d.comb += [span.p.eq(p), span.offset.eq(offset), span.a.eq(a), span.b.eq(b),
                          span.add.eq(add), span.extra.eq(extra)]
+            if i == 0:
+                m.d.comb += [span.a2.eq(a2), span.b2.eq(b2)]
             return chk[i].error
 
         def fail(cond, code, at=None):
@@ -690,7 +694,7 @@ class Sequencer(wiring.Component):
                  acc_rows, fire, set_pending, spanning, acc_over, wbad):
         """Resolve and check one compute-queue instruction (golden order of checks).
         ``wbad``: its operands_bad(), latched with the word."""
-        arr, vec = entry.arr, entry.vec
+        arr, vec, dw = entry.arr, entry.vec, entry.dw
         fieldof = lambda name: field(word, mn, name)  # noqa: E731
 
         def offset(reg, imm=True):
@@ -818,6 +822,27 @@ class Sequencer(wiring.Component):
                          vec.a.eq(self.chk[0].addr), vec.n.eq(n), vec.m.eq(1), entry.rd.eq(rd)]
             with m.If(fire & (rd != 0)):
                 m.d.comb += set_pending.eq(1 << rd)
+        elif mn == "dwload":
+            fail(wbad, ErrorCode.BAD_OPERAND)  # no depthwise engine
+            e = check(0, fieldof("p"), offset("sp"), isa.DW_TAPS, self.config.cols)
+            fail(e != 0, e, at=0)
+            m.d.comb += [entry.depthwise.eq(1), dw.op.eq(DwOp.LOAD), dw.sp.eq(self.chk[0].addr)]
+        elif mn == "dwconv":
+            raw = {name: word[lo:lo + bits] for name, (lo, bits, _) in DEC["fields"][mn].items()}
+            h, mo, n = fieldof("h"), fieldof("m"), fieldof("n")
+            s, kh, kw = fieldof("s"), fieldof("kh"), fieldof("kw")
+            fail(wbad, ErrorCode.BAD_OPERAND)  # kernel, lanes or input rows too large
+            first = acc_check(h * mo)
+            pix, row = eff(CfgField.GEMM_STRIDE, n), eff(CfgField.IN_STRIDE, n)
+            # (h-1)*s + kh - 1 rows and (m-1)*s + kw - 1 columns past the first window
+            rows_past = (raw["h"] << raw["s"]) + raw["kh"]
+            cols_past = (raw["m"] << raw["s"]) + raw["kw"]
+            e = check(0, fieldof("p"), offset("sp"), cols_past, pix, n, a2=rows_past, b2=row)
+            fail(e != 0, e, at=0)
+            m.d.comb += [entry.depthwise.eq(1), dw.op.eq(DwOp.CONV), dw.sp.eq(self.chk[0].addr),
+                         dw.pix.eq(pix), dw.row.eq(row), dw.m.eq(mo), dw.h.eq(h),
+                         dw.acc.eq(first), dw.accumulate.eq(fieldof("mode")),
+                         dw.s.eq(s), dw.kh.eq(kh), dw.kw.eq(kw), dw.n.eq(n)]
         else:  # pragma: no cover
             raise AssertionError(mn)
 
@@ -858,6 +883,12 @@ def operands_bad(word, mn: str, config: NPUConfig):
         return (f("k") > config.rows) | (f("n") > config.cols)
     if mn in ("vbias", "vreq", "vreqb", "vqtab"):
         return f("n") > config.cols
+    if mn == "dwload":
+        return Const(int(config.dw_rows == 0), 1)
+    if mn == "dwconv":
+        rows_in = (f("h") - 1) * f("s") + f("kh")
+        return ((f("kh") > isa.DW_KERNEL) | (f("kw") > isa.DW_KERNEL) | (f("n") > config.cols)
+                | (rows_in > config.dw_rows))
     if mn in ("loop", "loopr"):
         return f("end") >= config.imem_depth + 1
     if mn == "br":

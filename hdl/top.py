@@ -31,10 +31,12 @@ from .accumulator import Accumulator
 from .array import GemmEngine
 from .axi import axi4_lite_signature, axi4_signature
 from .csr import CSRBlock
+from .depthwise import DepthwiseEngine
 from .dma import DMA
 from .imem import InstructionMemory
 from .partition import PartitionTable
 from .perf import PerfCounters, TraceFIFO
+from .ports import sp_window_signature
 from .queues import ComputeQueue, LoadQueue, StoreQueue
 from .scratchpad import Scratchpad
 from .sequencer import NUM_CHECKS, Sequencer
@@ -51,6 +53,31 @@ def connect_checks(m: Module, seq: Sequencer, pt: PartitionTable) -> None:
     m.d.comb += pt.set.eq(seq.pt_set)
     for s, c in zip(seq.chk, pt.checks, strict=True):
         connect(m, s, c)
+
+
+def share_with_depthwise(m: Module, dw_sel, gemm: GemmEngine, dw: DepthwiseEngine,
+                         acc: Accumulator):
+    """Give the depthwise engine the GEMM engine's scratchpad port and the
+    accumulator's array port: the compute queue never runs the two at once
+    (``dw_sel``: the depthwise engine was issued last). Returns the scratchpad
+    requester that takes the GEMM engine's place."""
+    port = sp_window_signature(gemm.config).create(path=("gemm_dw_sp",))
+    use_dw = dw.sp.valid
+    m.d.comb += [
+        port.valid.eq(gemm.sp.valid | dw.sp.valid),
+        port.addr.eq(Mux(use_dw, dw.sp.addr, gemm.sp.addr)),
+        port.we.eq(gemm.sp.we & ~use_dw), port.wdata.eq(gemm.sp.wdata),
+        port.wstrb.eq(gemm.sp.wstrb),
+        gemm.sp.ready.eq(port.ready & ~use_dw), dw.sp.ready.eq(port.ready),
+        # each engine takes read data only for its own grants
+        gemm.sp.rvalid.eq(port.rvalid), gemm.sp.rdata.eq(port.rdata),
+        dw.sp.rvalid.eq(port.rvalid), dw.sp.rdata.eq(port.rdata),
+    ]
+    a, g, d = acc.array, gemm.acc, dw.acc
+    for name in ("ren", "raddr", "wen", "waddr", "wdata", "wmask"):
+        m.d.comb += getattr(a, name).eq(Mux(dw_sel, getattr(d, name), getattr(g, name)))
+    m.d.comb += [g.rdata.eq(a.rdata), d.rdata.eq(a.rdata)]
+    return port
 
 
 class NPU(wiring.Component):
@@ -90,6 +117,9 @@ class NPU(wiring.Component):
         sub.acc = acc = Accumulator(cfg)
         sub.gemm = gemm = GemmEngine(cfg)
         sub.vec = vec = VectorUnit(cfg)
+        dw = None
+        if cfg.dw_rows:
+            sub.dw = dw = DepthwiseEngine(cfg)
         sub.dma = dma = DMA(cfg)
         sub.perf = perf = PerfCounters(cfg)
         sub.trace = trace = TraceFIFO(cfg)
@@ -194,8 +224,14 @@ class NPU(wiring.Component):
         connect(m, dma.store_done, sq.dma_done)
         connect(m, cq.arr_cmd, gemm.cmd)
         connect(m, cq.vec_cmd, vec.cmd)
-        connect(m, gemm.acc, acc.array)
         connect(m, vec.acc, acc.vector)
+        gemm_sp = gemm.sp
+        if dw is None:
+            connect(m, gemm.acc, acc.array)
+        else:
+            connect(m, cq.dw_cmd, dw.cmd)
+            m.d.comb += [cq.dw_done.eq(dw.done), cq.dw_idle.eq(dw.idle)]
+            gemm_sp = share_with_depthwise(m, cq.dw_sel, gemm, dw, acc)
         m.d.comb += [
             acc.sel.eq(cq.acc_sel),
             cq.arr_wload_done.eq(gemm.wload_done), cq.arr_gemm_done.eq(gemm.gemm_done),
@@ -204,14 +240,15 @@ class NPU(wiring.Component):
             cq.vec_result.eq(vec.result), cq.vec_result_valid.eq(vec.result_valid),
             vec.run_start.eq(seq.run_start),
         ]
-        requesters = {"gemm": gemm.sp, "vec_a": vec.rd_a, "vec_b": vec.rd_b,
+        requesters = {"gemm": gemm_sp, "vec_a": vec.rd_a, "vec_b": vec.rd_b,
                       "vec_wr": vec.wr, "dma_load": dma.load_sp, "dma_store": dma.store_sp}
         for i, name in enumerate(SP_PORTS):
             connect(m, requesters[name], sp.ports[i])
 
         # ---- counters and trace ------------------------------------------------------------------
+        macs = gemm.macs if dw is None else gemm.macs + dw.macs  # never both at once
         m.d.comb += [
-            seq.ev_macs.eq(gemm.macs), seq.ev_read_bytes.eq(dma.read_bytes),
+            seq.ev_macs.eq(macs), seq.ev_read_bytes.eq(dma.read_bytes),
             seq.ev_write_bytes.eq(dma.write_bytes),
             seq.ev_hit.eq(lq.hit), seq.ev_miss.eq(lq.miss),
             trace.push.valid.eq(seq.trace_valid),
@@ -223,7 +260,7 @@ class NPU(wiring.Component):
             m.d.comb += trace.push.payload[name].eq(seq.trace_record[i])
         inc = perf.inc
         events = {
-            "cycles": seq.busy, "instructions": seq.ev_instr, "macs": gemm.macs,
+            "cycles": seq.busy, "instructions": seq.ev_instr, "macs": macs,
             "dram_read_bytes": dma.read_bytes, "dram_write_bytes": dma.write_bytes,
             "regions": seq.ev_region, "misspeculations": seq.ev_misspec,
             "runs": seq.ev_run, "errors": seq.done & seq.ev_error, "swaps": do_swap,

@@ -24,7 +24,7 @@ import numpy as np
 from firmware import asm, isa
 from firmware.config import NPUConfig
 from firmware.golden import Machine
-from firmware.isa import QTAB_ENTRY_BYTES, Queue, Token
+from firmware.isa import DW_TAPS, QTAB_ENTRY_BYTES, Queue, Token
 from firmware.quant import quantize_multiplier
 
 IN_BASE, IN_BYTES = 0x0, 0x10000  # random input data
@@ -159,6 +159,35 @@ class _Gen:
         self.compute(ins, 4 if per_channel else 3)
         self.store(2, y_off, m, n)
 
+    def depthwise_group(self):
+        """dwload + dwconv (a second kernel accumulating, at times), then vreq."""
+        c = self.c
+        s, kh, kw, n = self.r(1, 2), self.r(1, 3), self.r(1, 3), self.r(1, c.cols)
+        h, mo = self.r(1, (c.dw_rows - kh) // s + 1), self.r(1, 6)
+        pix = n + self.r(0, 1) * self.r(1, 9)
+        rows_in, cols_in = (h - 1) * s + kh, (mo - 1) * s + kw
+        row = pix * cols_in + self.r(0, 9)
+        span = (rows_in - 1) * row + (cols_in - 1) * pix + n
+        kernels = self.r(1, 2)
+        x_off = self.alloc(0, span)
+        w_off = self.alloc(1, DW_TAPS * c.cols * kernels)
+        y_off = self.alloc(2, h * mo * n)
+        self.load(0, x_off, self.src_addr(span), 1, span)
+        self.load(1, w_off, self.src_addr(DW_TAPS * c.cols * kernels), 1,
+                  DW_TAPS * c.cols * kernels)
+        acc = self.r(0, c.acc_rows - h * mo)
+        ins = [f"cfg.gemm_stride {pix}", f"cfg.in_stride {row}", "cfg.out_stride 0",
+               *self.requant_cfg()]
+        for k in range(kernels):
+            mode = "overwrite" if k == 0 else "accumulate"
+            ins += [f"dwload p1, r0, off={w_off + k * DW_TAPS * c.cols}",
+                    f"dwconv.{mode} p0, r9, r5, {mo}, {h}, {s}, {kh}, {kw}, {n}"]
+        ins.append(f"vreq p2, r0, r5, {h * mo}, {n}, off={y_off}")
+        self.emit(f"li r5, {acc}")
+        self.emit(f"li r9, {x_off}")
+        self.compute(ins, 2)
+        self.store(2, y_off, h * mo, n)
+
     def eltwise_group(self, kind):
         m, n = self.r(1, 6), self.r(1, 40)
         a = self.alloc(0, m * n)
@@ -229,8 +258,11 @@ class _Gen:
                 self.emit(f"{op} {rd}, {ra}, {rb}")
 
     def group(self, depth=0):
-        kind = self.rng.choice(["gemm", "vadd", "vclip", "vmax", "argmax", "scalar", "loop"],
-                               p=[0.3, 0.15, 0.1, 0.1, 0.1, 0.1, 0.15])
+        kind = self.rng.choice(["gemm", "vadd", "vclip", "vmax", "argmax", "scalar", "loop",
+                                "depthwise"],
+                               p=[0.25, 0.15, 0.1, 0.1, 0.1, 0.1, 0.15, 0.05])
+        if kind == "depthwise" and not self.c.dw_rows:  # a build without the engine
+            kind = "gemm"
         region = self.regions < self.c.region_depth and self.rng.random() < 0.3
         rid = self.r(1, 999)
         if region:
@@ -240,6 +272,8 @@ class _Gen:
             self.gemm_group(tag=self.r(0, min(self.c.tag_slots, 7)))
         elif kind in ("vadd", "vclip"):
             self.eltwise_group(kind)
+        elif kind == "depthwise":
+            self.depthwise_group()
         elif kind == "vmax":
             self.maxpool_group()
         elif kind == "argmax":

@@ -779,6 +779,18 @@ COST_PROGRAMS = {
                             + ", pop=next\n",
     "vbias, 3 columns": "vbias p2, r0, r0, 3, 3\n",  # fewer bias windows
     "vbias, unaligned": "li r9, 12\nvbias p2, r9, r0, 2, 5\n",
+    # the depthwise engine: a window a cycle, a cycle per output row; it takes turns
+    # with the array and the vector unit like the vector unit does
+    "dwload": "dwload p0, r0\n",
+    "dwconv": "dwload p0, r0\ndwconv.overwrite p1, r0, r0, 4, 3, 1, 3, 3, 8\n",
+    "dwconv stride 2, 2x3, 5 lanes": "cfg.gemm_stride 16\ncfg.in_stride 160\ndwload p0, r0\n"
+                                     "dwconv.accumulate p1, r0, r0, 3, 2, 2, 2, 3, 5\n",
+    "gemm, dwconv, gemm": WLOAD + _gemm(8) + "dwload p0, r0\n"
+                          "dwconv.accumulate p1, r0, r0, 4, 2, 1, 3, 3, 8\n"
+                          "gemm.accumulate p0, r0, r0, 8\n",
+    "dwconv>store token": "dwload p0, r0\ndwconv.overwrite p1, r0, r0, 4, 3, 1, 3, 3, 8\n"
+                          "vreq p2, r0, r0, 12, 8, push=next\n"
+                          "store p2, r0, r0, r0, 1, 96, pop=prev\n",
     # the queue fills while its head waits for a token
     "full queue": "load p0, r0, r0, r0, 2, 512, push=next\ncfg.qshift 9, pop=prev\n"
                   + "cfg.qshift 9\n" * 16,

@@ -16,12 +16,13 @@ __all__ = ["SpanChecker", "span_layout"]
 
 
 def span_layout(config: NPUConfig) -> data.StructLayout:
-    """One check's request: ``a * b + add`` bytes (plus the pooling window's extent
-    when ``extra``) at ``offset`` in partition ``p``."""
+    """One check's request: ``a * b + a2 * b2 + add`` bytes (plus the pooling
+    window's extent when ``extra``) at ``offset`` in partition ``p``. Only check 0
+    has the second product (``dwconv``'s rows and columns)."""
     chk = pt_check_signature(config).members
     return data.StructLayout({
         "p": chk["p"].shape, "offset": chk["offset"].shape,
-        "a": 13, "b": 21, "add": 13, "extra": 1,
+        "a": 14, "b": 21, "a2": 4, "b2": 21, "add": 13, "extra": 1,
     })
 
 
@@ -73,18 +74,20 @@ class SpanChecker(wiring.Component):
         chk = self.chk
         spans = self.span
         # The addend is summed in SPANS, so that PRODUCTS is a product alone.
-        init = {"p": 0, "offset": 0, "a": 1, "b": 1}  # as the requests'
+        init = {"p": 0, "offset": 0, "a": 1, "b": 1, "a2": 0, "b2": 0}  # as the requests'
         spans_q = [{k: Signal(span[k].shape(), name=f"span{i}_{k}_q", init=init[k])
-                    for k in init} for i, span in enumerate(spans)]
+                    for k in init if i == 0 or k not in ("a2", "b2")}
+                   for i, span in enumerate(spans)]
         for i, q in enumerate(spans_q):
             q["addend"] = Signal(SPAN_BITS, name=f"span{i}_addend_q")
         with m.If(self.sample):
             for span, q in zip(spans, spans_q, strict=True):
-                m.d.sync += [q[k].eq(span[k]) for k in ("p", "offset", "a", "b")]
+                m.d.sync += [q[k].eq(span[k]) for k in q if k != "addend"]
                 m.d.sync += q["addend"].eq(span.add + Mux(span.extra, self.pool_extent, 0))
         with m.If(self.multiply):
             for c, q in zip(chk, spans_q, strict=True):
-                m.d.sync += c.nbytes.eq(q["a"] * q["b"])
+                second = q["a2"] * q["b2"] if "a2" in q else 0
+                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + second)
         for c, q in zip(chk, spans_q, strict=True):
             m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"]), c.addend.eq(q["addend"])]
         return m
