@@ -445,7 +445,7 @@ class Sequencer(wiring.Component):
             m.d.comb += [span.p.eq(p), span.offset.eq(offset), span.a.eq(a), span.b.eq(b),
                          span.add.eq(add), span.extra.eq(extra)]
             if i == 0:
-                m.d.comb += [span.a2.eq(a2), span.b2.eq(b2)]
+                m.d.comb += [spans.second.a.eq(a2), spans.second.b.eq(b2)]
             return chk[i].error
 
         def fail(cond, code, at=None):

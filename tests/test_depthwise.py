@@ -17,6 +17,7 @@ from firmware.config import CONFIGS
 from firmware.quant import quantize_multiplier
 from host.builder import GraphBuilder
 from host.compiler import compile_model, simplify
+from host.compiler.depthwise import on_engine
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.errors import UnsupportedOpError
@@ -68,9 +69,14 @@ def test_depthwise_conv_bit_exact(shape, config, seed):
     _, _, oh, ow = graph.tensors["y"].shape
     macs = r.counters["macs"]
     cols = CONFIGS[config].cols
-    # The array counts every product of its diagonal tiles: n_j x n_j per pixel and tap.
-    groups = [min(cols, c - j) for j in range(0, c, cols)]
-    assert macs == oh * ow * shape[3] ** 2 * sum(n * n for n in groups)
+    if on_engine(conv, CONFIGS[config]):  # the depthwise engine counts the layer's MACs
+        assert "dwconv" in model.source
+        assert macs == oh * ow * shape[3] ** 2 * c
+    else:
+        # The array counts every product of its diagonal tiles: n_j x n_j per pixel
+        # and tap.
+        groups = [min(cols, c - j) for j in range(0, c, cols)]
+        assert macs == oh * ow * shape[3] ** 2 * sum(n * n for n in groups)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -147,6 +153,23 @@ def test_depthwise_code_does_not_grow_with_the_image(seed):
     sizes = {h: len(compile_model(_depthwise_graph(rng, 32, h, 6, 3, 1, 1),
                                   CONFIGS["default"]).program) for h in (4, 20)}
     assert sizes[4] == sizes[20], sizes
+
+
+@pytest.mark.parametrize("c, side, stride", [(8, 64, 1), (16, 64, 2), (32, 40, 1)],
+                         ids=["64x64x8", "64x64x16-s2", "40x40x32"])
+def test_depthwise_larger_than_the_working_area_streams(c, side, stride, seed):
+    """Depthwise layers larger than the scratchpad (as MobileNetV1-0.25's 48x48x8
+    and 24x24x32 are larger than its working partition): bands of output rows stream
+    through the working partition on the depthwise engine, in a loop (the program
+    does not grow with the image)."""
+    rng = np.random.default_rng(seed)
+    graph = _depthwise_graph(rng, c, side, side, 3, stride, 1)
+    x = {"x": rng.integers(-128, 128, (1, c, side, side), dtype=np.int8)}
+    model, r = _run_checked(graph, CONFIGS["default"], x, runs=1)
+    (unit,) = [u for u in model.units if u.resources.get("streamed_steps")]
+    assert unit.resources["streamed_steps"] > 1 and "dwconv" in model.source
+    assert r.counters["macs"] == (side // stride) ** 2 * 9 * c
+    assert len(model.program) < 300
 
 
 # ---- the reference interpreter -----------------------------------------------------------

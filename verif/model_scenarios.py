@@ -252,7 +252,9 @@ fewer than the golden model says (measured: 2 to 4 fewer)."""
 
 
 def _depthwise_graphs(rng) -> dict:
+    from firmware.quant import quantize_multiplier
     from host.builder import GraphBuilder
+    from host.ir import Requant
 
     graphs = {}
     for stride in (1, 2):
@@ -263,6 +265,16 @@ def _depthwise_graphs(rng) -> dict:
         b.output(b.qconv(x, w, bias, strides=(stride, stride), pads=(1, 1, 1, 1), w_scale=0.01,
                          out_scale=0.4, out_zp=-5, relu=True, group=12), "y")
         graphs[b.graph.name] = b.build()
+    # larger than the scratchpad: bands of output rows stream through the working
+    # partition (per-channel requantization)
+    b = GraphBuilder("depthwise_streamed")
+    x = b.input("x", (1, 8, 64, 64), scale=0.05, zp=3)
+    w = rng.integers(-128, 128, (8, 1, 3, 3), dtype=np.int8)
+    mults, shifts = zip(*(quantize_multiplier(s) for s in rng.uniform(0.001, 0.01, 8)),
+                        strict=True)
+    b.output(b.qconv(x, w, None, pads=(1, 1, 1, 1), group=8,
+                     requant=Requant(mults, shifts, 2, -128, 127)), "y")
+    graphs["depthwise_streamed"] = b.build()
     b = GraphBuilder("avgpool")
     x = b.input("x", (1, 12, 9, 7), scale=0.05, zp=3)
     b.output(b.avgpool(x, (3, 3), (1, 1), (1, 1, 1, 1), out_scale=0.3, out_zp=1), "y")

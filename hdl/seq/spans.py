@@ -12,18 +12,21 @@ from ..partition import pt_check_signature
 from .args import require_config, require_positive
 from .bounds import SPAN_BITS
 
-__all__ = ["SpanChecker", "span_layout"]
+__all__ = ["SECOND_PRODUCT", "SpanChecker", "span_layout"]
 
 
 def span_layout(config: NPUConfig) -> data.StructLayout:
-    """One check's request: ``a * b + a2 * b2 + add`` bytes (plus the pooling
-    window's extent when ``extra``) at ``offset`` in partition ``p``. Only check 0
-    has the second product (``dwconv``'s rows and columns)."""
+    """One check's request: ``a * b + add`` bytes (plus the pooling window's extent
+    when ``extra``) at ``offset`` in partition ``p``."""
     chk = pt_check_signature(config).members
     return data.StructLayout({
         "p": chk["p"].shape, "offset": chk["offset"].shape,
-        "a": 14, "b": 21, "a2": 4, "b2": 21, "add": 13, "extra": 1,
+        "a": 14, "b": 21, "add": 13, "extra": 1,
     })
+
+
+SECOND_PRODUCT = data.StructLayout({"a": 4, "b": 21})
+"""Check 0's second product, ``a * b`` bytes more (``dwconv``: its input rows)."""
 
 
 class SpanChecker(wiring.Component):
@@ -49,6 +52,8 @@ class SpanChecker(wiring.Component):
     span : In(span_layout(config)).array(checks)
         The requests of the instruction in flight. A request not driven checks
         ``1 * 1`` byte at offset 0 of partition 0.
+    second : In(SECOND_PRODUCT)
+        A second product that check 0 adds to its span (0 when not driven).
     pool_extent : In(SPAN_BITS)
         The pooling window's extent (:class:`hdl.seq.bounds.BoundsConfig`).
     sample, multiply : In(1)
@@ -64,6 +69,7 @@ class SpanChecker(wiring.Component):
         self.checks = checks
         super().__init__({
             "span": In(span_layout(config), init={"a": 1, "b": 1}).array(checks),
+            "second": In(SECOND_PRODUCT),
             "pool_extent": In(SPAN_BITS),
             "sample": In(1), "multiply": In(1),
             "chk": Out(pt_check_signature(config)).array(checks),
@@ -74,20 +80,21 @@ class SpanChecker(wiring.Component):
         chk = self.chk
         spans = self.span
         # The addend is summed in SPANS, so that PRODUCTS is a product alone.
-        init = {"p": 0, "offset": 0, "a": 1, "b": 1, "a2": 0, "b2": 0}  # as the requests'
+        init = {"p": 0, "offset": 0, "a": 1, "b": 1}  # as the requests'
         spans_q = [{k: Signal(span[k].shape(), name=f"span{i}_{k}_q", init=init[k])
-                    for k in init if i == 0 or k not in ("a2", "b2")}
-                   for i, span in enumerate(spans)]
+                    for k in init} for i, span in enumerate(spans)]
+        second = Signal(SECOND_PRODUCT)
         for i, q in enumerate(spans_q):
             q["addend"] = Signal(SPAN_BITS, name=f"span{i}_addend_q")
         with m.If(self.sample):
             for span, q in zip(spans, spans_q, strict=True):
-                m.d.sync += [q[k].eq(span[k]) for k in q if k != "addend"]
+                m.d.sync += [q[k].eq(span[k]) for k in ("p", "offset", "a", "b")]
                 m.d.sync += q["addend"].eq(span.add + Mux(span.extra, self.pool_extent, 0))
+            m.d.sync += second.eq(self.second)
         with m.If(self.multiply):
-            for c, q in zip(chk, spans_q, strict=True):
-                second = q["a2"] * q["b2"] if "a2" in q else 0
-                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + second)
+            for i, (c, q) in enumerate(zip(chk, spans_q, strict=True)):
+                more = second.a * second.b if i == 0 else 0
+                m.d.sync += c.nbytes.eq(q["a"] * q["b"] + more)
         for c, q in zip(chk, spans_q, strict=True):
             m.d.comb += [c.p.eq(q["p"]), c.offset.eq(q["offset"]), c.addend.eq(q["addend"])]
         return m

@@ -38,6 +38,7 @@ import dataclasses
 import numpy as np
 
 from firmware.config import NPUConfig
+from firmware.isa import DW_KERNEL, DW_TAPS
 
 from ..ir import QAvgPool, QConv
 from .lower import MAX_ROW_BYTES, P_WORK, Blob, CompileError, _blob, conv_blob
@@ -70,10 +71,35 @@ def _diagonal_blob(name: str, taps: np.ndarray, bias, config: NPUConfig,
     return _blob(name, w2d, [(tap * cols, cols) for tap in range(t)], bias, cols, requant)
 
 
+def on_engine(n: QConv, config: NPUConfig) -> bool:
+    """Whether the depthwise engine (``dwconv``) runs ``n``: a build with the engine,
+    a kernel of at most 3x3, the same stride (1 or 2) on both axes."""
+    _, _, kh, kw = n.weight.shape
+    sh, sw = n.strides
+    return (n.is_depthwise and config.dw_rows > 0 and kh <= DW_KERNEL and kw <= DW_KERNEL
+            and sh == sw and sh in (1, 2))
+
+
+def _engine_blob(n: QConv, config: NPUConfig) -> Blob:
+    """Per channel group: its ``dwload`` taps (tap ``3i + 3-kw+c`` of lane ``j`` at
+    byte ``tap * cols + j``: the kernel right-aligned in the 3x3 frame), then its
+    biases and requantization entries."""
+    oc, _, kh, kw = n.weight.shape
+    cols = config.cols
+    taps = np.zeros((DW_TAPS, -(-oc // cols) * cols), dtype=np.int8)
+    for i in range(kh):
+        for c in range(kw):
+            taps[i * DW_KERNEL + DW_KERNEL - kw + c, :oc] = n.weight[:, 0, i, c]
+    bias = n.bias if n.bias is not None and n.bias.any() else None
+    return _blob(n.name, taps, [(0, DW_TAPS)], bias, cols, n.requant)
+
+
 def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
     """Constants of a grouped convolution in the order its code reads them."""
     if not n.is_depthwise:
         return conv_blob(dense_equivalent(n), config)
+    if on_engine(n, config):
+        return _engine_blob(n, config)
     oc, _, kh, kw = n.weight.shape
     bias = n.bias if n.bias is not None and n.bias.any() else None  # no vbias for zeros
     return _diagonal_blob(n.name, n.weight.reshape(oc, kh * kw).T, bias, config, n.requant)
@@ -100,6 +126,8 @@ def lower_grouped(low, n: QConv) -> int:
     """Emit a grouped convolution; return its MAC count."""
     if not n.is_depthwise:
         return low.qconv(dense_equivalent(n)) // n.group
+    if on_engine(n, low.config):
+        return _engine_conv(low, n)
     return _windowed(low, n, n.weight.shape[2:], n.strides, n.pads, n.pad_value, n.requant,
                      shared=False)
 
@@ -221,6 +249,87 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
                 e.op(f"addi {yj}, {yj}, {cfg.cols}")
             _groups(e, c, cfg.cols, group, step)
     return bn * oh * ow * c * kh * kw
+
+
+def _engine_conv(low, n: QConv) -> int:
+    """A depthwise convolution on the depthwise engine, its tensors whole in the
+    working partition: the output rows in passes that fit the accumulator."""
+    cfg = low.config
+    bn, c, h, w = low.tensor[n.inputs[0]].shape
+    _, _, oh, ow = low.tensor[n.outputs[0]].shape
+    _, _, kh, kw = n.weight.shape
+    s = n.strides[0]
+    low._need_nhwc(n, n.inputs[0])
+    xp, hp, wp = low._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
+    y = low.out(n.outputs[0])
+    part, wsp, blob = low._weights(n)
+    per = min(oh, cfg.acc_rows // ow)  # output rows per pass through the accumulator
+    for b in range(bn):
+        for r0 in range(0, oh, per):
+            nr = min(per, oh - r0)
+            low.e.comment(f"{n.name}: image {b}, output rows {r0}..{r0 + nr - 1}")
+            engine_rows(low, n, part, wsp, blob, xp + (b * hp + r0 * s) * wp * c, wp,
+                        nr, y + (b * oh + r0) * ow * c)
+    return bn * oh * ow * c * kh * kw
+
+
+def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, wp: int, nr: int, y):
+    """``nr`` output rows of the depthwise convolution ``n`` on the depthwise engine:
+    per channel group its taps, strips of output rows (as many as the engine's rows
+    allow), then bias and requantization of every row of the group.
+
+    ``x`` is the input's first padded row (``wp`` pixels a row), ``y`` the first
+    output row (dense): offsets in the working partition, or ``(register, offset)``.
+    """
+    cfg, e = low.config, low.e
+    _, c, _, _ = low.tensor[n.inputs[0]].shape
+    _, _, _, ow = low.tensor[n.outputs[0]].shape
+    _, _, kh, kw = n.weight.shape
+    s = n.strides[0]
+    if nr * ow > cfg.acc_rows:
+        raise CompileError(f"{nr} output rows of {ow} positions exceed the "
+                           f"{cfg.acc_rows} accumulator rows", n.name)
+    e.set_cfg("gemm_stride", c)  # pixel to pixel
+    e.set_cfg("in_stride", wp * c)  # row to row
+    e.set_cfg("out_stride", c)
+    low._requant_cfg(n.requant)
+    wj, xj, yj, xt, at = e.scratch(5)
+    for reg, where in ((xj, x), (yj, y)):
+        if isinstance(where, tuple):
+            e.op(f"addi {reg}, {where[0]}, {where[1]}")
+        else:
+            e.op(f"li {reg}, {where}")
+    e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
+    tallest = (cfg.dw_rows - kh) // s + 1  # output rows of one dwconv
+    strips = -(-nr // tallest)
+    hs = -(-nr // strips)
+    last_j = c // cfg.cols  # column tile of a partial last group
+
+    def group(n_j):
+        e.compute(f"dwload {part}, {wj}")
+        e.op(f"addi {xt}, {xj}, 0")
+        e.op(f"li {at}, 0")
+
+        def strip(rows_out):
+            e.compute(f"dwconv.overwrite {P_WORK}, {xt}, {at}, {ow}, {rows_out}, {s}, "
+                      f"{kh}, {kw}, {n_j}")
+            e.op(f"addi {xt}, {xt}, {rows_out * s * wp * c}")
+            e.op(f"addi {at}, {at}, {rows_out * ow}")
+        # (a loop even for 0 or 1 strips, so that the code does not depend on the
+        # image's height)
+        end = e.new_label("strips")
+        e.op(f"loop {strips - 1}, {end}")
+        strip(hs)
+        e.loop_end(end)
+        strip(nr - (strips - 1) * hs)
+        low.requant_tile(part, blob, 0 if n_j == cfg.cols else last_j, wj, "r0",
+                         nr * ow, n_j, yj)
+
+    def step():
+        e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
+        e.op(f"addi {xj}, {xj}, {cfg.cols}")
+        e.op(f"addi {yj}, {yj}, {cfg.cols}")
+    _groups(e, c, cfg.cols, group, step)
 
 
 def _global(low, n: QAvgPool) -> int:

@@ -257,5 +257,14 @@ class Work:
             v["vector_ops"] += mult
             v["vector_rows"] += mult
             v["vector_bytes"] += int(pos[3]) * mult
+        elif mnem == "dwload":  # the depthwise engine: one window a tap
+            v["vector_ops"] += mult
+            v["vector_rows"] += isa.DW_TAPS * mult
+        elif mnem.startswith("dwconv"):  # one window a cycle, one output row a cycle
+            mo, h, s, kh, kw, n = (int(x) for x in pos[3:9])
+            reads = ((h - 1) * s + kh) * ((mo - 1) * s + kw)
+            v["vector_ops"] += mult
+            v["vector_rows"] += (reads + h) * mult
+            v["vector_bytes"] += reads * n * mult
         elif mnem.startswith("cfg."):
             v["cfgs"] += mult

@@ -262,7 +262,7 @@ class Lowering:
         u = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
         checkpoint = self.e.checkpoint()
         blob = self.place.blobs.get(u.nodes[0].name)
-        if streamable(u) and isinstance(u.nodes[0], QConv):
+        if streamable(u, self.config) and isinstance(u.nodes[0], QConv):
             # A convolution that fits whole may still be faster streamed (its
             # loads and stores overlap its compute): the cost model says.
             refused = []
@@ -276,7 +276,7 @@ class Lowering:
 
             return fastest(self, [whole, lambda: stream_unit(
                 self, u, refused[0] if refused else CompileError(f"unit {u.id}"))])
-        if streamable(u) and isinstance(u.nodes[0], QGemm) and not blob.slot \
+        if streamable(u, self.config) and isinstance(u.nodes[0], QGemm) and not blob.slot \
                 and len(blob.data) > STREAM_BYTES:
             try:
                 return stream_unit(self, u, CompileError("weights stream"))
@@ -289,7 +289,7 @@ class Lowering:
             try:
                 return self._unit_tiled(u, err)
             except CompileError as tiled:
-                if not streamable(u):
+                if not streamable(u, self.config):
                     raise
                 self.e.rollback(checkpoint)
                 try:

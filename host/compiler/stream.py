@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from firmware.isa import QTAB_ENTRY_BYTES
 
 from ..ir import QConv, QGemm
+from .depthwise import engine_rows, on_engine
 from .lower import (
     ALIGN,
     LOOP_TILES,
@@ -146,10 +147,12 @@ class NotStreamable(CompileError):
     """Streaming would not help this unit (another way's refusal says more)."""
 
 
-def streamable(u) -> bool:
-    """One GEMM or group-1 convolution (grouped ones keep their tensors whole)."""
-    return len(u.nodes) == 1 and (isinstance(u.nodes[0], QGemm) or
-                                  isinstance(u.nodes[0], QConv) and u.nodes[0].group == 1)
+def streamable(u, config) -> bool:
+    """One GEMM, group-1 convolution or depthwise convolution on the depthwise engine
+    (other grouped ones keep their tensors whole)."""
+    n = u.nodes[0]
+    return len(u.nodes) == 1 and (isinstance(n, QGemm) or isinstance(n, QConv) and (
+        n.group == 1 or on_engine(n, config)))
 
 
 def stream_unit(low, u, why: CompileError) -> dict:
@@ -403,11 +406,15 @@ class _ConvStream:
             e.set_cfg("out_stride", oc)
             low._requant_cfg(n.requant)
             e.op(f"addi {obuf}, {ibuf}, {inb}")
-            wo, xo, ao, *cols = e.scratch(6)
-            chain = low.conv_chain(n, wpart, rows, hb, nr, ow, (ibuf, row0 + rows.skew * c),
-                                   (wo, xo, ao), xq)
-            low._column_tiles(n, wpart, wsp, blob, oc, rows.acc_rows(nr, ow), (obuf, 0), chain,
-                              cols, split=rows.split(nr, ow, oc, (xo, ao)))
+            if n.group != 1:  # depthwise, on the depthwise engine (streamable)
+                engine_rows(low, n, wpart, wsp, blob, (ibuf, row0 + rows.skew * c), wp * c,
+                            hb, 0, nr, (obuf, 0))
+            else:
+                wo, xo, ao, *cols = e.scratch(6)
+                chain = low.conv_chain(n, wpart, rows, hb, nr, ow,
+                                       (ibuf, row0 + rows.skew * c), (wo, xo, ao), xq)
+                low._column_tiles(n, wpart, wsp, blob, oc, rows.acc_rows(nr, ow), (obuf, 0),
+                                  chain, cols, split=rows.split(nr, ow, oc, (xo, ao)))
             e.marker(push="prev,next" if push else "next")
             e.op(f"store {P_WORK}, {obuf}, {sdram}, r0, {nr}, {ow * oc}", pop="prev",
                  push="prev" if s + 2 < steps else "", queue="store")
@@ -429,7 +436,7 @@ class _ConvStream:
 
         pipeline(e, steps, load, compute, toggle, advance, same)
         e.op(f"region.end {self.u.id}")
-        macs = oh * ow * oc * c * kh * n.weight.shape[3]
+        macs = oh * ow * oc * n.weight.shape[1] * kh * n.weight.shape[3]
         return _Stats(macs, steps).finish(low, e, work)
 
     def _fill(self, at, rows: int, row_bytes: int, reg: bool = False):
