@@ -225,7 +225,7 @@ Parameters (`firmware.golden.CostModel`):
   dispatch that reads the register of an in-flight `vargmax` (a `br` too: its
   condition step comes after the wait) ends `reg_writeback` cycles after the
   `vargmax`.
-* Depthwise engine: `dwload` reads its 9 tap windows, one a cycle, done
+* Depthwise engine: `dwload` reads its 14 windows, one a cycle, done
   `dwload_latency` after; `dwconv` reads one window a cycle, `((h-1)*s + kh) *
   ((m-1)*s + kw)` of them, and writes its `h*m` accumulator rows as the columns
   complete: `reads + h + dwconv_latency` cycles. Both start like a vector op

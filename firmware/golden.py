@@ -339,6 +339,8 @@ class Machine:
         self.wdims = [(0, 0), (0, 0)]
         self.w_active = 0
         self.dw_taps = np.zeros((isa.DW_TAPS, cfg.cols), dtype=np.int8)
+        self.dw_pad = 0
+        self.dw_bias = np.zeros(cfg.cols, dtype=np.int64)
         self.pt_set = 0
         self.tokens = {c: deque() for c in isa.TOKEN_CHANNELS}
         self.loops: list[list[int]] = []  # [start, end, remaining]
@@ -696,11 +698,15 @@ class Machine:
         cfg = self.config
         self._dw_present()
         offset = (self._reg(o["sp"]) + o["off"]) & MASK32
+        base = self._sp_range(o["p"], offset, isa.DW_LOAD_WINDOWS * cfg.cols)
         nbytes = isa.DW_TAPS * cfg.cols
-        base = self._sp_range(o["p"], offset, nbytes)
         self.dw_taps = self.sp[base: base + nbytes].view(np.int8).reshape(isa.DW_TAPS, cfg.cols)
-        self._uses(reads=[(base + np.arange(isa.DW_TAPS) * cfg.cols, cfg.cols)])
-        return isa.DW_TAPS
+        pad = base + isa.DW_PAD_WINDOW * cfg.cols
+        self.dw_pad = int(self.sp[pad: pad + 1].view(np.int8)[0])
+        bias = base + isa.DW_BIAS_WINDOW * cfg.cols
+        self.dw_bias = self.sp[bias: bias + 4 * cfg.cols].view("<i4").astype(np.int64)
+        self._uses(reads=[(base + np.arange(isa.DW_LOAD_WINDOWS) * cfg.cols, cfg.cols)])
+        return isa.DW_LOAD_WINDOWS
 
     def _op_dwconv(self, o):
         h, mo, s, kh, kw, n = o["h"], o["m"], o["s"], o["kh"], o["kw"], o["n"]
@@ -714,15 +720,22 @@ class Machine:
         if rows_in > self.config.dw_rows:
             raise _Stop(ErrorCode.BAD_OPERAND, f"{rows_in} input rows exceed the depthwise "
                         f"engine's {self.config.dw_rows}")
+        pt, pb, pl, pr = o["pt"], o["pb"], o["pl"], o["pr"]
+        real_rows, real_cols = rows_in - pt - pb, cols_in - pl - pr
+        if real_rows < 1 or real_cols < 1:
+            raise _Stop(ErrorCode.BAD_OPERAND, f"the pads leave {real_rows} input rows "
+                        f"and {real_cols} columns")
         acc = self._acc_rows(self._reg(o["acc"]), h * mo)
         pix = self.cfg[CfgField.GEMM_STRIDE] or n
         row = self.cfg[CfgField.IN_STRIDE] or n
-        offset = (self._reg(o["sp"]) + o["off"]) & MASK32
-        base = self._sp_range(o["p"], offset, (rows_in - 1) * row + (cols_in - 1) * pix + n)
-        # x[i, c, j]: input row i, column c, lane j of the window
-        idx = (base + np.arange(rows_in)[:, None, None] * row
-               + np.arange(cols_in)[None, :, None] * pix + np.arange(n)[None, None, :])
-        x = self.sp[idx].view(np.int8).astype(np.int64)
+        offset = self._reg(o["sp"])
+        base = self._sp_range(o["p"], offset,
+                              (real_rows - 1) * row + (real_cols - 1) * pix + n)
+        # x[i, c, j]: window row i, column c, lane j (the pad value around the input)
+        idx = (base + np.arange(real_rows)[:, None, None] * row
+               + np.arange(real_cols)[None, :, None] * pix + np.arange(n)[None, None, :])
+        x = np.full((rows_in, cols_in, n), self.dw_pad, dtype=np.int64)
+        x[pt: pt + real_rows, pl: pl + real_cols] = self.sp[idx].view(np.int8)
         taps = self.dw_taps[:, :n].astype(np.int64).reshape(k, k, n)
         out = np.zeros((h, mo, n), dtype=np.int64)
         for i in range(kh):
@@ -732,6 +745,8 @@ class Machine:
         out = out.reshape(h * mo, n)
         if o["mode"] == GemmMode.ACCUMULATE:
             out = out + self.acc[acc, :n].astype(np.int64)
+        else:
+            out = out + self.dw_bias[None, :n]
         self.acc[acc, :n] = wrap32(out)
         self.counters["macs"] += h * mo * kh * kw * n
         self._uses(reads=[(idx[:, :, 0].reshape(-1), n)])

@@ -172,6 +172,11 @@ QTAB_SHIFT_BITS = 6
 # The depthwise engine's taps (``dwload``): a 3x3 kernel frame per channel lane.
 DW_KERNEL = 3
 DW_TAPS = DW_KERNEL * DW_KERNEL
+# ``dwload`` reads DW_LOAD_WINDOWS windows of ``cols`` bytes: the taps, one whose byte 0
+# is the pad value, then the lanes' int32le biases (4 bytes a lane).
+DW_PAD_WINDOW = DW_TAPS
+DW_BIAS_WINDOW = DW_TAPS + 1
+DW_LOAD_WINDOWS = DW_BIAS_WINDOW + 4
 
 
 class ErrorCode(enum.IntEnum):
@@ -606,10 +611,13 @@ SPECS: tuple[InstrSpec, ...] = (
         "dwload", 0x23, Queue.COMPUTE,
         (_part("p", 49), _reg("sp", 45, "scratchpad byte offset of the taps"),
          _f("off", 0, 16, Kind.UINT, "immediate added to the offset", default=0)),
-        "Load the depthwise engine's 3x3 taps of one group of array-cols channels.",
-        f"for t < {DW_TAPS}, j < cols: tap[t][j] = int8 sp[p][sp+off + t*cols + j] "
-        "(tap t = 3i + c: kernel row i, column slot c). BAD_OPERAND on a build "
-        "without the depthwise engine (CAPS dw_rows = 0).",
+        "Load the depthwise engine's 3x3 taps of one group of array-cols channels, "
+        "its pad value and biases.",
+        f"a = sp+off; for t < {DW_TAPS}, j < cols: tap[t][j] = int8 sp[p][a + t*cols + j] "
+        f"(tap t = 3i + c: kernel row i, column slot c); pad = int8 sp[p][a + "
+        f"{DW_PAD_WINDOW}*cols]; bias[j] = int32le(sp[p][a + {DW_BIAS_WINDOW}*cols + 4j : +4]) "
+        f"({DW_LOAD_WINDOWS}*cols bytes). BAD_OPERAND on a build without the depthwise "
+        "engine (CAPS dw_rows = 0).",
         "depthwise",
     ),
     InstrSpec(
@@ -623,15 +631,22 @@ SPECS: tuple[InstrSpec, ...] = (
          _f("kh", 21, 2, Kind.COUNT, "kernel rows, 1..3"),
          _f("kw", 19, 2, Kind.COUNT, "kernel columns, 1..3"),
          _f("n", 11, 8, Kind.COUNT, "channels (lanes), 1..array cols"),
-         _f("off", 0, 11, Kind.UINT, "immediate added to the offset", default=0)),
+         _f("pt", 6, 2, Kind.UINT, "pad rows above the input", default=0),
+         _f("pb", 4, 2, Kind.UINT, "pad rows below the input", default=0),
+         _f("pl", 2, 2, Kind.UINT, "pad columns left of the input", default=0),
+         _f("pr", 0, 2, Kind.UINT, "pad columns right of the input", default=0)),
         "Depthwise convolution of h output rows of m pixels on n channels "
-        "(dwconv.overwrite / dwconv.accumulate).",
-        "P = cfg.gemm_stride or n (bytes between pixels), R = cfg.in_stride or n "
-        "(bytes between rows). for r < h, o < m, j < n: acc[acc + r*m + o][j] (=|+=) "
-        "sum over i < kh, c < kw of tap[3i + 3-kw+c][j] * int8 sp[p][sp+off + "
-        "(r*s + i)*R + (o*s + c)*P + j], in int32, wrapping (a narrower kernel sits "
-        "in the right-hand columns of the 3x3 taps). BAD_OPERAND when kh or kw > 3, "
-        "n > cols, or the (h-1)*s + kh input rows exceed CAPS dw_rows.",
+        "(dwconv.overwrite / dwconv.accumulate), with padding.",
+        "The window is H = (h-1)*s + kh rows of W = (m-1)*s + kw pixels; P = "
+        "cfg.gemm_stride or n (bytes between pixels), R = cfg.in_stride or n (bytes "
+        "between rows). x[i][c][j] = the dwload pad value when i < pt, i >= H - pb, "
+        "c < pl or c >= W - pr, else int8 sp[p][sp + (i-pt)*R + (c-pl)*P + j]. "
+        "for r < h, o < m, j < n: acc[acc + r*m + o][j] = bias[j] + (or, accumulate: "
+        "+=) sum over i < kh, c < kw of tap[3i + 3-kw+c][j] * x[r*s + i][o*s + c][j], "
+        "in int32, wrapping "
+        "(a narrower kernel sits in the right-hand columns of the 3x3 taps). "
+        "BAD_OPERAND when kh or kw > 3, n > cols, H exceeds CAPS dw_rows, or the "
+        "pads leave no input row or column.",
         "depthwise",
     ),
 )

@@ -22,7 +22,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from firmware.config import NPUConfig
-from firmware.isa import DW_KERNEL, DW_TAPS
+from firmware.isa import DW_BIAS_WINDOW, DW_KERNEL, DW_LOAD_WINDOWS, DW_PAD_WINDOW, DW_TAPS
 
 from .ports import (
     M_BITS,
@@ -47,11 +47,15 @@ class DwOp(enum.IntEnum):
 def dw_command_layout(config: NPUConfig) -> data.StructLayout:
     """A resolved ``dwload`` or ``dwconv``.
 
-    ``dwload``: the ``DW_TAPS`` windows at ``sp + t*cols`` become the taps.
+    ``dwload``: of the ``DW_LOAD_WINDOWS`` windows at ``sp + t*cols``, the first
+    ``DW_TAPS`` become the taps, byte 0 of the next one the pad value, the last four
+    the lanes' int32le biases.
     ``dwconv``: for ``r < h``, ``o < m``, lane ``j < n``: accumulator row
-    ``acc + r*m + o`` gets (or, with ``accumulate``, adds)
-    ``sum tap[3i + 3-kw+c][j] * sp[sp + (r*s + i)*row + (o*s + c)*pix + j]`` over
-    ``i < kh``, ``c < kw``. Strides are resolved (nonzero) and every bound checked.
+    ``acc + r*m + o`` gets the bias plus (or, with ``accumulate``, adds)
+    ``sum tap[3i + 3-kw+c][j] * x[r*s + i][o*s + c][j]`` over ``i < kh``, ``c < kw``,
+    where ``x[i][c]`` is the pad value in the ``pt``/``pb`` rows and ``pl``/``pr``
+    columns around the window and ``sp + (i-pt)*row + (c-pl)*pix`` inside it.
+    Strides are resolved (nonzero) and every bound checked.
     """
     return data.StructLayout({
         "op": DwOp,
@@ -66,6 +70,7 @@ def dw_command_layout(config: NPUConfig) -> data.StructLayout:
         "kh": 2,
         "kw": 2,
         "n": range(config.cols + 1),
+        "pt": 2, "pb": 2, "pl": 2, "pr": 2,
     })
 
 
@@ -76,8 +81,8 @@ class DepthwiseEngine(wiring.Component):
     scratchpad read a cycle (``(h-1)*s + kh`` rows of each of ``(m-1)*s + kw``
     columns, column by column) and writes its ``h*m`` accumulator rows as the
     columns complete; ``done`` pulses the cycle after its last write, and the
-    engine is idle from then. A ``dwload`` reads its ``DW_TAPS`` windows and is
-    done the cycle after the last arrives. Commands are legal (the sequencer
+    engine is idle from then. A ``dwload`` reads its ``DW_LOAD_WINDOWS`` windows and
+    is done the cycle after the last arrives. Commands are legal (the sequencer
     checks them): ``(h-1)*s + kh <= config.dw_rows``.
 
     Members
@@ -125,35 +130,42 @@ class DepthwiseEngine(wiring.Component):
         is_load = cmd.op == DwOp.LOAD
         col_base = Signal(sp_addr_bits(cfg))
         addr = Signal(sp_addr_bits(cfg))
-        q = Signal(range(max(ROWS, DW_TAPS)))  # row of the column (tap of a dwload)
+        q = Signal(range(max(ROWS, DW_LOAD_WINDOWS)))  # row of the column (window of a dwload)
         x = Signal(M_BITS + 1)  # input column
         rows_in = Signal(range(ROWS + 1))
         cols_in = Signal(M_BITS + 2)
         # the columns that end a kernel window: from kw - 1 on, every s-th
         phase = Signal(range(K + 1))  # columns until the next window's end
-        m.d.comb += [sp.valid.eq(issuing), sp.addr.eq(addr), sp.we.eq(0)]
-        grant = sp.valid & sp.ready
-        last_row = Mux(is_load, q == DW_TAPS - 1, q == rows_in - 1)
+        # Window positions in the pads are not read: the pad value takes their slot.
+        pad_row = (q < cmd.pt) | (q >= rows_in - cmd.pb)
+        pad_col = (x < cmd.pl) | (x >= cols_in - cmd.pr)
+        pad = ~is_load & (pad_row | pad_col)
+        m.d.comb += [sp.valid.eq(issuing & ~pad), sp.addr.eq(addr), sp.we.eq(0)]
+        grant = issuing & (pad | sp.ready)  # the window's slot is done
+        last_row = Mux(is_load, q == DW_LOAD_WINDOWS - 1, q == rows_in - 1)
         last_col = x == cols_in - 1
         fires = phase == 0
         with m.If(grant):
             with m.If(last_row):
-                m.d.sync += [q.eq(0), x.eq(x + 1), col_base.eq(col_base + cmd.pix),
-                             addr.eq(col_base + cmd.pix),
+                # (a pad column leaves the walk where it is)
+                next_col = col_base + Mux(is_load | pad_col, 0, cmd.pix)
+                m.d.sync += [q.eq(0), x.eq(x + 1), col_base.eq(next_col), addr.eq(next_col),
                              phase.eq(Mux(fires, cmd.s - 1, phase - 1))]
                 with m.If(is_load | last_col):
                     m.d.sync += issuing.eq(0)
             with m.Else():
-                m.d.sync += [q.eq(q + 1), addr.eq(addr + Mux(is_load, C, cmd.row))]
+                m.d.sync += [q.eq(q + 1),
+                             addr.eq(addr + Mux(is_load, C, Mux(pad, 0, cmd.row)))]
 
         # Context of each read, until its data arrives.
-        ctx_layout = data.StructLayout({"valid": 1, "q": range(max(ROWS, DW_TAPS)),
-                                        "end": 1, "fires": 1, "load": 1})
+        ctx_layout = data.StructLayout({"valid": 1, "q": range(max(ROWS, DW_LOAD_WINDOWS)),
+                                        "end": 1, "fires": 1, "load": 1, "pad": 1})
         ctx = Signal(ctx_layout)
         m.d.comb += [ctx.valid.eq(grant), ctx.q.eq(q), ctx.end.eq(last_row),
-                     ctx.fires.eq(last_row & fires), ctx.load.eq(is_load)]
+                     ctx.fires.eq(last_row & fires), ctx.load.eq(is_load), ctx.pad.eq(pad)]
         resp = data.View(ctx_layout, delayed(m, ctx.as_value(), SP_READ_LATENCY, "dw_ctx")[-1])
-        data_in = window(sp.rdata)
+        pad_value = Signal(8)
+        data_in = Mux(resp.pad, pad_value.replicate(C), window(sp.rdata))
 
         # ---- taps and the column registers ---------------------------------------------
         taps = Array(Signal(8 * C, name=f"tap{t}") for t in range(DW_TAPS))
@@ -161,8 +173,14 @@ class DepthwiseEngine(wiring.Component):
         cols = [Array(Signal(8 * C, name=f"col{c}_{r}") for r in range(ROWS)) for c in range(K)]
         load_done = Signal()
         m.d.sync += load_done.eq(0)
+        bias = Array(Signal(8 * C, name=f"bias_bytes{k}") for k in range(4))
         with m.If(resp.valid & resp.load):
-            m.d.sync += taps[resp.q].eq(data_in)
+            with m.If(resp.q == DW_PAD_WINDOW):
+                m.d.sync += pad_value.eq(data_in[:8])
+            with m.Elif(resp.q >= DW_BIAS_WINDOW):
+                m.d.sync += bias[resp.q - DW_BIAS_WINDOW].eq(data_in)
+            with m.Else():
+                m.d.sync += taps[resp.q].eq(data_in)
             m.d.sync += load_done.eq(resp.end)
         with m.If(resp.valid & ~resp.load):
             m.d.sync += incoming[resp.q].eq(data_in)
@@ -222,8 +240,10 @@ class DepthwiseEngine(wiring.Component):
         m.d.comb += [acc.ren.eq(v1 & cmd.accumulate), acc.raddr.eq(a1)]
         # C3: the write.
         lanes = Cat(Signal(32, name=f"acc_in{j}") for j in range(C))
+        bias_words = Cat(bias)  # lane j: bytes 4j..4j+3
         for j in range(C):
-            old = Mux(cmd.accumulate, acc.rdata[32 * j: 32 * j + 32], 0)
+            old = Mux(cmd.accumulate, acc.rdata[32 * j: 32 * j + 32],
+                      bias_words[32 * j: 32 * j + 32])
             m.d.comb += lanes[32 * j: 32 * j + 32].eq(sums[j] + old)
         m.d.comb += [acc.wen.eq(v2), acc.waddr.eq(a2), acc.wdata.eq(lanes),
                      acc.wmask.eq(Cat(j < cmd.n for j in range(C)))]

@@ -824,7 +824,7 @@ class Sequencer(wiring.Component):
                 m.d.comb += set_pending.eq(1 << rd)
         elif mn == "dwload":
             fail(wbad, ErrorCode.BAD_OPERAND)  # no depthwise engine
-            e = check(0, fieldof("p"), offset("sp"), isa.DW_TAPS, self.config.cols)
+            e = check(0, fieldof("p"), offset("sp"), isa.DW_LOAD_WINDOWS, self.config.cols)
             fail(e != 0, e, at=0)
             m.d.comb += [entry.depthwise.eq(1), dw.op.eq(DwOp.LOAD), dw.sp.eq(self.chk[0].addr)]
         elif mn == "dwconv":
@@ -834,15 +834,18 @@ class Sequencer(wiring.Component):
             fail(wbad, ErrorCode.BAD_OPERAND)  # kernel, lanes or input rows too large
             first = acc_check(h * mo)
             pix, row = eff(CfgField.GEMM_STRIDE, n), eff(CfgField.IN_STRIDE, n)
-            # (h-1)*s + kh - 1 rows and (m-1)*s + kw - 1 columns past the first window
-            rows_past = (raw["h"] << raw["s"]) + raw["kh"]
-            cols_past = (raw["m"] << raw["s"]) + raw["kw"]
-            e = check(0, fieldof("p"), offset("sp"), cols_past, pix, n, a2=rows_past, b2=row)
+            pt, pb, pl, pr = (fieldof(k) for k in ("pt", "pb", "pl", "pr"))
+            # the input's rows and columns past its first: (h-1)*s + kh - 1 - pt - pb,
+            # (m-1)*s + kw - 1 - pl - pr
+            rows_past = (raw["h"] << raw["s"]) + raw["kh"] - pt - pb
+            cols_past = (raw["m"] << raw["s"]) + raw["kw"] - pl - pr
+            e = check(0, fieldof("p"), R(mn, "sp"), cols_past, pix, n, a2=rows_past, b2=row)
             fail(e != 0, e, at=0)
             m.d.comb += [entry.depthwise.eq(1), dw.op.eq(DwOp.CONV), dw.sp.eq(self.chk[0].addr),
                          dw.pix.eq(pix), dw.row.eq(row), dw.m.eq(mo), dw.h.eq(h),
                          dw.acc.eq(first), dw.accumulate.eq(fieldof("mode")),
-                         dw.s.eq(s), dw.kh.eq(kh), dw.kw.eq(kw), dw.n.eq(n)]
+                         dw.s.eq(s), dw.kh.eq(kh), dw.kw.eq(kw), dw.n.eq(n),
+                         dw.pt.eq(pt), dw.pb.eq(pb), dw.pl.eq(pl), dw.pr.eq(pr)]
         else:  # pragma: no cover
             raise AssertionError(mn)
 
@@ -887,8 +890,10 @@ def operands_bad(word, mn: str, config: NPUConfig):
         return Const(int(config.dw_rows == 0), 1)
     if mn == "dwconv":
         rows_in = (f("h") - 1) * f("s") + f("kh")
+        cols_in = (f("m") - 1) * f("s") + f("kw")
         return ((f("kh") > isa.DW_KERNEL) | (f("kw") > isa.DW_KERNEL) | (f("n") > config.cols)
-                | (rows_in > config.dw_rows))
+                | (rows_in > config.dw_rows) | (rows_in <= f("pt") + f("pb"))
+                | (cols_in <= f("pl") + f("pr")))
     if mn in ("loop", "loopr"):
         return f("end") >= config.imem_depth + 1
     if mn == "br":

@@ -20,7 +20,7 @@ from amaranth.sim import Simulator
 from firmware import asm
 from firmware.config import CONFIGS, NPUConfig
 from firmware.golden import CostModel, Machine
-from firmware.isa import DW_TAPS
+from firmware.isa import DW_LOAD_WINDOWS
 from hdl.depthwise import DepthwiseEngine, DwOp
 from hdl.ports import SP_READ_LATENCY
 
@@ -37,12 +37,15 @@ def random_conv(rng: random.Random, config: NPUConfig) -> dict:
         n = rng.randint(1, config.cols)
         pix = rng.choice((0, n, config.cols, 16, 24, 64))
         rows_in, cols_in = (h - 1) * s + kh, (mo - 1) * s + kw
-        row = rng.choice((0, (pix or n) * cols_in, (pix or n) * cols_in + rng.randint(0, 9)))
-        span = (rows_in - 1) * (row or n) + (cols_in - 1) * (pix or n) + n
-        if span + 64 < SP_BYTES and h * mo < 200:
+        pads = [rng.choice((0, 0, 1, 2)) for _ in range(4)]  # top, bottom, left, right
+        rows, cols = rows_in - pads[0] - pads[1], cols_in - pads[2] - pads[3]
+        row = rng.choice((0, (pix or n) * cols, (pix or n) * cols + rng.randint(0, 9)))
+        span = (rows - 1) * (row or n) + (cols - 1) * (pix or n) + n
+        if rows >= 1 and cols >= 1 and span + 64 < SP_BYTES and h * mo < 200:
             return dict(sp=rng.randint(0, SP_BYTES - span - 64), acc=rng.randint(0, 40),
                         m=mo, h=h, s=s, kh=kh, kw=kw, n=n, pix=pix, row=row,
-                        accumulate=rng.randint(0, 1))
+                        accumulate=rng.randint(0, 1), pt=pads[0], pb=pads[1], pl=pads[2],
+                        pr=pads[3])
 
 
 def golden(config, sp: np.ndarray, cmds) -> tuple[np.ndarray, int, list[int]]:
@@ -53,13 +56,14 @@ def golden(config, sp: np.ndarray, cmds) -> tuple[np.ndarray, int, list[int]]:
     for c in cmds:
         if c["op"] == "load":
             src.append(f"li r1, {c['sp']}\ndwload p0, r1\n")
-            costs.append(DW_TAPS + CostModel().dwload_latency)
+            costs.append(DW_LOAD_WINDOWS + CostModel().dwload_latency)
         else:
             mode = "accumulate" if c["accumulate"] else "overwrite"
             src.append(f"cfg.gemm_stride {c['pix']}\ncfg.in_stride {c['row']}\n"
                        f"li r1, {c['sp']}\nli r2, {c['acc']}\n"
                        f"dwconv.{mode} p0, r1, r2, {c['m']}, {c['h']}, {c['s']}, "
-                       f"{c['kh']}, {c['kw']}, {c['n']}\n")
+                       f"{c['kh']}, {c['kw']}, {c['n']}, pt={c['pt']}, pb={c['pb']}, "
+                       f"pl={c['pl']}, pr={c['pr']}\n")
             rows_in, cols_in = (c["h"] - 1) * c["s"] + c["kh"], (c["m"] - 1) * c["s"] + c["kw"]
             costs.append(rows_in * cols_in + c["h"] + CostModel().dwconv_latency)
     res = mach.load_and_run(asm.assemble("".join(src) + "end\n"),
@@ -85,7 +89,8 @@ def simulate(config, sp: np.ndarray, cmds, refuse: float, seed: int):
             if c["op"] == "conv":
                 p.update(pix=c["pix"] or c["n"], row=c["row"] or c["n"], m=c["m"], h=c["h"],
                          acc=c["acc"], accumulate=c["accumulate"], s=c["s"], kh=c["kh"],
-                         kw=c["kw"], n=c["n"])
+                         kw=c["kw"], n=c["n"], pt=c["pt"], pb=c["pb"], pl=c["pl"],
+                         pr=c["pr"])
             ctx.set(dut.cmd.payload, p)
             ctx.set(dut.cmd.valid, 1)
             await ctx.tick()
@@ -135,7 +140,8 @@ def program(rng: random.Random, config: NPUConfig, count: int):
     cmds = []
     for _ in range(count):
         if not cmds or rng.random() < 0.3:
-            cmds.append({"op": "load", "sp": rng.randint(0, SP_BYTES - DW_TAPS * config.cols)})
+            cmds.append({"op": "load",
+                         "sp": rng.randint(0, SP_BYTES - DW_LOAD_WINDOWS * config.cols)})
         else:
             cmds.append({"op": "conv", **random_conv(rng, config)})
     return cmds

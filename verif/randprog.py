@@ -24,7 +24,7 @@ import numpy as np
 from firmware import asm, isa
 from firmware.config import NPUConfig
 from firmware.golden import Machine
-from firmware.isa import DW_TAPS, QTAB_ENTRY_BYTES, Queue, Token
+from firmware.isa import DW_LOAD_WINDOWS, QTAB_ENTRY_BYTES, Queue, Token
 from firmware.quant import quantize_multiplier
 
 IN_BASE, IN_BYTES = 0x0, 0x10000  # random input data
@@ -166,22 +166,28 @@ class _Gen:
         h, mo = self.r(1, (c.dw_rows - kh) // s + 1), self.r(1, 6)
         pix = n + self.r(0, 1) * self.r(1, 9)
         rows_in, cols_in = (h - 1) * s + kh, (mo - 1) * s + kw
+        pt = self.r(0, min(2, rows_in - 1))
+        pb = self.r(0, min(2, rows_in - 1 - pt))
+        pl = self.r(0, min(2, cols_in - 1))
+        pr = self.r(0, min(2, cols_in - 1 - pl))
+        rows_in, cols_in = rows_in - pt - pb, cols_in - pl - pr  # read from the scratchpad
         row = pix * cols_in + self.r(0, 9)
         span = (rows_in - 1) * row + (cols_in - 1) * pix + n
         kernels = self.r(1, 2)
         x_off = self.alloc(0, span)
-        w_off = self.alloc(1, DW_TAPS * c.cols * kernels)
+        taps = DW_LOAD_WINDOWS * c.cols  # and the pad value and biases
+        w_off = self.alloc(1, taps * kernels)
         y_off = self.alloc(2, h * mo * n)
         self.load(0, x_off, self.src_addr(span), 1, span)
-        self.load(1, w_off, self.src_addr(DW_TAPS * c.cols * kernels), 1,
-                  DW_TAPS * c.cols * kernels)
+        self.load(1, w_off, self.src_addr(taps * kernels), 1, taps * kernels)
         acc = self.r(0, c.acc_rows - h * mo)
         ins = [f"cfg.gemm_stride {pix}", f"cfg.in_stride {row}", "cfg.out_stride 0",
                *self.requant_cfg()]
         for k in range(kernels):
             mode = "overwrite" if k == 0 else "accumulate"
-            ins += [f"dwload p1, r0, off={w_off + k * DW_TAPS * c.cols}",
-                    f"dwconv.{mode} p0, r9, r5, {mo}, {h}, {s}, {kh}, {kw}, {n}"]
+            ins += [f"dwload p1, r0, off={w_off + k * taps}",
+                    f"dwconv.{mode} p0, r9, r5, {mo}, {h}, {s}, {kh}, {kw}, {n}, pt={pt}, "
+                    f"pb={pb}, pl={pl}, pr={pr}"]
         ins.append(f"vreq p2, r0, r5, {h * mo}, {n}, off={y_off}")
         self.emit(f"li r5, {acc}")
         self.emit(f"li r9, {x_off}")

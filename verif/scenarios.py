@@ -783,6 +783,8 @@ COST_PROGRAMS = {
     # with the array and the vector unit like the vector unit does
     "dwload": "dwload p0, r0\n",
     "dwconv": "dwload p0, r0\ndwconv.overwrite p1, r0, r0, 4, 3, 1, 3, 3, 8\n",
+    "dwconv, padded": "dwload p0, r0\n"
+                      "dwconv.overwrite p1, r0, r0, 4, 3, 1, 3, 3, 8, pt=1, pb=2, pl=1, pr=1\n",
     "dwconv stride 2, 2x3, 5 lanes": "cfg.gemm_stride 16\ncfg.in_stride 160\ndwload p0, r0\n"
                                      "dwconv.accumulate p1, r0, r0, 3, 2, 2, 2, 3, 5\n",
     "gemm, dwconv, gemm": WLOAD + _gemm(8) + "dwload p0, r0\n"

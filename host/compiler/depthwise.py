@@ -38,7 +38,7 @@ import dataclasses
 import numpy as np
 
 from firmware.config import NPUConfig
-from firmware.isa import DW_KERNEL, DW_TAPS
+from firmware.isa import DW_BIAS_WINDOW, DW_KERNEL, DW_LOAD_WINDOWS, DW_PAD_WINDOW
 
 from ..ir import QAvgPool, QConv
 from .lower import MAX_ROW_BYTES, P_WORK, Blob, CompileError, _blob, conv_blob
@@ -73,25 +73,34 @@ def _diagonal_blob(name: str, taps: np.ndarray, bias, config: NPUConfig,
 
 def on_engine(n: QConv, config: NPUConfig) -> bool:
     """Whether the depthwise engine (``dwconv``) runs ``n``: a build with the engine,
-    a kernel of at most 3x3, the same stride (1 or 2) on both axes."""
+    a kernel of at most 3x3, the same stride (1 or 2) on both axes, pads of at most
+    2."""
     _, _, kh, kw = n.weight.shape
     sh, sw = n.strides
     return (n.is_depthwise and config.dw_rows > 0 and kh <= DW_KERNEL and kw <= DW_KERNEL
-            and sh == sw and sh in (1, 2))
+            and sh == sw and sh in (1, 2) and max(n.pads) < DW_KERNEL)
 
 
 def _engine_blob(n: QConv, config: NPUConfig) -> Blob:
-    """Per channel group: its ``dwload`` taps (tap ``3i + 3-kw+c`` of lane ``j`` at
-    byte ``tap * cols + j``: the kernel right-aligned in the 3x3 frame), then its
-    biases and requantization entries."""
+    """Per channel group: its ``dwload`` windows (tap ``3i + 3-kw+c`` of lane ``j``
+    at byte ``tap * cols + j``: the kernel right-aligned in the 3x3 frame; the pad
+    value; the biases, which the engine adds itself), then its requantization
+    entries."""
     oc, _, kh, kw = n.weight.shape
     cols = config.cols
-    taps = np.zeros((DW_TAPS, -(-oc // cols) * cols), dtype=np.int8)
+    groups = -(-oc // cols)
+    taps = np.zeros((DW_LOAD_WINDOWS, groups * cols), dtype=np.int8)
     for i in range(kh):
         for c in range(kw):
             taps[i * DW_KERNEL + DW_KERNEL - kw + c, :oc] = n.weight[:, 0, i, c]
-    bias = n.bias if n.bias is not None and n.bias.any() else None
-    return _blob(n.name, taps, [(0, DW_TAPS)], bias, cols, n.requant)
+    taps[DW_PAD_WINDOW, ::cols] = n.pad_value  # the input zero point, around the image
+    bias = np.zeros(groups * cols, dtype="<i4")
+    if n.bias is not None:
+        bias[:oc] = n.bias
+    # each group's biases: its 4*cols bytes as 4 windows of cols bytes
+    raw = bias.view(np.int8).reshape(groups, 4, cols)
+    taps[DW_BIAS_WINDOW:] = raw.transpose(1, 0, 2).reshape(4, groups * cols)
+    return _blob(n.name, taps, [(0, DW_LOAD_WINDOWS)], None, cols, n.requant)
 
 
 def grouped_blob(n: QConv, config: NPUConfig) -> Blob:
@@ -253,44 +262,64 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
 
 def _engine_conv(low, n: QConv) -> int:
     """A depthwise convolution on the depthwise engine, its tensors whole in the
-    working partition: the output rows in passes that fit the accumulator."""
+    working partition (the engine pads: no padded copy): the output rows in passes
+    that fit the accumulator."""
     cfg = low.config
     bn, c, h, w = low.tensor[n.inputs[0]].shape
     _, _, oh, ow = low.tensor[n.outputs[0]].shape
     _, _, kh, kw = n.weight.shape
-    s = n.strides[0]
     low._need_nhwc(n, n.inputs[0])
-    xp, hp, wp = low._padded(n, n.inputs[0], (bn, h, w, c), n.pads, n.pad_value)
-    y = low.out(n.outputs[0])
+    x, y = low.at(n.inputs[0]), low.out(n.outputs[0])
     part, wsp, blob = low._weights(n)
     per = min(oh, cfg.acc_rows // ow)  # output rows per pass through the accumulator
     for b in range(bn):
         for r0 in range(0, oh, per):
             nr = min(per, oh - r0)
             low.e.comment(f"{n.name}: image {b}, output rows {r0}..{r0 + nr - 1}")
-            engine_rows(low, n, part, wsp, blob, xp + (b * hp + r0 * s) * wp * c, wp,
-                        nr, y + (b * oh + r0) * ow * c)
+            engine_rows(low, n, part, wsp, blob, x + b * h * w * c, w * c, h, r0, nr,
+                        y + (b * oh + r0) * ow * c, n.pads)
     return bn * oh * ow * c * kh * kw
 
 
-def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, wp: int, nr: int, y):
-    """``nr`` output rows of the depthwise convolution ``n`` on the depthwise engine:
-    per channel group its taps, strips of output rows (as many as the engine's rows
-    allow), then bias and requantization of every row of the group.
+def _strips(nr: int, tallest: int) -> list[int]:
+    """Heights of the dwconv strips of ``nr`` output rows: at most ``tallest`` each,
+    two at least (first and last apart, so that the code does not depend on the
+    image's height), the middle ones equal."""
+    if nr == 1:
+        return [1]
+    count = max(2, -(-nr // tallest))
+    while True:
+        hs = -(-nr // count)
+        if nr - (count - 1) * hs >= 1:
+            return [hs] * (count - 1) + [nr - (count - 1) * hs]
+        count += 1
 
-    ``x`` is the input's first padded row (``wp`` pixels a row), ``y`` the first
-    output row (dense): offsets in the working partition, or ``(register, offset)``.
+
+def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: int,
+                h_in: int, r0: int, nr: int, y, pads=(0, 0, 0, 0)):
+    """Output rows ``r0 .. r0+nr-1`` of the depthwise convolution ``n`` on the
+    depthwise engine: per channel group its taps, pad value and biases, strips of
+    output rows (as many as the engine's rows allow; the engine reads the pad value
+    around the input and adds the biases), then the requantization of every row of
+    the group.
+
+    ``x`` is input row 0 (``h_in`` rows of ``row_bytes``), ``y`` output row ``r0``
+    (dense): offsets in the working partition, or ``(register, offset)``. ``pads``
+    (top, left, bottom, right) are the convolution's, around those ``h_in`` rows.
     """
     cfg, e = low.config, low.e
-    _, c, _, _ = low.tensor[n.inputs[0]].shape
+    _, c, _, w = low.tensor[n.inputs[0]].shape
     _, _, _, ow = low.tensor[n.outputs[0]].shape
     _, _, kh, kw = n.weight.shape
     s = n.strides[0]
     if nr * ow > cfg.acc_rows:
         raise CompileError(f"{nr} output rows of {ow} positions exceed the "
                            f"{cfg.acc_rows} accumulator rows", n.name)
+    pad_t, pad_l = pads[0], pads[1]
+    cols_in = (ow - 1) * s + kw
+    pr = max(0, cols_in - pad_l - row_bytes // c)  # pad columns the window reaches
     e.set_cfg("gemm_stride", c)  # pixel to pixel
-    e.set_cfg("in_stride", wp * c)  # row to row
+    e.set_cfg("in_stride", row_bytes)  # row to row
     e.set_cfg("out_stride", c)
     low._requant_cfg(n.requant)
     wj, xj, yj, xt, at = e.scratch(5)
@@ -300,28 +329,44 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, wp: int, nr: 
         else:
             e.op(f"li {reg}, {where}")
     e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
-    tallest = (cfg.dw_rows - kh) // s + 1  # output rows of one dwconv
-    strips = -(-nr // tallest)
-    hs = -(-nr // strips)
+    heights = _strips(nr, (cfg.dw_rows - kh) // s + 1)
+    strips, at_row = [], r0
+    for hh in heights:  # (height, input offset, accumulator row, pt, pb) of each
+        start = at_row * s - pad_t  # the input row of the window's first row
+        end = start + (hh - 1) * s + kh
+        strips.append((hh, max(0, start) * row_bytes, (at_row - r0) * ow,
+                       max(0, -start), max(0, end - h_in)))
+        at_row += hh
+    middle = strips[1:-1]
+    if any(st[3] or st[4] for st in middle):
+        raise CompileError(f"the input padding reaches past the first and last strips of "
+                           f"{nr} output rows", n.name)
     last_j = c // cfg.cols  # column tile of a partial last group
 
     def group(n_j):
         e.compute(f"dwload {part}, {wj}")
-        e.op(f"addi {xt}, {xj}, 0")
-        e.op(f"li {at}, 0")
 
-        def strip(rows_out):
-            e.compute(f"dwconv.overwrite {P_WORK}, {xt}, {at}, {ow}, {rows_out}, {s}, "
-                      f"{kh}, {kw}, {n_j}")
-            e.op(f"addi {xt}, {xt}, {rows_out * s * wp * c}")
-            e.op(f"addi {at}, {at}, {rows_out * ow}")
-        # (a loop even for 0 or 1 strips, so that the code does not depend on the
-        # image's height)
-        end = e.new_label("strips")
-        e.op(f"loop {strips - 1}, {end}")
-        strip(hs)
-        e.loop_end(end)
-        strip(nr - (strips - 1) * hs)
+        def strip(hh, pt, pb):
+            e.compute(f"dwconv.overwrite {P_WORK}, {xt}, {at}, {ow}, {hh}, {s}, {kh}, {kw}, "
+                      f"{n_j}, pt={pt}, pb={pb}, pl={pad_l}, pr={pr}")
+
+        for st in (strips[:1] if len(strips) > 1 else strips):
+            e.op(f"addi {xt}, {xj}, {st[1]}")
+            e.op(f"li {at}, {st[2]}")
+            strip(st[0], st[3], st[4])
+        if len(strips) > 1:
+            hs = heights[1] if middle else 1
+            first = middle[0] if middle else strips[-1]
+            e.op(f"addi {xt}, {xj}, {first[1]}")
+            e.op(f"li {at}, {first[2]}")
+            end = e.new_label("strips")  # (a loop even for none: code of one size)
+            e.op(f"loop {len(middle)}, {end}")
+            strip(hs, 0, 0)
+            e.op(f"addi {xt}, {xt}, {hs * s * row_bytes}")
+            e.op(f"addi {at}, {at}, {hs * ow}")
+            e.loop_end(end)
+            last = strips[-1]  # where the loop leaves xt and at
+            strip(last[0], last[3], last[4])
         low.requant_tile(part, blob, 0 if n_j == cfg.cols else last_j, wj, "r0",
                          nr * ow, n_j, yj)
 
