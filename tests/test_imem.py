@@ -34,7 +34,17 @@ def _operands_bad(mn: str, f: dict, cfg) -> bool:
         "loop": lambda: f["end"] > cfg.imem_depth,
         "loopr": lambda: f["end"] > cfg.imem_depth,
         "br": lambda: f["target"] >= cfg.imem_depth,
+        "dwload": lambda: cfg.dw_rows == 0,
+        "dwconv": lambda: _dwconv_bad(f, cfg),
     }.get(mn, lambda: False)()
+
+
+def _dwconv_bad(f: dict, cfg) -> bool:
+    s = f["s"] + 1
+    rows_in, cols_in = f["h"] * s + f["kh"] + 1, f["m"] * s + f["kw"] + 1
+    return (f["kh"] + 1 > 3 or f["kw"] + 1 > 3 or f["n"] + 1 > cfg.cols
+            or rows_in > cfg.dw_rows or rows_in <= f["pt"] + f["pb"]
+            or cols_in <= f["pl"] + f["pr"])
 
 
 def _expected(word: int, cfg) -> dict:

@@ -117,3 +117,27 @@ def test_vector():
     pooled = t.reshape(2, 2, 2, 2, 2).max(axis=(1, 3))  # (h', w', c)
     assert np.array_equal(out[64:72].reshape(2, 2, 2), pooled)
     assert m.regs[12] == 2  # first of the two 9s
+
+
+def test_depthwise(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (5, 4, 8), dtype=np.int8)
+    w = rng.integers(-128, 128, (3, 3, 8), dtype=np.int8)  # (kernel row, column, channel)
+    pad = int(rng.integers(-20, 20))
+    bias = rng.integers(-5000, 5000, 8).astype("<i4")
+    block = np.zeros(112, dtype=np.int8)
+    block[:72] = w.ravel()
+    block[72] = pad
+    block[80:] = bias.view(np.int8)
+    mult, shift = quantize_multiplier(rng.uniform(1e-4, 1e-2))
+    zp = int(rng.integers(-20, 20))
+    m, _ = run("depthwise.s", args=(0, 0x800, 0x400),
+               defines=dict(QMUL=mult, QSHIFT=shift, QZP=zp), dram={0: x, 0x400: block})
+    xp = np.full((7, 6, 8), pad, dtype=np.int64)
+    xp[1:6, 1:5] = x
+    acc = sum(xp[i:i + 5, j:j + 4] * w[i, j].astype(np.int64)
+              for i in range(3) for j in range(3)) + bias
+    want = np.clip(ref_rne(acc * mult, shift) + zp, -128, 127)
+    got = m.dram[0x800:0x800 + 160].view(np.int8).reshape(5, 4, 8)
+    assert np.array_equal(got, want), f"seed {seed}"
+    assert m.counters["macs"] == 5 * 4 * 9 * 8
