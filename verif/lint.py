@@ -158,6 +158,15 @@ def _compute_queue(config):
     return ComputeQueue(config)
 
 
+def _depthwise(config):
+    # A build without the engine (dw_rows = 0) lints it with the default's rows.
+    from firmware.config import NPUConfig
+    from hdl.depthwise import DepthwiseEngine
+
+    rows = config.dw_rows or NPUConfig().dw_rows
+    return DepthwiseEngine(dataclasses.replace(config, dw_rows=rows))
+
+
 BLOCKS: dict[str, Block] = {b.name: b for b in (
     Block("npu", _npu),
     Block("array", _array),
@@ -173,6 +182,7 @@ BLOCKS: dict[str, Block] = {b.name: b for b in (
     Block("imem", _imem),
     Block("sequencer", _sequencer),
     Block("compute_queue", _compute_queue),
+    Block("depthwise", _depthwise),
 )}
 """Linted designs, the NPU top first. ``hdl.queues.LoadQueue``/``StoreQueue`` are
 linted inside ``npu`` only (their ``dma_done`` members are ``always_ready`` streams)."""
