@@ -1,16 +1,19 @@
 """``make bench-depthwise``: depthwise convolution and average pooling on the golden model.
 
 Each layer is compiled for the default configuration as a one-unit model and run
-twice on the golden model (within a few cycles of the RTL; the second run has its
-weights resident). Figures per layer: the unit's cycles (its region, including the
-input load and output store), the layer's MACs, MAC utilization against the
-array's peak, the channel-diagonal ceiling (one MAC per column per cycle,
-``1/rows`` of the peak), the queues' busy cycles, and the cost model's linear
-prediction before any measurement.
+twice on the golden model (the second run has its weights resident; the depthwise
+scenarios of tests/test_depthwise_rtl.py take the same cycles on the Verilator NPU).
+The depthwise convolutions run on the depthwise engine (``dwload``/``dwconv``), the
+poolings as channel-diagonal GEMMs on the array. Figures per layer: the unit's
+cycles (its region, including the input load and output store), the layer's MACs,
+MAC utilization against the array's peak, the channel-diagonal ceiling (one MAC per
+column per cycle, ``1/rows`` of the peak: what the array reaches on a depthwise
+layer), the queues' busy cycles, and the cost model's linear prediction before any
+measurement.
 
 Layers: the DS-CNN (MLPerf Tiny keyword spotting) depthwise layer, 25x5x64, 3x3,
-stride 1; MobileNetV1-0.25 (96x96 input) depthwise layers that fit the working
-partition (12x12x64 stride 1, 24x24x32 stride 2 down to 12x12, 6x6x128 stride 1);
+stride 1; MobileNetV1-0.25 (96x96 input) depthwise layers (12x12x64 stride 1,
+24x24x32 stride 2 down to 12x12, 6x6x128 stride 1);
 and the global average pooling that ends DS-CNN (25x5x64) and ResNet-8 (8x8x64).
 """
 
