@@ -167,8 +167,10 @@ def stream_unit(low, u, why: CompileError) -> dict:
             if isinstance(low.place.blobs[n.name], GemvBlob):
                 return emit_streamed(low, u, n)
             return _GemmStream(low, u, n).emit()
-        # The image stream's refusal (the last) says more when neither fits.
-        ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n))
+        # The image stream's refusal (the last) says more when neither fits. A
+        # depthwise convolution (on the depthwise engine) streams its image only.
+        ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n)) if n.group == 1 \
+            else (_ConvStream(low, u, n),)
         return fastest(low, [w.emit for w in ways])
     except NotStreamable:
         raise
