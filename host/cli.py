@@ -755,6 +755,9 @@ def main(argv=None) -> int:
     opts = _parser().parse_args(argv)
     try:
         return _command(opts, argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handler: no traceback
+        print("npu: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     except Exception as err:
         code, line = failure(err)
         if opts.debug:

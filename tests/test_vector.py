@@ -244,6 +244,10 @@ def test_run_start_resets_table(seed):
     second.tables = 1  # pretend a table was loaded: REQs may use it
     for _ in range(6):
         second.req()
+    for _ in range(64):  # each REQ uses the table at even odds: make sure one does
+        if any(c["op"] == VectorOp.REQ and c["tab"] for c in second.cmds):
+            break
+        second.req()
     assert any(c["op"] == VectorOp.REQ and c["tab"] for c in second.cmds)
 
     async def bench(io, dut):
