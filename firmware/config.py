@@ -42,7 +42,9 @@ class NPUConfig:
     partitions: int = 8
     pt_sets: int = 2
     tag_slots: int = 16
-    imem_depth: int = 1024
+    # 2048-deep banks: MobileNetV1-0.25's program (1,923 instructions) fits one bank
+    # (docs/compiler.md, "Program size").
+    imem_depth: int = 2048
     bus_bytes: int = 8
     loop_depth: int = 4
     region_depth: int = 4

@@ -256,8 +256,8 @@ Parameters (`firmware.golden.CostModel`):
   full queues); the bundled models `mlp`,
   `cnn`, `moe` and `early_exit`, inference by inference (`tests/test_models_rtl.py`;
   `make bench-models ARGS="--rtl mlp cnn fc_autoencoder resnet8 ds_cnn"`: `mlp` 611
-  and `cnn` 2,245 cycles on both, `resnet8` 287,300 on the RTL against 287,294 and
-  `ds_cnn` 155,648 against 155,676, runs the model flags: long GEMMs fill the compute
+  and `cnn` 2,245 cycles on both, `ds_cnn` 94,972 on both, `resnet8` 286,095 on the RTL
+  against 286,089, runs the model flags: long GEMMs fill the compute
   queue; `fc_autoencoder` 39,774 against 39,656, flagged: loads write the scratchpad
   while `vreqb` writes);
   random programs (`test_random_programs`): of 300 (seed 1004784719, both runs each),
