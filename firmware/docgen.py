@@ -234,9 +234,10 @@ Parameters (`firmware.golden.CostModel`):
   engine's scratchpad port).
 * The compute queue retires its instructions in program order, one a cycle. A pushed
   token counts in the popping queue `token` cycles after the pushing instruction
-  retires (a `cfg`'s at once, unless it waited for the array); a pop waits for it. `end`, `sync`, `region` marks and
-  `ptsel` wait for all queues to drain, `tinv` for the load queue (each ends `drain`
-  cycles after the last completion). A run's cycles end `end_cycle` after its
+  retires (a `cfg`'s at once, unless it waited for the array); a pop waits for it.
+  `end`, `sync`, `region` marks and `ptsel` wait for all queues to drain, `tinv`
+  for the load queue (each ends `drain` cycles after the last completion). A run's
+  cycles end `end_cycle` after its
   `end` (the cycle `end` completes in counts).
 * Where it is exact (`RunResult.cycles_exact`): a run that ends without an error,
   with the simulation's memory answering without pauses, in which no DMA transfer
