@@ -221,7 +221,11 @@ def test_a_stopped_parallel_precompile_leaves_a_usable_cache(how, tmp_path, seed
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
     out, err = proc.communicate(timeout=120)
     print(f"\nstopped {delay:.2f} s after the cache opened: exit status {proc.returncode}")
-    if how == "interrupt" and proc.returncode != 0:
+    if how == "interrupt" and proc.returncode == -signal.SIGINT:
+        # The signal met the interpreter on its way out (a window of ~80 ms after
+        # the summary): the work was done and nothing was said on stderr.
+        assert "compiles," in out and not err, (out, err)
+    elif how == "interrupt" and proc.returncode != 0:
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "precompile interrupted" in err, err
     verify = npu("cache", "verify", "--model", "moe", "cnn", "early_exit", "--cache",
