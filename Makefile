@@ -35,6 +35,7 @@ help:
 	@echo "make docs     regenerate generated docs (docs/isa.md, docs/registers.md, docs/compiler.md's coverage table)"
 	@echo "make bench-datapath  datapath figures (writes bench/results/datapath.json)"
 	@echo "make bench-npu       256^3 GEMM on the Verilator NPU vs its roofline, swap stall (npu.json)"
+	@echo "make bench-sim       100 ResNet-8 inputs on the Verilator NPU, each checked against golden and reference (sim.json)"
 	@echo "make bench-demo      make demo's run on the fast Verilator library and under cocotb (demo.json)"
 	@echo "make bench-adaptive  moe over a phase-shifting stream: unfused vs static vs adaptive (adaptive.json, .png)"
 	@echo "make bench-models    every bundled and MLPerf Tiny model on the golden NPU vs its roofline (models.json; ARGS=--rtl adds Verilator)"

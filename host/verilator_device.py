@@ -100,7 +100,8 @@ class VerilatorDevice(PostedWrites):
     :meth:`set_bus_faults`, :meth:`watch_runs` / :meth:`run_events`, and
     :meth:`set_backpressure`. :attr:`clock_seconds` adds up the wall time of the calls
     that run the clock (CSR accesses, waits for the interrupt): the simulation's share
-    of a host program's time.
+    of a host program's time; :attr:`clock_cpu_seconds` their CPU time, the figure that
+    holds on a machine shared with other work.
     """
 
     def __init__(self, library: Path | str, dram_bytes: int = DRAM_BYTES):
@@ -112,7 +113,7 @@ class VerilatorDevice(PostedWrites):
             fn.restype, fn.argtypes = res, args
         self._sim = lib.npusim_create(dram_bytes)
         self.dram_bytes = dram_bytes
-        self.clock_seconds = 0.0
+        self.clock_seconds = self.clock_cpu_seconds = 0.0
         self._value = ctypes.c_uint32()
 
     @classmethod
@@ -125,20 +126,29 @@ class VerilatorDevice(PostedWrites):
     def _write_many(self, ops: list[tuple[int, int]]) -> None:
         addrs = (ctypes.c_uint32 * len(ops))(*(a for a, _ in ops))
         values = (ctypes.c_uint32 * len(ops))(*(v for _, v in ops))
-        t = time.perf_counter()
-        resp = self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
-        self.clock_seconds += time.perf_counter() - t
+        with self._clock():
+            resp = self._lib.npusim_csr_write_many(self._sim, addrs, values, len(ops))
         if resp == NO_ANSWER:
             self._no_answer("a CSR write")
 
     def read_reg(self, addr: int) -> int:
         self._flush()
-        t = time.perf_counter()
-        resp = self._lib.npusim_csr_read(self._sim, addr, ctypes.byref(self._value))
-        self.clock_seconds += time.perf_counter() - t
+        with self._clock():
+            resp = self._lib.npusim_csr_read(self._sim, addr, ctypes.byref(self._value))
         if resp == NO_ANSWER:
             self._no_answer(f"the CSR read at {addr:#x}")
         return self._value.value
+
+    @contextlib.contextmanager
+    def _clock(self):
+        """Count a call that runs the clock in :attr:`clock_seconds` (wall) and
+        :attr:`clock_cpu_seconds`."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.clock_seconds += time.perf_counter() - wall
+            self.clock_cpu_seconds += time.process_time() - cpu
 
     @staticmethod
     def _no_answer(what: str):
@@ -164,9 +174,8 @@ class VerilatorDevice(PostedWrites):
 
     def wait_irq(self, timeout_cycles: int) -> bool:
         self._flush()
-        t = time.perf_counter()
-        fired = self._lib.npusim_wait_irq(self._sim, max(0, int(timeout_cycles)))
-        self.clock_seconds += time.perf_counter() - t
+        with self._clock():
+            fired = self._lib.npusim_wait_irq(self._sim, max(0, int(timeout_cycles)))
         return bool(fired)
 
     def close(self) -> None:
