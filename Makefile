@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 test: setup
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 demo: setup
 	@$(PY) -m host.demo

@@ -26,6 +26,10 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # The RTL tests first: they are the long ones (builds, simulations), and under
+    # `-n 2 --dist worksteal` (make test) the worker that runs out of short tests
+    # steals from the other's tail, which works best when the long tests went first.
+    items.sort(key=lambda item: "rtl" not in item.keywords)
     if config.getoption("--regress"):
         return
     skip = pytest.mark.skip(reason="long test: run with make regress (--regress)")

@@ -5,9 +5,11 @@ DRAM, registers, error status, the exact counters and the region trace with the
 golden model bit for bit. Most run on the fast library (:func:`verif.fastsim.run_scenario`:
 a C++ DRAM and driver, in-process); the cocotb testbench
 (:func:`verif.rtl_device.run_scenario`: cocotbext-axi's AxiRam and AXI4-Lite master,
-its pause generators) runs the hand-written programs, a batch of random programs and
-the bus errors, with and without backpressure. The NPU is built once per configuration
-and path and cached under build/sim/.
+its pause generators) runs random programs and the bus errors under backpressure;
+tests/test_fastsim.py holds the two paths equal on the hand-written programs, cost
+programs and random ones. ``--regress`` adds a plain batch of random programs and the
+bus errors without backpressure on the cocotb path. The NPU is built once per
+configuration and path and cached under build/sim/.
 """
 
 import json
@@ -32,7 +34,7 @@ RANDOM_COUNT_COCOTB = 24
 
 @pytest.mark.rtl
 def test_hand_written_programs(seed):
-    run_cocotb("verif.scenarios:programs", "default", seed=seed)
+    run_scenario("verif.scenarios:programs", "default", seed=seed)
 
 
 @pytest.mark.rtl
@@ -45,8 +47,10 @@ def test_random_programs(seed, regress):
 
 
 @pytest.mark.rtl
+@pytest.mark.slow
 def test_random_programs_cocotb(seed, regress):
-    """A batch of them on the cocotb testbench."""
+    """A batch of them on the cocotb testbench (the backpressure batch below and the
+    fast path's equality with this one, tests/test_fastsim.py, cover it in make test)."""
     count = RANDOM_COUNT_COCOTB * (10 if regress else 1)
     run_cocotb("verif.scenarios:random_programs", "default", seed=seed + 2,
                extra_env={"NPU_RANDOM_COUNT": str(count)})
@@ -84,8 +88,10 @@ def test_bus_errors(seed):
 
 
 @pytest.mark.rtl
+@pytest.mark.slow
 def test_bus_errors_cocotb(seed):
-    """The same with cocotbext-axi's RAM answering the errors."""
+    """The same with cocotbext-axi's RAM answering the errors (make test runs them on
+    it under backpressure)."""
     run_cocotb("verif.scenarios:bus_errors", "default", seed=seed)
 
 
