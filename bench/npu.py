@@ -10,9 +10,11 @@
   plain run boundary (target 0).
 
 Both run on the fast simulation library (``verif.fastsim``: the Verilator model with a
-C++ DRAM, in-process). The simulation speed of the GEMM is reported two ways: raw, the
-run's NPU cycles per wall second of the run alone (one library call from START to the
-interrupt; also per CPU second, since the machine may be shared), and end to end
+C++ DRAM, in-process), its profile-guided build (``python -m verif.fastsim.build
+--profiled``; ``--plain`` measures the ordinary build the tests use). The simulation
+speed of the GEMM is reported two ways: raw, the run's NPU cycles per wall second of
+the run alone (one library call from START to the interrupt; also per CPU second,
+since the machine may be shared), and end to end
 through the host driver (loading A, B and the program, the run, reading C back).
 ``--cocotb`` also runs the GEMM on the cocotb testbench (Python per clock edge) for
 comparison (``cocotb_*`` keys).
@@ -24,6 +26,7 @@ Cycles are the NPU's CYCLES counter (cycles the run was in progress). Writes
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -36,10 +39,10 @@ from verif import fastsim, rtl_device
 
 SIZE = (256, 256, 256)
 CONFIG = "default"
+FAST = functools.partial(fastsim.run_scenario, profiled=True)
 
 
-def _scenario(name: str, seed: int, extra_env: dict | None = None,
-              run=fastsim.run_scenario) -> dict:
+def _scenario(name: str, seed: int, extra_env: dict | None = None, run=FAST) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
         run(f"verif.scenarios:{name}", CONFIG, seed=seed,
@@ -47,7 +50,7 @@ def _scenario(name: str, seed: int, extra_env: dict | None = None,
         return json.loads(out.read_text())
 
 
-def gemm(size=SIZE, seed: int = 1, run=fastsim.run_scenario) -> dict:
+def gemm(size=SIZE, seed: int = 1, run=FAST) -> dict:
     """Run the GEMM benchmark; return its figures (see the module docstring)."""
     config = CONFIGS[CONFIG]
     wall = time.time()
@@ -100,9 +103,9 @@ def cocotb_gemm(size=SIZE, seed: int = 1) -> dict:
         "simulated_cycles_per_second", "wall_seconds_with_build", "load_average_1min")}
 
 
-def swap(seed: int = 1) -> dict:
+def swap(seed: int = 1, run=FAST) -> dict:
     """Measure the swap stall; return its figures."""
-    raw = _scenario("swap_stall", seed)
+    raw = _scenario("swap_stall", seed, run=run)
     return {"swap_stall_cycles": raw["swap_stall_cycles"],
             "gap_cycles_without_swap": raw["gap_cycles_without_swap"],
             "gap_cycles_with_swap": raw["gap_cycles_with_swap"]}
@@ -112,9 +115,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cocotb", action="store_true",
                     help="also run the GEMM on the cocotb testbench (minutes)")
+    ap.add_argument("--plain", action="store_true",
+                    help="the library's ordinary build, not the profile-guided one")
     opts = ap.parse_args(argv)
-    figures = gemm()
-    figures.update(swap())
+    run = fastsim.run_scenario if opts.plain else FAST
+    figures = {"library": "plain" if opts.plain else "profile-guided", **gemm(run=run)}
+    figures.update(swap(run=run))
     if opts.cocotb:
         figures.update(cocotb_gemm())
         figures["speedup_simulated_cycles_per_second"] = round(

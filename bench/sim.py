@@ -2,9 +2,10 @@
 
 The model (``host/models/mlperf/resnet8.onnx``, imported as ``npu run --cpu-fallback``
 does) runs on the fast simulation library (:class:`host.verilator_device.VerilatorDevice`,
-built or reused like ``npu run --backend verilator``) in a checked session: every
-output equals the reference interpreter's. The golden model runs the same inputs in
-order in a second process (the machine's other core), and each RTL inference equals
+its profile-guided build, built or reused as ``npu run --backend verilator`` does) in a
+checked session: every output equals the reference interpreter's. The golden model
+runs the same inputs in order in a second process (the machine's other core), and
+each RTL inference equals
 its golden twin: outputs, exact counters and trace fields, and cycles wherever the
 golden run says they are exact. The reference interpreter is held to onnxruntime
 (``ORT_DISABLE_ALL``) on every input, within 1 LSB on every int8 tensor
@@ -110,7 +111,7 @@ def run(name: str = MODEL, count: int = INPUTS, seed: int = 1) -> dict:
         golden = pool.imap(_golden_run, inputs)  # starts at once, the build meanwhile
         oracle = pool.apply_async(_reference_vs_onnxruntime, (name, inputs))  # then this
         t, children = time.perf_counter(), _children_cpu()
-        device = VerilatorDevice.open(CONFIGS[CONFIG], on_status=print)
+        device = VerilatorDevice.open(CONFIGS[CONFIG], on_status=print, profiled=True)
         build, build_cpu = time.perf_counter() - t, _children_cpu() - children
         try:
             t, cpu = time.perf_counter(), time.process_time()

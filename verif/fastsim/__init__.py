@@ -36,23 +36,26 @@ def _environment(extra: dict | None) -> Iterator[None]:
 
 
 def open_device(config: NPUConfig | str = "default", *, dram_bytes: int = DRAM_BYTES,
-                backpressure: bool = False, seed: int = 0):
+                backpressure: bool = False, seed: int = 0, profiled: bool = False):
     """A fresh :class:`~host.verilator_device.VerilatorDevice` for ``config`` (built in
-    this process when needed), with DRAM backpressure on 30 % of the cycles if asked."""
+    this process when needed; profile-guided if asked, see :mod:`.build`), with DRAM
+    backpressure on 30 % of the cycles if asked."""
     from host.verilator_device import VerilatorDevice
 
     from .build import build
 
     config = CONFIGS[config] if isinstance(config, str) else config
-    device = VerilatorDevice(build(config), dram_bytes=dram_bytes)
+    device = VerilatorDevice(build(config, profiled=profiled), dram_bytes=dram_bytes)
     if backpressure:
         device.set_backpressure(seed, 30)
     return device
 
 
 def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 0,
-                 backpressure: bool = False, extra_env: dict | None = None) -> None:
-    """Run the host scenario ``"package.module:function"`` on the fast RTL model.
+                 backpressure: bool = False, extra_env: dict | None = None,
+                 profiled: bool = False) -> None:
+    """Run the host scenario ``"package.module:function"`` on the fast RTL model
+    (profile-guided if asked).
 
     The function receives the device, the configuration and the seed, and raises on a
     mismatch (see :func:`verif.rtl_device.run_scenario`).
@@ -60,7 +63,7 @@ def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 
     from verif.rtl_device import scenario_function
 
     config = CONFIGS[config] if isinstance(config, str) else config
-    device = open_device(config, backpressure=backpressure, seed=seed)
+    device = open_device(config, backpressure=backpressure, seed=seed, profiled=profiled)
     try:
         with _environment(extra_env):
             scenario_function(spec)(device, config=config, seed=seed)
