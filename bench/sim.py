@@ -20,7 +20,7 @@ simulation (the library's calls that run the clock), host (everything else on th
 side: compile, driver, reference interpreter, comparisons, waiting for the golden
 model), the golden process's CPU seconds, the simulated cycles and cycles per second.
 Writes ``bench/results/sim.json``. Run with ``python -m bench.sim [--inputs N]
-[--model NAME] [--seed S]``.
+[--model NAME] [--seed S] [--plain]``.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _reference_vs_onnxruntime(name: str, inputs: list[dict]) -> tuple[int, float
     return max(errors.values()), time.perf_counter() - t
 
 
-def run(name: str = MODEL, count: int = INPUTS, seed: int = 1) -> dict:
+def run(name: str = MODEL, count: int = INPUTS, seed: int = 1, profiled: bool = True) -> dict:
     """Run the benchmark; return its figures (see the module docstring)."""
     started = time.perf_counter()
     graph = load_onnx(model_path(name), allow_cpu_fallback=True)
@@ -111,7 +111,7 @@ def run(name: str = MODEL, count: int = INPUTS, seed: int = 1) -> dict:
         golden = pool.imap(_golden_run, inputs)  # starts at once, the build meanwhile
         oracle = pool.apply_async(_reference_vs_onnxruntime, (name, inputs))  # then this
         t, children = time.perf_counter(), _children_cpu()
-        device = VerilatorDevice.open(CONFIGS[CONFIG], on_status=print, profiled=True)
+        device = VerilatorDevice.open(CONFIGS[CONFIG], on_status=print, profiled=profiled)
         build, build_cpu = time.perf_counter() - t, _children_cpu() - children
         try:
             t, cpu = time.perf_counter(), time.process_time()
@@ -140,6 +140,7 @@ def run(name: str = MODEL, count: int = INPUTS, seed: int = 1) -> dict:
     total = int(sum(cycles))
     return {
         "model": name, "config": CONFIG, "inputs": count, "seed": seed,
+        "library": "profile-guided" if profiled else "plain",
         "outputs_equal_reference": True,
         "outputs_counters_trace_equal_golden": True,
         "inputs_with_cycles_equal_golden": exact_runs,
@@ -170,8 +171,10 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=MODEL, help=f"a bundled model (default {MODEL})")
     ap.add_argument("--inputs", type=int, default=INPUTS, help="inferences (default 100)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the random inputs")
+    ap.add_argument("--plain", action="store_true",
+                    help="the library's ordinary build, not the profile-guided one")
     opts = ap.parse_args(argv)
-    report("sim", run(opts.model, opts.inputs, opts.seed))
+    report("sim", run(opts.model, opts.inputs, opts.seed, not opts.plain))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from . import _environment
 
 WORKLOAD = (  # scenario, its environment, DRAM backpressure
     ("verif.scenarios:random_programs", {"NPU_RANDOM_COUNT": "30"}, False),
-    ("verif.scenarios:gemm_bench", {"NPU_GEMM_MNK": "64,96,64"}, True),
+    ("verif.scenarios:gemm_bench", {"NPU_GEMM_MNK": "64,64,64"}, True),
     ("verif.model_scenarios:model_vs_golden", {"NPU_MODEL": "cnn", "NPU_INPUTS": "2"}, False),
 )
 SEED = 271828
