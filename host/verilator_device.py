@@ -124,7 +124,7 @@ class VerilatorDevice(PostedWrites):
              profiled: bool = False) -> VerilatorDevice:
         """Build or reuse the library for ``config`` (profile-guided if asked) and open
         a fresh, reset NPU on it."""
-        return cls(build_library(config, on_status, profiled), dram_bytes)
+        return cls(build_library(config, on_status, profiled=profiled), dram_bytes)
 
     # ---- Device ----------------------------------------------------------------------
     def _write_many(self, ops: list[tuple[int, int]]) -> None:

@@ -22,7 +22,7 @@ def test_host_imports_neither_hdl_nor_verif():
 @pytest.mark.parametrize("missing_tools, code", [(True, cli.ExitCode.USAGE),
                                                  (False, cli.ExitCode.INTERNAL)])
 def test_a_failed_build_is_one_line(monkeypatch, capsys, missing_tools, code):
-    def fail(config, on_status=None):
+    def fail(config, on_status=None, profiled=False):
         raise SimBuildError("the Verilator build failed (log: build.log)", missing_tools)
 
     monkeypatch.setattr(verilator_device, "build_library", fail)
