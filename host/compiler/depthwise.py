@@ -323,11 +323,8 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
     e.set_cfg("out_stride", c)
     low._requant_cfg(n.requant)
     wj, xj, yj, xt, at = e.scratch(5)
-    for reg, where in ((xj, x), (yj, y)):
-        if isinstance(where, tuple):
-            e.op(f"addi {reg}, {where[0]}, {where[1]}")
-        else:
-            e.op(f"li {reg}, {where}")
+    e.point(xj, x)
+    e.point(yj, y)
     e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
     heights = _strips(nr, (cfg.dw_rows - kh) // s + 1)
     strips, at_row = [], r0

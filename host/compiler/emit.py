@@ -169,6 +169,13 @@ class Emitter:
         self._reg_value[r] = key
         return r
 
+    def point(self, reg: str, at):
+        """Set ``reg`` to an address: an offset, or ``(register, offset)``."""
+        if isinstance(at, tuple):
+            self.op(f"addi {reg}, {at[0]}, {at[1]}")
+        else:
+            self.op(f"li {reg}, {at}")
+
     def scratch(self, count: int) -> list[str]:
         """``count`` scratch registers the caller owns until its next :meth:`reg` call.
 

@@ -706,11 +706,8 @@ class Lowering:
         full, rem = divmod(nn, cfg.cols)
         stepping = (full + (rem > 0)) * m <= cfg.acc_rows
         wj, yj, aj = regs
-        for reg, at in ((wj, wsp), (yj, y_off)):
-            if isinstance(at, tuple):
-                e.op(f"addi {reg}, {at[0]}, {at[1]}")
-            else:
-                e.op(f"li {reg}, {at + (blob.tiles[(0, 0)] if reg == wj else 0)}")
+        e.point(wj, wsp if isinstance(wsp, tuple) else wsp + blob.tiles[(0, 0)])
+        e.point(yj, y_off)
         e.op(f"li {aj}, 0")
 
         def one(j: int, n_j: int):
@@ -857,8 +854,7 @@ class Lowering:
                 xg, yg = spare[:2]
                 for reg, at in ((xg, x_at), (yg, y_at)):
                     e.clobber(reg)
-                    e.op(f"addi {reg}, {at[0]}, {at[1]}" if isinstance(at, tuple)
-                         else f"li {reg}, {at}")
+                    e.point(reg, at)
                 end = e.new_label("groups")
                 e.op(f"loop {count}, {end}")
                 emit(nr, (xg, 0), (yg, 0))
@@ -957,10 +953,7 @@ class Lowering:
 
         def chain(wj, aj, n_j):
             # One pass per output row (the rows mapping) or one for them all.
-            if isinstance(x_at, tuple):
-                e.op(f"addi {xo}, {x_at[0]}, {x_at[1]}")
-            else:
-                e.op(f"li {xo}, {x_at}")
+            e.point(xo, x_at)
             e.op(f"addi {ao}, {aj}, 0")
             end = e.new_label("rows") if passes >= 2 else None
             if end:
