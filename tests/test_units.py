@@ -19,8 +19,10 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -29,6 +31,7 @@ import pytest
 from bench.precompile import contents, same_entries
 from firmware import asm
 from host.adaptive.cache import CompileCache, precompile, precompile_plans, speculative_plans
+from host.adaptive.pool import compile_pool, stop
 from host.cli import model_path
 from host.compiler import CompileError, compile_model, initial_units, simplify
 from host.compiler.compile import ProgramTooLong
@@ -236,6 +239,21 @@ def test_a_stopped_parallel_precompile_leaves_a_usable_cache(how, tmp_path, seed
     fresh = tmp_path / "fresh.sqlite"
     assert npu(*PRECOMPILE, "--cache", str(fresh), env=env).returncode == 0
     assert same_entries(contents(fresh), contents(path))
+
+
+def test_stopping_the_pool_survives_a_half_sent_result():
+    """A compile process ended while sending its result leaves half a message in the
+    result pipe; stopping the pool must not wait forever for the rest (what a
+    Ctrl-C of a parallel precompile under load once met)."""
+    pool = compile_pool(2)
+    pool.submit(time.sleep, 60)  # starts the processes; the manager waits on the pipe
+    time.sleep(0.5)
+    # the length prefix of a 1000-byte message, and 3 of its bytes
+    os.write(pool._result_queue._writer.fileno(), struct.pack("!i", 1000) + b"abc")
+    stopper = threading.Thread(target=stop, args=(pool,), daemon=True)
+    stopper.start()
+    stopper.join(60)
+    assert not stopper.is_alive(), "stopping the pool hangs on a half-sent result"
 
 
 def test_a_swap_writes_only_the_changed_runs():

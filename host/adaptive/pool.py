@@ -172,6 +172,13 @@ def stop(pool: ProcessPoolExecutor):
     """End the pool's processes now (an interrupt: their current tasks are lost)."""
     for proc in list((pool._processes or {}).values()):
         proc.terminate()
+    # A process ended while sending its result leaves half a message in the result
+    # pipe, and the pool's manager thread would wait forever for the rest: this
+    # process holds the pipe's write end too. Closed here, the read ends at EOF
+    # once the dead processes' ends are gone, and the pool shuts down as broken.
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    if writer is not None:
+        writer.close()
     pool.shutdown(wait=True, cancel_futures=True)
 
 
