@@ -779,7 +779,20 @@ def _command(opts, argv) -> int:
         return report_cmd(opts)
     if opts.command == "cache":
         return cache_cmd(opts)
+    if opts.command == "run":
+        _refuse_adaptive_options_alone(opts)
     return _on_backend(opts, argv)
+
+
+def _refuse_adaptive_options_alone(opts) -> None:
+    """Options that only the adaptive runtime acts on: refused on a plain run rather
+    than ignored, so no one believes a batch or a cache was used. (``--no-cache`` and
+    ``--fresh`` ask for what a plain run does anyway, so they pass.)"""
+    given = [flag for flag, on in (("--batch", opts.batch != 1), ("--cache", opts.cache),
+                                   ("--inline-compile", opts.inline_compile)) if on]
+    if given and not opts.adaptive:
+        raise UsageError(f"{', '.join(given)}: only with --adaptive (add it, or drop "
+                         f"{'them' if len(given) > 1 else 'it'})")
 
 
 if __name__ == "__main__":

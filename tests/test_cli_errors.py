@@ -196,3 +196,13 @@ def test_one_adaptive_inference_reports(capsys):
                 "--digits", "1"]) == ExitCode.OK
     out, err = capsys.readouterr()
     assert "cycles per inference:" in out and err == "", err
+
+
+@pytest.mark.parametrize("flags", [["--batch", "4"], ["--cache", "c.sqlite"],
+                                   ["--inline-compile", "--batch", "2"]])
+def test_adaptive_options_without_adaptive_are_refused(flags, capsys, tmp_path):
+    flags = [str(tmp_path / f) if f.endswith(".sqlite") else f for f in flags]
+    assert npu(["run", "mlp", "--digits", "1", *flags]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "only with --adaptive" in err and flags[0] in err, err
+    assert not (tmp_path / "c.sqlite").exists()  # nothing was opened or made
