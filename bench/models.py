@@ -19,6 +19,9 @@ reference interpreter. Per model:
   once (:mod:`verif.zoo.workload`): the time form of min(peak, bus x intensity);
 * DRAM bytes read and written per inference and where the cycles went (load,
   compute and store queues busy, sequencer stalls), from the counters;
+* the plan: its units (the fused static plan, :mod:`host.compiler.fuse`), the
+  compile time, and the cycles of the per-layer plan (one unit per layer) next to
+  it, so each model's gain from fusion shows;
 * issue 37's target cycles next to each MLPerf model, and whether it is met: only
   when nothing fell back to the CPU (cycles count the NPU alone);
 * for a model the compiler cannot map onto the default config, the reason.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -116,6 +120,16 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
     }
 
 
+def warm_cycles(name: str, graph, compiled, config) -> int:
+    """Cycles of ``compiled`` on the first input once its weights are resident
+    (the second of two checked runs) on the golden model."""
+    session = Session(NPUDriver(GoldenDevice(config)), compiled, check=True)
+    session.load()
+    x = model_inputs(name, graph)[0]
+    session.run(x)
+    return session.run(x).cycles
+
+
 def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
     """One model's figures on the golden model, and its compiled model (None when
     the compiler refuses it)."""
@@ -129,11 +143,17 @@ def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
     graph = load_onnx(path, allow_cpu_fallback=True)
     row.update(placement(graph))
     try:
+        start = time.perf_counter()
         compiled = compile_model(graph, config)
+        row["compile_seconds"] = round(time.perf_counter() - start, 2)
     except CompileError as err:
         row.update(status="does not compile", reason=str(err).splitlines()[0])
         return row, None
     row.update(golden_figures(name, graph, compiled, config))
+    per_layer = compile_model(graph, config, fuse=False)
+    row.update(units=len(compiled.units), per_layer_units=len(per_layer.units),
+               per_layer_cycles=warm_cycles(name, graph, per_layer, config),
+               fusion=compiled.fusion)
     row["npu_mac_share"] = row["npu_macs"] / work.macs
     row["fraction_of_bound"] = row["bound_cycles"] / row["cycles"]
     row["status"] = "runs, part on the CPU" if row["cpu_fallback_nodes"] else "runs on the NPU"
@@ -167,13 +187,15 @@ def print_table(rows: dict[str, dict]) -> None:
     """The figures as two tables (the README's), one model a line; the RTL's cycles
     when ``--rtl`` measured them."""
     with_rtl = any("rtl_cycles" in r for r in rows.values())
-    head = ("model", "MACs", "bound", "target", "cycles", "util", "of bound", "DRAM B",
-            "NPU/CPU nodes", "status")
+    head = ("model", "MACs", "bound", "target", "cycles", "per-layer", "units", "util",
+            "of bound", "DRAM B", "NPU/CPU nodes", "status")
     lines = [head + (("RTL cycles", "= golden every run") if with_rtl else ())]
     for name, r in rows.items():
         dram = (r["dram_read_bytes"] + r["dram_write_bytes"]) if "cycles" in r else None
         line = (name, _cell(r["macs"]), _cell(r["bound_cycles"]),
                 _cell(r["target_cycles"]), _cell(r.get("cycles")),
+                _cell(r.get("per_layer_cycles")),
+                f"{r['units']}/{r['per_layer_units']}" if "units" in r else "-",
                 _cell(r.get("mac_utilization")), _cell(r.get("fraction_of_bound")),
                 _cell(dram), f"{r['npu_nodes']}/{r['cpu_nodes']}", r["status"])
         if with_rtl:

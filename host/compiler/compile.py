@@ -16,6 +16,7 @@ from ..ir import ArgMax, Equal, Graph, If, Node, QAvgPool, QConv, QGemm, Subgrap
 from .depthwise import avgpool_blob, grouped_blob
 from .emit import RESULT_REGS, SEGMENT, Emitter
 from .estimate import check_fits
+from .fuse import fuse_units
 from .gemv import gemv_blob, takes_gemv
 from .layout import Layout
 from .lower import (
@@ -78,9 +79,9 @@ def _packed(n: Node, key: tuple, pack) -> Blob:
 
 
 def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
-                  simplified: bool = False, weight_budget: int | None = None,
-                  relocatable: bool = False, unit_store: UnitStore | None = None
-                  ) -> CompiledModel:
+                  fuse: bool = True, simplified: bool = False,
+                  weight_budget: int | None = None, relocatable: bool = False,
+                  unit_store: UnitStore | None = None) -> CompiledModel:
     """Compile ``graph`` for ``config`` into one program.
 
     Parameters
@@ -88,8 +89,12 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     graph : a validated IR graph (import with :func:`host.onnx_import.load_onnx`).
     config : the hardware profile (read from the device's CAPS by the driver).
     units : how to cut the graph: :class:`~host.ir.Subgraph` records or lists of
-        node names of the *simplified* graph (``CompiledModel.graph``); default one
-        unit per anchor operator. The adaptive runtime passes merged units here.
+        node names of the *simplified* graph (``CompiledModel.graph``); default
+        the fused plan (``fuse``). The adaptive runtime passes its units here.
+    fuse : without ``units``, merge neighbouring units where the cost model predicts
+        the merged unit faster (:func:`~host.compiler.fuse.fuse_units`; what it
+        decided is ``CompiledModel.fusion``); False: one unit per anchor operator
+        (:func:`~host.compiler.plan.initial_units`), the per-layer plan.
     simplified : ``graph`` is already simplified (a ``CompiledModel.graph``).
     weight_budget : bytes of scratchpad for resident weights (default half).
     relocatable : lower each unit as if on its own: nothing known at its start, no
@@ -109,14 +114,36 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
         graph, log = simplify(graph)
     check_supported(graph)
     check_fits(graph, config)  # before lowering: refuse hopeless work in linear time
-    if units is None:
-        units = initial_units(graph)
-    # Fresh records: the compiled model owns its units (callers' records, shared
-    # between plans and threads, are never written).
-    subs = [Subgraph(u.id, list(u.nodes)) if isinstance(u, Subgraph)
+    reloc = relocatable or unit_store is not None
+    if units is not None or not fuse:
+        plan = initial_units(graph) if units is None else units
+        return _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
+                         reloc).run()
+    with blobs_remembered():
+        try:
+            fused = fuse_units(graph, config, weight_budget=weight_budget)
+        except CompileError:  # the per-layer plan below says why in its own words
+            fused = None
+        note = []
+        if fused is not None:
+            try:
+                model = _Compiler(graph, config, _records(fused.units), log, weight_budget,
+                                  unit_store, reloc).run()
+                model.fusion = fused.log()
+                return model
+            except CompileError as err:  # the linked program outgrew the estimate
+                note = [f"the fused plan does not compile ({err}): per-layer plan"]
+        model = _Compiler(graph, config, _records(initial_units(graph)), log, weight_budget,
+                          unit_store, reloc).run()
+        model.fusion = note
+        return model
+
+
+def _records(units: list) -> list[Subgraph]:
+    """Fresh records of a plan: the compiled model owns its units (callers' records,
+    shared between plans and threads, are never written)."""
+    return [Subgraph(u.id, list(u.nodes)) if isinstance(u, Subgraph)
             else Subgraph(i + 1, list(u)) for i, u in enumerate(units)]
-    return _Compiler(graph, config, subs, log, weight_budget, unit_store,
-                     relocatable or unit_store is not None).run()
 
 
 def plan_units(graph: Graph, config: NPUConfig, units: list, *,
@@ -126,9 +153,7 @@ def plan_units(graph: Graph, config: NPUConfig, units: list, *,
     (:class:`UnitPlanner`). Raises :class:`CompileError` as :func:`compile_model`."""
     check_supported(graph)
     check_fits(graph, config)
-    subs = [Subgraph(u.id, list(u.nodes)) if isinstance(u, Subgraph)
-            else Subgraph(i + 1, list(u)) for i, u in enumerate(units)]
-    comp = _Compiler(graph, config, subs, [], weight_budget, relocatable=True)
+    comp = _Compiler(graph, config, _records(units), [], weight_budget, relocatable=True)
     comp.analyse()
     return UnitPlanner(comp)
 

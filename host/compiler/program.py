@@ -33,6 +33,8 @@ class CompiledModel:
     stages : top-level node -> stage (even: CPU, odd: NPU segment).
     partitions : the partition table the program expects.
     log : what the simplifier changed.
+    fusion : what fusing decided (merged units, refused merges, predicted cycles);
+        empty when the caller gave the plan.
     spans : unit id -> its instruction indices ``[start, end)`` in ``program``.
     """
 
@@ -48,6 +50,7 @@ class CompiledModel:
     partitions: list[tuple[int, int]]
     log: list[str] = field(default_factory=list)
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    fusion: list[str] = field(default_factory=list)
 
     @property
     def regions(self) -> dict[int, Subgraph]:

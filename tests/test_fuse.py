@@ -1,0 +1,102 @@
+"""The fused static plan (host/compiler/fuse.py), the default of ``compile_model``.
+
+* merging is decided on the merged unit's own code: the plan it picks is what the
+  cost model predicts faster, and the golden model confirms it (fewer cycles than
+  the per-layer plan, outputs equal to the reference interpreter);
+* units never merge across a branch body or a CPU node, and the per-layer plan
+  stays one ``compile_model(..., fuse=False)`` away;
+* a merge the compiler refuses is reported with its reason.
+"""
+
+import pytest
+
+from firmware.config import CONFIGS
+from host.adaptive.timeline import timeline_cycles
+from host.cli import model_path
+from host.compiler import compile_model, initial_units, simplify
+from host.compiler.fuse import fuse_units
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.onnx_import import load_onnx
+from host.runtime import Session
+from verif.model_scenarios import model_inputs
+
+CONFIG = CONFIGS["default"]
+
+
+def _graph(name):
+    return load_onnx(model_path(name), allow_cpu_fallback=True)
+
+
+def _golden_cycles(name, compiled) -> int:
+    """Warm cycles of one checked inference (outputs equal the reference)."""
+    session = Session(NPUDriver(GoldenDevice(CONFIG)), compiled, check=True)
+    session.load()
+    x = model_inputs(name, compiled.graph)[0]
+    session.run(x)
+    result = session.run(x)
+    assert result.checked
+    return result.cycles
+
+
+@pytest.mark.parametrize("name", ["ds_cnn", "cnn", "early_exit"])
+def test_fused_plan_is_faster_and_exact(name):
+    graph = _graph(name)
+    fused = compile_model(graph, CONFIG)
+    per_layer = compile_model(graph, CONFIG, fuse=False)
+    assert len(fused.units) < len(per_layer.units)
+    assert any(line.startswith("fused ") for line in fused.fusion)
+    assert _golden_cycles(name, fused) < _golden_cycles(name, per_layer)
+
+
+def test_ds_cnn_merges_into_two_units():
+    """Every activation but the one between the halves stays on chip (8 KB each);
+    the two halves together need more scratchpad than there is."""
+    plan = fuse_units(simplify(_graph("ds_cnn"))[0], CONFIG)
+    assert [len(u) for u in plan.units] == [5, 6]
+    assert sum(plan.predicted) < plan.per_layer
+    [(nodes, why)] = plan.refused
+    assert nodes == plan.units[0] + plan.units[1] and "scratchpad" in why
+
+
+def test_prediction_follows_the_golden_timeline():
+    """The cost model's saving from merging agrees in sign and size with the golden
+    model's (what makes choosing merges by prediction sound)."""
+    graph = simplify(_graph("ds_cnn"))[0]
+    plan = fuse_units(graph, CONFIG)
+    fused = sum(timeline_cycles(compile_model(graph, CONFIG, plan.units,
+                                              simplified=True)).values())
+    per_layer = sum(timeline_cycles(compile_model(graph, CONFIG, simplified=True,
+                                                  fuse=False)).values())
+    predicted_saving = plan.per_layer - sum(plan.predicted)
+    assert per_layer - fused == pytest.approx(predicted_saving, rel=0.2)
+
+
+def test_per_layer_plan_on_request():
+    graph = simplify(_graph("resnet8"))[0]
+    model = compile_model(graph, CONFIG, simplified=True, fuse=False)
+    assert [u.nodes for u in model.units] == initial_units(graph)
+    assert model.fusion == []
+
+
+def test_units_stay_inside_their_branch_body():
+    """moe's experts live in If bodies: a unit holds nodes of one scope only, and the
+    gate's ArgMax stays with the GEMM it reads."""
+    graph = simplify(_graph("moe"))[0]
+    scope = {n.name: id(g) for g, n in graph.walk()}
+    plan = fuse_units(graph, CONFIG)
+    assert len(plan.units) < len(initial_units(graph))
+    for unit in plan.units:
+        assert len({scope[n] for n in unit}) == 1, unit
+
+
+def test_residual_blocks_fuse_only_where_they_fit():
+    """ResNet-8's adds read a block's input from DRAM; a merged block would need its
+    whole activations on chip, which the working partition does not hold: the
+    report names the scratchpad."""
+    model = compile_model(_graph("resnet8"), CONFIG)
+    refusals = [line for line in model.fusion if line.startswith("not fused")]
+    assert refusals and all("scratchpad" in line for line in refusals)
+    session = Session(NPUDriver(GoldenDevice(CONFIG)), model, check=True)
+    session.load()
+    assert session.run(model_inputs("resnet8", model.graph)[0]).checked
