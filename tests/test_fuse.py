@@ -100,3 +100,17 @@ def test_residual_blocks_fuse_only_where_they_fit():
     session = Session(NPUDriver(GoldenDevice(CONFIG)), model, check=True)
     session.load()
     assert session.run(model_inputs("resnet8", model.graph)[0]).checked
+
+
+def test_a_cached_register_is_not_overwritten_within_one_instruction():
+    """In-place lowering keeps register values across units: a DRAM address found
+    in the cache must survive the scratchpad address the same ``load`` needs next
+    (ResNet-8's merged conv + add read its shortcut from a clobbered address)."""
+    from host.compiler.emit import SCRATCH, Emitter
+
+    e = Emitter()
+    dram = e.reg(4096, base="r2")
+    for value in range(1, len(SCRATCH)):
+        e.reg(value)  # the round robin comes back to ``dram``'s register
+    assert e.reg(4096, base="r2") == dram
+    assert e.reg(9824) != dram

@@ -15,6 +15,7 @@ CONST_BASE = "r1"  # DRAM address of the model's constants (weights, biases)
 ARENA_BASE = "r2"  # DRAM address of this inference's activation arena
 SEGMENT = "r3"  # which NPU segment to run (models with CPU nodes in the middle)
 SCRATCH = ("r8", "r9", "r10", "r11", "r12", "r13")
+HANDED = 3  # registers of one instruction that :meth:`Emitter.reg` may hand out
 RESULT_REGS = ("r15", "r14", "r7", "r6", "r5", "r4")  # vargmax results the host reads
 CFG_RESET = {f.name.lower(): reset for f, (reset, _, _) in isa.CFG_RANGE.items()}
 
@@ -33,6 +34,7 @@ class Emitter:
         self.cfg = dict(CFG_RESET)
         self._reg_value: dict[str, int] = {}
         self._next_scratch = 0
+        self._handed: tuple[str, ...] = ()
         self.result_regs: dict[str, str] = {}  # tensor name -> register
         self._pending_pop = ""  # token flags the next compute instruction pops
         self._last_compute: int | None = None
@@ -118,6 +120,7 @@ class Emitter:
         (:mod:`host.compiler.units`)."""
         self.forget()
         self._next_scratch = 0
+        self._handed = ()
         self._pending_pop = ""
         self._last_compute = None
         self._last_compute_looped = False
@@ -159,14 +162,23 @@ class Emitter:
         key = (base, value)
         for r, v in self._reg_value.items():
             if v == key:
-                return r
+                return self._hand(r)
+        # One instruction takes up to HANDED registers from here: a new value must
+        # not land in one of them that a cache hit just handed out.
         r = SCRATCH[self._next_scratch % len(SCRATCH)]
+        while r in self._handed:
+            self._next_scratch += 1
+            r = SCRATCH[self._next_scratch % len(SCRATCH)]
         self._next_scratch += 1
         if base == "r0":
             self.op(f"li {r}, {value}")
         else:
             self.op(f"addi {r}, {base}, {value if value < 1 << 31 else value - (1 << 32)}")
         self._reg_value[r] = key
+        return self._hand(r)
+
+    def _hand(self, r: str) -> str:
+        self._handed = (*self._handed[1 - HANDED:], r)
         return r
 
     def point(self, reg: str, at):
