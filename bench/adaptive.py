@@ -87,7 +87,7 @@ def scenario(device, config, seed):
     stream = list(class_mix_stream(per_phase * len(phases), phases, seed))
     graph = load_onnx(model_path(MODEL))
     cache = CompileCache(None)
-    base = compile_model(graph, config)
+    base = compile_model(graph, config, fuse=False)  # the unfused plan
     xs = _inputs(base.graph, stream)
     phase_of = [s.phase for s in stream]
     by_phase = [[x for x, p in zip(xs, phase_of, strict=True) if p == k]

@@ -51,7 +51,7 @@ class SoakError(AssertionError):
 
 def plans(config):
     """The MLP's initial plan (one unit per layer) and its fused plan (one unit)."""
-    base = compile_model(load_onnx(MODEL), config)
+    base = compile_model(load_onnx(MODEL), config, fuse=False)
     fused = compile_model(base.graph, config, [[n for u in base.units for n in u.nodes]],
                           simplified=True)
     return base, fused

@@ -200,7 +200,7 @@ def test_simplify_folds_clip_into_requant(seed):
 def test_merged_unit_keeps_the_intermediate_on_chip(digits):
     graph = load_onnx("host/models/mlp.onnx")
     x = {"input": digits.x_test[0].reshape(1, 64).astype(np.float32)}
-    split = session(graph, CONFIGS["default"])
+    split = session(graph, CONFIGS["default"], fuse=False)
     fused = session(split.model.graph, CONFIGS["default"], [["fc1", "fc2"]], simplified=True)
     a, b = split.run(x), fused.run(x)
     assert np.array_equal(a.outputs["logits"], b.outputs["logits"])
@@ -294,7 +294,7 @@ def test_session_refuses_another_profile():
 
 
 def test_program_object_and_disasm():
-    model = compile_model(load_onnx("host/models/cnn.onnx"), CONFIGS["default"])
+    model = compile_model(load_onnx("host/models/cnn.onnx"), CONFIGS["default"], fuse=False)
     assert [u.nodes for u in model.units] == initial_units(model.graph)
     text = model.disasm()
     for u in model.units:

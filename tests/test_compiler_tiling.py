@@ -35,16 +35,17 @@ ACC = SMALL.acc_rows
 # sha256(source)[:16] of the bundled models' programs: M tiling and streaming leave
 # programs that fit unchanged (RTL tests, caches); a new lowering of an operator
 # changes them deliberately (cnn: its convolutions as long GEMMs, tests/test_conv_rows.py;
-# every one-row GEMM as a GEMV, tests/test_gemv.py).
+# every one-row GEMM as a GEMV, tests/test_gemv.py; the fused default plan,
+# tests/test_fuse.py).
 BUNDLED = {
-    ("mlp", "default"): "9f7d3c3c74789f1e",
-    ("mlp", "small"): "44269a7f155517d4",
-    ("cnn", "default"): "051d3f0cdea3a2f3",
-    ("cnn", "small"): "8ce6a896e292944f",
-    ("moe", "default"): "2d4e837fdae6571c",
-    ("moe", "small"): "57571f5cb4987556",
-    ("early_exit", "default"): "c96cdaf22cb7a693",
-    ("early_exit", "small"): "031e9019d79765ba",
+    ("mlp", "default"): "f4ffe15ece872da8",
+    ("mlp", "small"): "80b826d39b040384",
+    ("cnn", "default"): "45dc25f673256239",
+    ("cnn", "small"): "97b62b9db29013e5",
+    ("moe", "default"): "8bcde950d80da8b8",
+    ("moe", "small"): "c7dacc68672aa34f",
+    ("early_exit", "default"): "1ef1ea0e5c82447f",
+    ("early_exit", "small"): "ce4c6fc9236ef247",
 }
 
 

@@ -236,7 +236,7 @@ def test_batch_candidates():
         # mapping do not gain 5 % on it, four do.
         assert cands and cands[0] == {"mlp": 4, "cnn": 2}[name]
         assert cands == sorted(cands) and all(c & (c - 1) == 0 for c in cands)
-        prev = predicted_cycles(compile_model(g, CFG, simplified=True))
+        prev = predicted_cycles(compile_model(g, CFG, simplified=True, fuse=False))
         for c in cands:  # each compiles and predicts fewer cycles per inference
             per = predicted_cycles(specialize_batch(g, CFG, c).model) / c
             assert per < prev

@@ -319,7 +319,7 @@ def specialize_batch(graph: Graph, config: NPUConfig, batch: int,
     (scratchpad working partition, accumulators, instruction bank).
     """
     batched = batch_graph(graph, batch)
-    model = compile_model(batched, config, _fresh_units(units), simplified=True)
+    model = compile_model(batched, config, _fresh_units(units), simplified=True, fuse=False)
     return BatchVariant(model, int(batch), graph)
 
 
@@ -348,7 +348,7 @@ def batch_candidates(graph: Graph, config: NPUConfig, units: list | None = None,
     except SpecializationError:
         return []
     prev = predicted_cycles(compile_model(graph, config, _fresh_units(units),
-                                          simplified=True), cost)
+                                          simplified=True, fuse=False), cost)
     out, b = [], 2
     while b <= max_batch:
         try:

@@ -34,7 +34,8 @@ class Emitter:
         self.cfg = dict(CFG_RESET)
         self._reg_value: dict[str, int] = {}
         self._next_scratch = 0
-        self._handed: tuple[str, ...] = ()
+        self._calls = 0  # reg() calls so far
+        self._hit_at: dict[str, int] = {}  # register -> the call that last found it cached
         self.result_regs: dict[str, str] = {}  # tensor name -> register
         self._pending_pop = ""  # token flags the next compute instruction pops
         self._last_compute: int | None = None
@@ -120,7 +121,7 @@ class Emitter:
         (:mod:`host.compiler.units`)."""
         self.forget()
         self._next_scratch = 0
-        self._handed = ()
+        self._hit_at = {}
         self._pending_pop = ""
         self._last_compute = None
         self._last_compute_looped = False
@@ -160,13 +161,15 @@ class Emitter:
         if value == 0:
             return base
         key = (base, value)
+        self._calls += 1
         for r, v in self._reg_value.items():
             if v == key:
-                return self._hand(r)
+                self._hit_at[r] = self._calls
+                return r
         # One instruction takes up to HANDED registers from here: a new value must
-        # not land in one of them that a cache hit just handed out.
+        # not land in one that a cache hit has just handed out for it.
         r = SCRATCH[self._next_scratch % len(SCRATCH)]
-        while r in self._handed:
+        while self._calls - self._hit_at.get(r, -HANDED) < HANDED:
             self._next_scratch += 1
             r = SCRATCH[self._next_scratch % len(SCRATCH)]
         self._next_scratch += 1
@@ -175,10 +178,6 @@ class Emitter:
         else:
             self.op(f"addi {r}, {base}, {value if value < 1 << 31 else value - (1 << 32)}")
         self._reg_value[r] = key
-        return self._hand(r)
-
-    def _hand(self, r: str) -> str:
-        self._handed = (*self._handed[1 - HANDED:], r)
         return r
 
     def point(self, reg: str, at):
