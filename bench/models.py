@@ -120,16 +120,6 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
     }
 
 
-def warm_cycles(name: str, graph, compiled, config) -> int:
-    """Cycles of ``compiled`` on the first input once its weights are resident
-    (the second of two checked runs) on the golden model."""
-    session = Session(NPUDriver(GoldenDevice(config)), compiled, check=True)
-    session.load()
-    x = model_inputs(name, graph)[0]
-    session.run(x)
-    return session.run(x).cycles
-
-
 def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
     """One model's figures on the golden model, and its compiled model (None when
     the compiler refuses it)."""
@@ -152,7 +142,7 @@ def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
     row.update(golden_figures(name, graph, compiled, config))
     per_layer = compile_model(graph, config, fuse=False)
     row.update(units=len(compiled.units), per_layer_units=len(per_layer.units),
-               per_layer_cycles=warm_cycles(name, graph, per_layer, config),
+               per_layer_cycles=golden_figures(name, graph, per_layer, config)["cycles"],
                fusion=compiled.fusion)
     row["npu_mac_share"] = row["npu_macs"] / work.macs
     row["fraction_of_bound"] = row["bound_cycles"] / row["cycles"]

@@ -247,7 +247,8 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
     if opts.adaptive:
         return run_adaptive(drv, graph, opts, console)
     batch, labels = load_inputs(graph, opts)  # bad inputs are refused before compiling
-    model = attach_timeline(compile_model(graph, drv.config))  # the "predicted" column
+    # the "predicted" column
+    model = attach_timeline(compile_model(graph, drv.config, fuse=not opts.per_layer))
     session = Session(drv, model, check=not opts.no_check)
     session.load()
     console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU "
@@ -444,7 +445,7 @@ def _on_backend(opts, argv) -> int:
 def compile_cmd(opts) -> int:
     from .compiler import compile_model
 
-    model = compile_model(load_model(opts), CONFIGS[opts.config])
+    model = compile_model(load_model(opts), CONFIGS[opts.config], fuse=not opts.per_layer)
     console = Console()
     table = Table("unit", "nodes", "inputs", "outputs", "instructions", "scratchpad B",
                   title=f"{model.graph.name} for the {opts.config} config")
@@ -455,6 +456,8 @@ def compile_cmd(opts) -> int:
     console.print(model.resources())
     for line in model.log:
         console.print(f"simplified: {line}")
+    for line in model.fusion:
+        console.print(line, highlight=False)
     if opts.output:
         program = Path(opts.output)
         if program.is_dir() or program.name in ("", ".", ".."):
@@ -478,7 +481,7 @@ def compile_cmd(opts) -> int:
 def disasm_cmd(opts) -> int:
     from .compiler import compile_model
 
-    model = compile_model(load_model(opts), CONFIGS[opts.config])
+    model = compile_model(load_model(opts), CONFIGS[opts.config], fuse=not opts.per_layer)
     sys.stdout.write(model.disasm())
     return 0
 
@@ -625,6 +628,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="show the Python traceback of a failure instead of one line")
     sub = ap.add_subparsers(dest="command", required=True)
 
+    def per_layer_arg(p):
+        p.add_argument("--per-layer", action="store_true",
+                       help="compile one unit per layer (default: neighbouring layers fused "
+                       "where the cost model predicts it faster)")
+
     def common(p, backend: bool):
         p.add_argument("--config", default="default", choices=sorted(CONFIGS),
                        help="hardware configuration (default: default)")
@@ -655,7 +663,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a size for a symbolic input dimension (repeatable; a symbolic "
                    "batch dimension is 1 without it)")
     p.add_argument("--adaptive", action="store_true",
-                   help="serve with the adaptive runtime (profile, fuse, hot-swap, validate)")
+                   help="serve with the adaptive runtime (profile, fuse, hot-swap, validate; "
+                   "it starts from the per-layer plan)")
+    per_layer_arg(p)
     p.add_argument("--phases", type=phases_arg, help="with --digits N: a stream whose class "
                    "mix shifts, e.g. '012|789' (two phases)")
     p.add_argument("--seed", type=int, default=0, help="stream seed for --phases")
@@ -685,6 +695,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--dim", type=dim_arg, action="append", metavar="NAME=SIZE")
         if name == "compile":
             p.add_argument("-o", "--output", help="write the program image here")
+        per_layer_arg(p)
         common(p, False)
     from .profiles import PROFILES
 

@@ -27,6 +27,9 @@ def test_a_running_model_has_consistent_figures():
     assert row["cycles"] >= row["bound_cycles"]  # nothing beats the roofline
     assert row["dram_read_bytes"] > 0 and row["busy_compute"] > 0
     assert row["target_cycles"] is None
+    # The default plan is fused; the per-layer plan's cycles stand beside it.
+    assert row["units"] < row["per_layer_units"] == 5
+    assert row["per_layer_cycles"] > row["cycles"] and row["fusion"]
 
 
 def test_a_refused_model_reports_the_compilers_reason():

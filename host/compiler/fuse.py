@@ -29,7 +29,6 @@ from .plan import CompileError, initial_units, stages
 from .units import UnitMemo
 
 
-
 @dataclass
 class FusedPlan:
     """A plan chosen by :func:`fuse_units`.
@@ -71,7 +70,7 @@ def fuse_units(graph: Graph, config: NPUConfig, *, weight_budget: int | None = N
     memo = UnitMemo()
     top_stage = stages(graph)
     places = _Places(graph)
-    predicted: dict[tuple[str, ...], float | CompileError] = {}
+    predicted: dict[tuple[str, ...], _Figure | CompileError] = {}
 
     def lower(plan: list[list[str]], targets: list[int]) -> None:
         """Predict the units ``targets`` (indices into ``plan``) that lack a figure."""
