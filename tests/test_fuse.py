@@ -114,3 +114,20 @@ def test_a_cached_register_is_not_overwritten_within_one_instruction():
         e.reg(value)  # the round robin comes back to ``dram``'s register
     assert e.reg(4096, base="r2") == dram
     assert e.reg(9824) != dram
+
+
+def test_a_fused_plan_that_does_not_link_falls_back_to_per_layer(monkeypatch):
+    """Fusing estimates the program's size from units lowered on their own; should
+    the linked program still be refused, the per-layer plan compiles instead and
+    ``fusion`` says why."""
+    from host.compiler import compile as compile_module
+    from host.compiler.fuse import FusedPlan
+
+    graph = simplify(_graph("ds_cnn"))[0]
+    whole = [[n for u in initial_units(graph) for n in u]]  # needs too much scratchpad
+    monkeypatch.setattr(compile_module, "fuse_units",
+                        lambda *a, **kw: FusedPlan(whole, [0.0], 0.0))
+    model = compile_model(graph, CONFIG, simplified=True)
+    assert [u.nodes for u in model.units] == initial_units(graph)
+    [note] = model.fusion
+    assert "does not compile" in note and "scratchpad" in note
