@@ -319,6 +319,8 @@ class Lowering:
         self._loaded_padded: set[str] = set()  # inputs loaded straight into it
         self._dead: set[str] = set()  # the current node's inputs nothing reads after it
         self._top = 0
+        self._sizes: dict[int, int] = {}  # allocated offset -> its bytes
+        self._free: list[tuple[int, int]] = []  # (offset, bytes) of released buffers
         self._blob_at: dict[str, tuple[str, int]] = {}
         self._tile: tuple[int, int] | None = None  # (rows M, rows of this tile)
 
@@ -363,6 +365,7 @@ class Lowering:
             later = {self.root(t) for m in u.nodes[i + 1:] for t in m.inputs}
             self._dead = {self.root(t) for t in n.inputs} - later - stored
             stats["macs"] += self.node(n)
+            self._release(self._dead)
             for o in n.outputs:
                 r = self.root(o)
                 if r in stored:
@@ -533,12 +536,30 @@ class Lowering:
         return min(self.work_size, WORK_LIMIT)
 
     def alloc(self, nbytes: int, what: str) -> int:
+        size = align(nbytes)
+        for i, (at, room) in enumerate(self._free):
+            if room >= size:  # a released buffer: only compute wrote and read it
+                self._free[i] = (at + size, room - size)
+                self._sizes[at] = size
+                return at
         at = self._top
+        self._sizes[at] = size
         self._top = align(at + nbytes)
         if self._top > self.work_limit():
             raise TooBig(f"{what}: the unit needs {self._top} bytes of scratchpad, "
                          f"the working partition has {self.work_limit()}")
         return at
+
+    def _release(self, dead: set[str]):
+        """Give the buffers of ``dead`` tensors (a whole unit's intermediates and
+        inputs no later node reads, never a stored one) and their padded copies
+        back to :meth:`alloc`. Their last readers are on the compute queue, which
+        runs in order, so a later compute instruction may write there; the
+        unit's loads were all issued before its first node."""
+        gone = [self.sp.pop(r) for r in dead if r in self.sp]
+        gone += [self._padded_at.pop(k) for k in list(self._padded_at) if k[0] in dead]
+        live = set(self.sp.values()) | set(self._padded_at.values())
+        self._free += [(at, self._sizes[at]) for at in gone if at not in live]
 
     def size(self, tensor: str) -> int:
         """Bytes of ``tensor`` the current code covers: all of it, or in an M tile
