@@ -559,7 +559,7 @@ class Lowering:
         gone = [self.sp.pop(r) for r in dead if r in self.sp]
         gone += [self._padded_at.pop(k) for k in list(self._padded_at) if k[0] in dead]
         live = set(self.sp.values()) | set(self._padded_at.values())
-        self._free += [(at, self._sizes[at]) for at in gone if at not in live]
+        self._free += [(at, self._sizes[at]) for at in dict.fromkeys(gone) if at not in live]
 
     def size(self, tensor: str) -> int:
         """Bytes of ``tensor`` the current code covers: all of it, or in an M tile
