@@ -38,14 +38,14 @@ ACC = SMALL.acc_rows
 # every one-row GEMM as a GEMV, tests/test_gemv.py; the fused default plan,
 # tests/test_fuse.py).
 BUNDLED = {
-    ("mlp", "default"): "f4ffe15ece872da8",
-    ("mlp", "small"): "80b826d39b040384",
-    ("cnn", "default"): "45dc25f673256239",
-    ("cnn", "small"): "97b62b9db29013e5",
-    ("moe", "default"): "8bcde950d80da8b8",
-    ("moe", "small"): "c7dacc68672aa34f",
-    ("early_exit", "default"): "1ef1ea0e5c82447f",
-    ("early_exit", "small"): "ce4c6fc9236ef247",
+    ("mlp", "default"): "3232fc40825f80ae",
+    ("mlp", "small"): "e376b19b4e4004a5",
+    ("cnn", "default"): "8653e6cbf3378805",
+    ("cnn", "small"): "cadd81abc0856239",
+    ("moe", "default"): "7603894d286cce33",
+    ("moe", "small"): "a2e68f0b8b12c44d",
+    ("early_exit", "default"): "4d7e2610c5cd1473",
+    ("early_exit", "small"): "0a7dd1bb8bd27233",
 }
 
 
