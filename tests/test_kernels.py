@@ -2,8 +2,11 @@
 
 The streaming GEMM runs with random data on several configurations and shapes,
 including forced tilings that split M into m-blocks, N into several groups and K
-into several chunks, so every prefetch path and token is exercised. (Races between
-the queues only show on the RTL: tests/test_npu.py::test_gemm_kernel.)
+into several chunks, so every prefetch path and token is exercised. The golden model
+runs the queues in program order, so each program also goes through the race finder
+(``verif.randprog.find_races``): an access pair of two queues that no token orders is
+a race the RTL may lose. The RTL runs of the template are below (marked ``rtl``) and in
+tests/test_npu.py::test_gemm_kernel.
 """
 
 import dataclasses
@@ -22,6 +25,8 @@ from firmware.kernels.gemm_stream import (
     reference,
 )
 from firmware.quant import quantize_multiplier
+from verif import fastsim
+from verif.randprog import find_races
 
 WIDE = dataclasses.replace(CONFIGS["default"], rows=8, cols=4, bus_bytes=16, sp_bytes=32768,
                            acc_rows=128)
@@ -72,6 +77,36 @@ def test_gemm_stream_equals_numpy(seed, name, M, K, N, tiling):
     assert m.counters["dram_read_bytes"] == kern.dram_read_bytes
     assert m.counters["dram_write_bytes"] == kern.dram_write_bytes == M * N
     assert len(kern.program) < config.imem_depth
+    assert find_races(config, kern.program, kern.partitions) == []
+
+
+# Default tilings of one group and three or more A chunks: a second initial credit
+# for a B buffer no group loads let the third A chunk's load overwrite the first
+# chunk while its gemms read it (a wrong C on the RTL).
+ONE_GROUP = [(64, 96, 64), (64, 128, 64), (32, 96, 32)]
+RACE_SHAPES = [*ONE_GROUP, (16, 16, 16), (24, 32, 48), (32, 64, 32), (64, 64, 128),
+               (128, 256, 64), (8, 512, 8)]
+
+
+@pytest.mark.parametrize("name", ["default", "small"])
+@pytest.mark.parametrize("M, K, N", RACE_SHAPES)
+def test_gemm_stream_is_race_free(name, M, K, N):
+    config = CONFIGS[name]
+    rq = Requant(1 << 30, 38)
+    try:
+        kern = gemm_stream(M, K, N, config, rq, 0, 0x40000, 0x80000)
+    except ValueError as e:
+        pytest.skip(f"{M}x{K}x{N} does not fit {name}: {e}")
+    assert find_races(config, kern.program, kern.partitions) == [], kern.tiling
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("M, K, N", ONE_GROUP)
+def test_gemm_stream_one_group_on_the_rtl(seed, M, K, N, tmp_path):
+    """C equals numpy and the golden model on the Verilator NPU (the scenario checks)."""
+    fastsim.run_scenario("verif.scenarios:gemm_bench", "default", seed=seed,
+                         extra_env={"NPU_GEMM_MNK": f"{M},{K},{N}",
+                                    "NPU_BENCH_OUT": str(tmp_path / "gemm.json")})
 
 
 def test_reference_is_int32_matmul_requantized():

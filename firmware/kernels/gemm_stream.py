@@ -23,8 +23,9 @@ of the next chunk (and of the next group's B) is issued one step ahead of the
 compute that needs it, and dependency tokens order everything: a load pushes
 "data ready" to compute, compute pushes "buffer free" back (the last gemm of a
 chunk frees its A buffer, the last wload of a group its B buffer, except in the
-last-but-one group, since the last group loads no B; two ``cfg`` instructions at the
-start push the initial credits), the last ``vreq`` of a group
+last-but-one group, since the last group loads no B; ``cfg`` instructions at the
+start push the initial credits, one for the second A buffer and, when there is more
+than one group, one for the second B buffer), the last ``vreq`` of a group
 pushes to the store, and the store pushes "C buffer free" back (popped from the
 third group on). In the array, each ``wload`` fills the shadow weights while the
 previous ``gemm`` streams (``swap=1`` on every gemm).
@@ -303,8 +304,11 @@ def gemm_stream(M: int, K: int, N: int, config: NPUConfig, requant: Requant,
         e(f"cmp.eq {aPar}, {aPar}, r0")  # toggle
 
     # ---- prologue ------------------------------------------------------------------------
-    e(f"cfg.gemm_stride {arow}, push=prev")  # two initial "buffer free" credits
-    e(f"cfg.out_stride {crow}, push=prev")
+    # The initial "buffer free" credits: one for the second A buffer, and one for the
+    # second B buffer when a later group loads B (a single group loads none: a credit
+    # left for it would let the third A chunk overwrite the first before its gemms).
+    e(f"cfg.gemm_stride {arow}, push=prev")
+    e(f"cfg.out_stride {crow}{_tokens('push=prev' if total > 1 else '')}")
     e(f"cfg.qmul {requant.qmul}")
     e(f"cfg.qshift {requant.qshift}")
     e(f"cfg.qzp {requant.qzp}")
