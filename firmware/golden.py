@@ -1024,6 +1024,7 @@ class _Timeline:
             start, latency = self._wload(start, cycles)
             issue = 1  # overlaps streaming: only the issue slot is taken
         elif m == "cfg":  # the vector unit holds the cfg registers: it waits for the array
+            # (and a gemm after it waits for the vector unit to be idle again)
             after_array = max(self.array_done, self.wload_done) + c.handoff
             late = after_array >= start  # its completion then reaches the queue later
             start = max(start, after_array)
@@ -1069,7 +1070,7 @@ class _Timeline:
             self.wload_done = end
             one_row = cycles == 1 and not self._stealing
             self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if one_row else 0)
-        elif m in _VECTOR_OPS or m in _DW_OPS:
+        elif m in _VECTOR_OPS or m in _DW_OPS or m == "cfg":
             self.vector_done = end
             if m == "vargmax":
                 self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback

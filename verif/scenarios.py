@@ -775,6 +775,8 @@ COST_PROGRAMS = {
     "gemm>load token": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1, push=prev\n" + LOAD[:-1]
                        + ", pop=next\n",
     "gemm, cfg": WLOAD + _gemm(8) + "cfg.qshift 9\n",  # the cfg waits for the array
+    # ... and the gemm after it for the vector unit, which takes the cfg
+    "gemm, cfg, gemm": WLOAD + _gemm(4) + "cfg.qshift 9\n" + _gemm(24, swap=0),
     "gemm, cfg>load token": WLOAD + _gemm(8) + "cfg.qshift 9, push=prev\n" + LOAD[:-1]
                             + ", pop=next\n",
     "vbias, 3 columns": "vbias p2, r0, r0, 3, 3\n",  # fewer bias windows
