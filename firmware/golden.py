@@ -945,6 +945,7 @@ class _Timeline:
         self.vector_done = 0  # completion of the last vector op (the vector unit is idle)
         self.wload_done = 0  # the last wload's rows are in
         self.wload_released = 0  # a swap gemm may start streaming on them
+        self.wload_pending = False  # a wload came after the latest gemm
         self.last_compute = ""  # the compute queue's last instruction
         self.retired = -1  # when the compute queue's last instruction retired
         self.pushed = 0  # when its retirement reached the queue's token counters
@@ -1018,6 +1019,11 @@ class _Timeline:
             if ins.ops["swap"]:
                 start = max(start, self.wload_released)
                 self.front ^= 1
+            elif self.wload_pending:
+                # It streams on the old weights while the wload's reads take the
+                # array's scratchpad port first: the model does not play that out.
+                self.contended = True
+            self.wload_pending = False
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
                                       + c.array_stages + c.sp_read - 3)
         elif m == "wload":
@@ -1068,6 +1074,7 @@ class _Timeline:
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
         elif m == "wload":
             self.wload_done = end
+            self.wload_pending = True  # until a gemm (with swap or not) follows it
             one_row = cycles == 1 and not self._stealing
             self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if one_row else 0)
         elif m in _VECTOR_OPS or m in _DW_OPS or m == "cfg":
