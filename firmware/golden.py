@@ -100,6 +100,10 @@ class CostModel:
     array_exit: int = 3
     cfg: int = 1
     fire_overlap: int = 2  # a dispatch into a full queue resumes this long before a slot frees
+    # A load writes its first beat load_latency - load_write_lead after its start; a
+    # vreq, vreqb or vclip writes its last window vector_write_end before its end.
+    load_write_lead: int = 2
+    vector_write_end: int = 2
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
         return (addr % bus + nbytes + bus - 1) // bus
@@ -633,6 +637,7 @@ class Machine:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
         self._uses(writes=[(base, rows * nb)])
+        self._time.load_rows = (base, dram, stride, rows, nb)
         return cycles
 
     def _op_store(self, o):
@@ -782,6 +787,7 @@ class Machine:
                        c[CfgField.CLIP_LO], c[CfgField.CLIP_HI])
         self._sp_write(rows, y)
         self._uses(writes=[(rows, n)])
+        self._time.vector_writes = (rows, n)
         return self._vec_cycles(mrows, n)
 
     def _op_vreqb(self, o):
@@ -802,6 +808,7 @@ class Machine:
                        c[CfgField.CLIP_HI])
         self._sp_write(rows, y)
         self._uses(reads=[(base + 4 * np.arange(mrows), 4)], writes=[(rows, n)])
+        self._time.vector_writes = (rows, n)
         return self._vec_cycles(mrows, n)  # a bias word beside each accumulator row
 
     def _op_vqtab(self, o):
@@ -837,6 +844,7 @@ class Machine:
         x = self._sp_read(rs, n)
         self._sp_write(rd, np.clip(x, c[CfgField.CLIP_LO], c[CfgField.CLIP_HI]).astype(np.int8))
         self._uses(reads=[(rs, n)], writes=[(rd, n)])
+        self._time.vector_writes = (rd, n)
         return self._vec_cycles(mrows, n)
 
     def _op_vmax(self, o):
@@ -963,6 +971,13 @@ class _Timeline:
             k: [] for k in ("dma_read", "dma_write", "compute_read", "compute_write")}
         self.contended = False
         self.footprint = (0, 0)  # banks (masks) the instruction being timed reads, writes
+        # The vector unit's scratchpad writes, one window a cycle: (first cycle, banks of
+        # each write) of the vreq, vreqb and vclip ops that a later load may meet. Its
+        # write port comes before the DMA's, so a load's beat waits while it writes the
+        # same bank (played out in :meth:`_load_delay`).
+        self.vector_plan: list[tuple[int, list[int]]] = []
+        self.vector_writes = None  # (row addresses, bytes) of the vector op being timed
+        self.load_rows = None  # (sp base, dram, stride, rows, bytes) of the load being timed
         self._start = self._ready = 0  # of the queue instruction being dispatched
 
     def _wait(self, t: int):
@@ -1046,6 +1061,8 @@ class _Timeline:
         elif isinstance(cycles, tuple):  # a tag hit
             latency, issue = cycles
         elif q in ("load", "store"):
+            if q == "load" and self.load_rows is not None and self.vector_plan:
+                cycles += self._load_delay(start, cycles)
             latency, issue = cycles, cycles + c.dma_gap
         else:
             issue = latency = cycles
@@ -1066,8 +1083,12 @@ class _Timeline:
         self.busy[q] += issue if m != "wload" else cycles
         self.starts[q].append((start, m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
-            self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles))
+            self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles),
+                                 planned=self.vector_writes is not None)
+        if self.vector_writes is not None:
+            self._plan_vector_writes(end, *self.vector_writes)
         self.footprint = (0, 0)
+        self.vector_writes = self.load_rows = None
         if m == "gemm":
             self.gemm_end = end
             self.array_done = max(self.array_done, end)
@@ -1102,9 +1123,10 @@ class _Timeline:
             reads, writes = (start, end - 4), (0, 0)
         return tuple((a - pad, b + pad) if a < b else (0, 0) for a, b in (reads, writes))
 
-    def _use_scratchpad(self, q: str, reads, writes):
+    def _use_scratchpad(self, q: str, reads, writes, planned: bool = False):
         """Note the scratchpad banks the instruction uses in the windows ``reads`` and
-        ``writes`` ((start, end) cycles)."""
+        ``writes`` ((start, end) cycles). ``planned``: its writes are in
+        :attr:`vector_plan`, where later loads meet them exactly."""
         if self.contended:
             return
         who = "compute" if q == "compute" else "dma"
@@ -1118,10 +1140,57 @@ class _Timeline:
                    for s, e, b in self.sp_use[f"{rival}_{kind}"]):
                 self.contended = True
                 return
+            if planned and kind == "write":
+                continue
             uses = self.sp_use[f"{who}_{kind}"]
             uses.append((start, end, mask))
             if len(uses) > 64:
                 uses[:] = [u for u in uses if u[1] > horizon]
+
+    def _word_banks(self, lo, hi) -> int:
+        """The banks (a mask) of the words holding scratchpad bytes ``lo`` to ``hi``."""
+        cfg = self.config
+        return ((1 << (lo // cfg.bus_bytes % cfg.sp_banks))
+                | (1 << (hi // cfg.bus_bytes % cfg.sp_banks)))
+
+    def _plan_vector_writes(self, end: int, rows, n: int):
+        """Note the write windows of a vector op that ends at ``end``: one a cycle, in
+        row order, the last ``vector_write_end`` before ``end``."""
+        w = self.config.bus_bytes
+        banks = [self._word_banks(int(r) + k, int(r) + min(n, k + w) - 1)
+                 for r in np.atleast_1d(rows) for k in range(0, n, w)]
+        first = end - self.cost.vector_write_end - len(banks)
+        horizon = min(self.free.values()) - 8
+        self.vector_plan = [p for p in self.vector_plan if p[0] + len(p[1]) > horizon]
+        self.vector_plan.append((first, banks))
+
+    def _load_delay(self, start: int, cycles: int) -> int:
+        """Cycles by which the vector unit's writes (:attr:`vector_plan`) hold back a
+        load that starts at ``start`` and takes ``cycles`` alone: each beat waits while
+        the vector unit writes one of its banks, and the beats after it follow it."""
+        c, w = self.cost, self.config.bus_bytes
+        first = start + c.load_latency - c.load_write_lead
+        last = start + cycles
+        busy: dict[int, int] = {}
+        for t0, banks in self.vector_plan:
+            if t0 < last + len(banks) and first < t0 + len(banks):
+                for i, b in enumerate(banks):
+                    busy[t0 + i] = busy.get(t0 + i, 0) | b
+        if not busy:
+            return 0
+        base, dram, stride, rows, nb = self.load_rows
+        t = first - 1
+        nominal = first - 1
+        for i in range(rows):
+            row, off = base + i * nb, (dram + i * stride) % w
+            for b in range(c.dma_beats(dram + i * stride, nb, w)):
+                lo, hi = max(0, b * w - off), min(nb, (b + 1) * w - off) - 1
+                mask = self._word_banks(row + lo, row + hi)
+                nominal += 1
+                t = max(t + 1, nominal)
+                while busy.get(t, 0) & mask:
+                    t += 1
+        return t - nominal
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:
         """Start and latency of a ``k``-row wload that its queue could start at ``start``."""

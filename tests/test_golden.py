@@ -857,13 +857,17 @@ def test_cost_programs_are_cycle_exact():
 
 
 def test_dma_on_banks_compute_uses_is_not_cycle_exact():
-    # the second load writes p2 while the vclip writes p1: 64-byte rows span every bank
+    # the second load writes p2 while the vadd writes p1: 64-byte rows span every bank
     clash = ("load p0, r0, r0, r0, 1, 64, push=next\n"
-             "vclip p1, r0, p0, r0, 8, 64, pop=prev\n"
+             "vadd p1, r0, p0, r0, p0, r0, 8, 64, pop=prev\n"
              "load p2, r0, r0, r0, 8, 64\nend\n")
     assert not _cycles_exact(clash)
     # the same load after a sync: nothing overlaps
     assert _cycles_exact(clash.replace("load p2", "sync\nload p2"))
+    # a vclip's writes, one window a cycle, hold the load's beats back as the RTL does
+    assert _cycles_exact(clash.replace("vadd p1, r0, p0, r0, p0, r0", "vclip p1, r0, p0, r0"))
+    # ... but not a load before them in program order: it was timed without them
+    assert not _cycles_exact("load p2, r0, r0, r0, 8, 64\nvclip p1, r0, p0, r0, 8, 64\nend\n")
     # a store's reads contend with compute reads, not with compute writes
     assert not _cycles_exact("vclip p1, r0, p0, r0, 8, 64\nstore p0, r0, r0, r0, 1, 64\nend\n")
     assert _cycles_exact("vreq p1, r0, r0, 8, 8\nstore p3, r0, r0, r0, 1, 64\nend\n")
