@@ -1008,9 +1008,11 @@ class _Timeline:
         if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
             # (the steps before it ran meanwhile)
             oldest, kind = starts.popleft()
-            if kind in ("gemm", "wload") and oldest - self.cost.fire_overlap > self.now:
+            if (kind in ("gemm", "wload", "cfg after array")
+                    and oldest - self.cost.fire_overlap > self.now):
                 # The array takes a command before it starts it (a gemm queues behind a
-                # streaming one): the entry frees earlier than the model's start says.
+                # streaming one): the entry frees earlier than the model's start says,
+                # and a cfg waiting for the array frees as the array's commands do.
                 self.contended = True
             self._wait(oldest - self.cost.fire_overlap)
         ready = self.now + self.cost.queue_start
@@ -1081,7 +1083,8 @@ class _Timeline:
             token = self.pushed = max(end + slow * c.token, self.pushed + 1)
         self.done[q] = max(self.done[q], retire)
         self.busy[q] += issue if m != "wload" else cycles
-        self.starts[q].append((start, m))
+        # (a cfg behind the array frees its entry as the array's last command ends)
+        self.starts[q].append((start, "cfg after array" if m == "cfg" and late else m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
             self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles),
                                  planned=self.vector_writes is not None)
