@@ -207,7 +207,8 @@ Parameters (`firmware.golden.CostModel`):
   one-row `wload` releases a `swap=1` GEMM `wload_one_row` later (its row is written
   a cycle after its data comes, and the GEMM's first activation reads it at once).
 * `gemm m`: issues one row per cycle (`m` cycles), starting at the earliest
-  `gemm_intake` after its queue could and the vector unit is idle; results are ready
+  `gemm_intake` after its queue could and the vector unit is idle (after a vector op,
+  a depthwise op or a `cfg`, which the vector unit takes); results are ready
   after `m + rows + cols + array_stages + sp_read - 3`. A `swap=1` GEMM waits for the
   last `wload`.
 * Vector ops: one scratchpad window (`bus` bytes) a cycle, `rows * ceil(n / bus)`,
@@ -221,7 +222,12 @@ Parameters (`firmware.golden.CostModel`):
   operand pairs taken
   (`CostModel.read_pair_delay` plays this out window by window). A vector op starts
   `handoff` cycles after the array is idle (GEMMs and wloads before it done), and
-  so does a `cfg` (the vector unit holds the registers). A
+  so does a `cfg` (the vector unit holds the registers). `vreq`, `vreqb` and
+  `vclip` write one window a cycle, the last `vector_write_end` before their end; a
+  load writes its first beat `load_latency - load_write_lead` after its start, a beat
+  a cycle, and the vector unit's write port comes first: a beat waits while a vector
+  op before the load writes one of its banks, and the beats after it follow (the
+  load ends that much later; `_Timeline._load_delay` plays it out beat by beat). A
   dispatch that reads the register of an in-flight `vargmax` (a `br` too: its
   condition step comes after the wait) ends `reg_writeback` cycles after the
   `vargmax`.
@@ -241,29 +247,39 @@ Parameters (`firmware.golden.CostModel`):
   `end` (the cycle `end` completes in counts).
 * Where it is exact (`RunResult.cycles_exact`): a run that ends without an error,
   with the simulation's memory answering without pauses, in which no DMA transfer
-  uses scratchpad banks in cycles a compute instruction uses them too (a load's
-  writes against vector writes, a store's reads against compute reads; the DMA's
-  ports come last in the scratchpad's priority, and the model does not play out
-  that arbitration, so it flags such overlaps, with a margin of a few cycles), and
-  no dispatch waits on a full compute queue whose oldest entry is a `gemm` or
-  `wload` (the array takes a command before it starts it; the model frees the entry
-  at the start). There the run's `cycles` and every trace record's start and end
-  equal the RTL's; the verification compares them on every such run
-  (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`). Measured: the 111
-  programs of `verif.scenarios.COST_PROGRAMS` (`test_golden_cost_model_is_exact` in
-  `tests/test_npu.py`: every kind of instruction alone, back to back, through each
-  token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, a GEMV's
-  one-column wloads and its `vreqb`, vadd's bank conflicts, stores of one-beat rows,
-  full queues); the bundled models `mlp`,
-  `cnn`, `moe` and `early_exit`, inference by inference (`tests/test_models_rtl.py`;
-  `make bench-models ARGS="--rtl mlp cnn fc_autoencoder resnet8 ds_cnn"`: `mlp` 611
-  and `cnn` 2,245 cycles on both, `ds_cnn` 94,972 on both, `resnet8` 286,095 on the RTL
-  against 286,089, runs the model flags: long GEMMs fill the compute
-  queue; `fc_autoencoder` 39,774 against 39,656, flagged: loads write the scratchpad
-  while `vreqb` writes);
-  random programs (`test_random_programs`): of 300 (seed 1004784719, both runs each),
-  262 take the RTL's cycles exactly and the 38 others are all among the 196 the
-  model flags (the test prints how many runs it checked). Under random AXI
+  uses scratchpad banks in cycles a compute instruction uses them too, except a
+  load behind the writes of a `vreq`, `vreqb` or `vclip` before it in program order
+  (played out beat by beat, above): a load's writes against the writes of a vector
+  op after it or of another vector op, a store's reads against compute reads (the
+  DMA's ports come last in the scratchpad's priority; the model flags such overlaps,
+  with a margin of a few cycles); in which no `gemm` without `swap` follows a
+  `wload` (the wload's reads take the array's port first); and in which no dispatch
+  waits on a full compute queue whose oldest entry is a `gemm`, a `wload` or a `cfg`
+  that waited for the array (the array takes a command before it starts it; the
+  model frees the entry at the start). There the run's `cycles` and every trace
+  record's start and end equal the RTL's; the verification compares them on every
+  such run (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`).
+  Measured: the 120 programs of `verif.scenarios.COST_PROGRAMS`
+  (`test_golden_cost_model_is_exact` in `tests/test_npu.py`: every kind of
+  instruction alone, back to back, through each token channel early and late, wloads
+  and GEMMs in tiles of 1 to 32 rows, a GEMV's one-column wloads and its `vreqb`,
+  vadd's bank conflicts, loads behind vector writes, stores of one-beat rows, full
+  queues); random compute-queue programs (`test_compute_queue_programs_on_the_rtl`
+  in `tests/test_golden.py`: gemms, wloads and cfgs filling the queue before a long
+  load, 60 a run): of 600 (four seeds, one generator run adding vreqs), the 232 the
+  model calls exact all take its cycles; random programs
+  (`test_random_programs`; the fast library, seed 1004784719, 150 programs, both
+  runs each): 124 of 300 exact, all equal, and 261 of the 300 equal. The bundled
+  models (`make bench-models ARGS="--rtl mlp cnn fc_autoencoder ds_cnn resnet8
+  mobilenet_v1_025"`, first and later inferences) take the model's cycles on `mlp`
+  (841, 570), `cnn` (1,899, 1,878), `ds_cnn` (76,874, 76,406) and
+  `mobilenet_v1_025` (267,957, 267,288), but the model flags every run of them (a
+  full compute queue behind long GEMMs in `mlp` and `fc_autoencoder`; a
+  `vclip` writing banks an earlier load writes in `cnn`, `ds_cnn`, `resnet8` and
+  `mobilenet_v1_025`), so their cycles go unchecked (`rtl_cycles_equal_golden`
+  true, `golden_cycles_exact_runs` 0); `resnet8` takes 283,383 and
+  281,773 on the RTL against 283,379 and 281,769, `fc_autoencoder` 41,970 and 39,730
+  against 41,852 and 39,612. Under random AXI
   backpressure (the memory's wait states) cycles are not compared; a slower memory
   adds its own.
 
