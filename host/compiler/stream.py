@@ -169,9 +169,11 @@ def stream_unit(low, u, why: CompileError) -> dict:
             return _GemmStream(low, u, n).emit()
         # The image stream's refusal (the last) says more when neither fits. A
         # depthwise convolution (on the depthwise engine) streams its image only.
+        from . import tiled2d  # it builds on this module
+
         ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n)) if n.group == 1 \
             else (_ConvStream(low, u, n),)
-        return fastest(low, [w.emit for w in ways])
+        return fastest(low, [*tiled2d.ways(low, u, n), *(w.emit for w in ways)])
     except NotStreamable:
         raise
     except CompileError as err:

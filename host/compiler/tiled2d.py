@@ -1,0 +1,271 @@
+"""Convolutions that stream their image and their weights together.
+
+A convolution whose padded image does not fit the working partition beside its
+weights, and whose weights do not fit beside a band of its image, runs in
+*weight groups* x *image bands*: an outer hardware loop over groups of
+output-column tiles loads one group's weights (their reduction tiles, biases and
+requantization table: one contiguous piece of the blob) into a weight buffer,
+then streams the whole image through two band buffers, a band of output rows
+with its input halo per step (:func:`.stream.pipeline`, the uniform bands in a
+hardware loop). Each band computes the group's output channels of its rows and
+stores them into the output's channel slice (a DRAM stride of the output's
+channels per pixel). The program is O(1) in the layer's size: two nested loops
+of the same code whatever the image height and the channel count.
+
+The image is read once per weight group and the weights once; the order keeps
+the weights still while the image moves (weights are the larger operand of the
+layers that need this: their halo bands are short). Which group size and band
+height is fastest the cost model says (:func:`.stream.fastest` over the
+candidates :func:`ways` lists).
+
+Tokens per group (the outer loop body is balanced, so it loops): the group's
+weight load pops a compute-to-load token from the previous group's last compute
+(every read of the weight and band buffers done; a marker before the loop
+primes the first, a one-byte load after it takes the last) and rides with band
+0's load token; the bands' tokens are those of :func:`.stream.pipeline`, with
+the first two bands' store tokens from two one-byte stores the real stores
+overwrite.
+"""
+
+from __future__ import annotations
+
+from ..ir import QConv
+from .lower import (
+    MAX_ROW_BYTES,
+    MAX_ROWS,
+    P_WORK,
+    CompileError,
+    TooBig,
+    align,
+    ceil_div,
+    conv_tiles,
+)
+from .stream import _Stats, column_pieces, pipe_regs, pipeline, transfers
+
+def ways(low, u, n: QConv) -> list:
+    """Emitters of ``n`` streamed both ways, one per weight-group size (a divisor of
+    the output-column tiles), for :func:`.stream.fastest`; a size that leaves no
+    room for a band refuses before it emits anything."""
+    if n.group != 1:
+        return []
+    cols = low.config.cols
+    oc = n.weight.shape[0]
+    ncol = ceil_div(oc, cols)
+    sizes = [g for g in range(ncol, 0, -1) if ncol % g == 0]
+    return [ConvTiles(low, u, n, g).emit for g in sizes]
+
+
+class ConvTiles:
+    """A convolution run as groups of ``g`` output-column tiles x bands of output
+    rows (see the module docstring)."""
+
+    def __init__(self, low, u, n: QConv, g: int):
+        self.low, self.u, self.n, self.g = low, u, n, g
+        self.e, self.cfg = low.e, low.config
+
+    def emit(self) -> dict:
+        low, e, cfg, n, g = self.low, self.e, self.cfg, self.n, self.g
+        bn, c, h, w = low.tensor[n.inputs[0]].shape
+        oc, _, kh, kw = n.weight.shape
+        _, _, oh, ow = low.tensor[n.outputs[0]].shape
+        sh, sw = n.strides
+        pt, pl, pb, pr = n.pads
+        if bn != 1:
+            raise CompileError(f"a batch of {bn} images (not built: streaming batches)")
+        blob = low.place.blobs[n.name]
+        if blob.slot:
+            raise CompileError("its weights are resident (the image streams alone)")
+        ncol = ceil_div(oc, cfg.cols)
+        if oc % cfg.cols and g < ncol:
+            raise CompileError(f"{oc} output channels are not whole column tiles "
+                               "(not built: a partial last weight group)")
+        groups = ncol // g
+        gc = min(oc, g * cfg.cols)  # output channels of a group
+        low._need_nhwc(n, n.inputs[0])
+        x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
+        work = e.work.snapshot()
+        low._reset()
+        rows = low.conv_rows(n, copied=True, phased=False)
+        wp, lead = rows.wp, pl + rows.skew
+        row0 = (wp - w - lead) * c  # band row 0: the pad fix-up starts a row above
+        if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
+            raise CompileError(f"padded input rows of {wp * c} bytes or output rows of "
+                               f"{ow * oc} bytes exceed one DMA row ({MAX_ROW_BYTES})")
+        red = conv_tiles(kh, kw * c, cfg.rows)
+        pieces = column_pieces(blob, ncol, oc, red, g, cfg.cols)
+        wbytes = pieces[0][3]
+        if any(p[3] != wbytes for p in pieces):
+            raise CompileError("weight groups of different sizes (not built)")
+        wstep = pieces[1][2] - pieces[0][2] if groups > 1 else 0
+        try:
+            wbuf = low.alloc(wbytes, f"weight buffer of {n.name}")
+        except TooBig as err:
+            raise CompileError(str(err)) from None
+        room = low.work_limit() - low._top
+        # A group's output band is one DMA transfer: ow * gc bytes a row when the
+        # group is every channel, else a gc-byte row per pixel (at most MAX_ROWS).
+        sliced = gc < oc
+
+        def set_bytes(r):  # one buffer set: a band of input rows and its output
+            hb = (r - 1) * sh + kh
+            return align(row0 + hb * wp * c + lead * c) + align(r * ow * gc)
+
+        fits = [r for r in range(1, min(oh, rows.per, MAX_ROWS) + 1)
+                if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS
+                and (not sliced or r * ow <= MAX_ROWS)]
+        if not fits:
+            raise CompileError(f"one output row of {n.name} with {gc} output channels needs "
+                               f"{2 * set_bytes(1)} bytes of scratchpad (double-buffered) "
+                               f"beside {wbytes} bytes of weights, {max(0, room)} are left")
+        steps = ceil_div(oh, max(fits))
+        rb = ceil_div(oh, steps)
+        hb = (rb - 1) * sh + kh
+        inb = align(row0 + hb * wp * c + lead * c)
+        sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
+        fill = n.pad_value
+
+        def band(s):
+            nominal = s * rb * sh - pt  # input row at band row 0
+            lo, hi = max(0, nominal), min(h, nominal + hb)
+            return nominal, lo, hi, min(rb, oh - s * rb)
+
+        if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
+            raise CompileError(f"top padding of {pt} rows spans more than two bands")
+        low._begin(self.u, f" (streamed image and weights: {groups} groups of {gc} "
+                           f"output channels x {steps} bands of {rb} output rows)")
+        # The reduction loops over a kernel row's full tiles with one more register,
+        # unless that makes the loops too deep (a gemm per output row loops too).
+        loops = kw * c >= 8 * cfg.rows and rows.kind == "long"
+        ibuf, isum, ldram, sdram, wdram, *xq = pipe_regs(e, 6 if loops else 5, n.name)
+        xq = xq[0] if xq else None
+        primed = steps >= 3  # every compute pops its output buffer's store token
+        e.op(f"addi {sdram}, r2, {low.place.arena[y]}")
+        e.op(f"addi {wdram}, r1, {blob.dram + pieces[0][2]}")
+        if groups > 1:
+            e.marker(push="prev")  # the first group's weight load pops it
+
+        def load(s, pop):
+            if s == 0:  # the group's weights, ready with band 0
+                for i, (off, count, nbytes) in enumerate(transfers(wbytes)):
+                    t1, t2 = e.scratch(2)
+                    e.op(f"li {t1}, {wbuf + off}")
+                    e.op(f"addi {t2}, {wdram}, {off}")
+                    e.op(f"load {P_WORK}, {t1}, {t2}, r0, {count}, {nbytes}",
+                         pop="next" if i == 0 and groups > 1 else "", queue="load")
+            nominal, lo, hi, _ = band(s)
+            wide_hi = hi if (hi < h or wp == w) else hi - 1
+            parts = []
+            if wide_hi > lo:
+                parts.append((lo, wide_hi - lo, wp * c))
+            if wide_hi < hi:
+                parts.append((hi - 1, 1, w * c))
+            for i, (r, count, nbytes) in enumerate(parts):
+                d_off = row0 + (r - nominal) * wp * c + lead * c
+                s_off = (r - nominal) * w * c
+                t1, t2, t3 = e.scratch(3)
+                e.op(f"addi {t1}, {ibuf}, {d_off}")
+                src = ldram
+                if s_off:
+                    e.op(f"addi {t2}, {ldram}, {s_off}")
+                    src = t2
+                strd = "r0"
+                if count > 1 and nbytes != w * c:
+                    e.op(f"li {t3}, {w * c}")
+                    strd = t3
+                e.op(f"load {P_WORK}, {t1}, {src}, {strd}, {count}, {nbytes}",
+                     pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
+                     queue="load")
+            e.op(f"addi {ldram}, {ldram}, {rb * sh * w * c}")
+
+        def compute(s, push):
+            nominal, lo, hi, nr = band(s)
+            e.pop_next_compute("prev")
+            if primed or s >= 2:
+                e.pop_next_compute("next")
+            if hi < nominal + hb:  # pad rows below the image
+                t = e.scratch(1)[0]
+                e.op(f"addi {t}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
+                self._fill(t, nominal + hb - hi, wp * c)
+            if wp != w:  # the pad columns the wide rows' extra bytes landed in
+                for name, v in (("clip_lo", fill), ("clip_hi", fill),
+                                ("in_stride", wp * c), ("out_stride", wp * c)):
+                    e.set_cfg(name, v)
+                e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {hb + 1}, "
+                          f"{(wp - w) * c}")
+            e.set_cfg("gemm_stride", sw * c)
+            e.set_cfg("out_stride", gc)
+            low._requant_cfg(n.requant)
+            wo, xo, ao, *regs = e.scratch(6)
+            chain = low.conv_chain(n, P_WORK, rows, hb, nr, ow,
+                                   (ibuf, row0 + rows.skew * c), (wo, xo, ao), xq)
+            low._column_tiles(n, P_WORK, wbuf, blob, gc, rows.acc_rows(nr, ow), (ibuf, inb),
+                              chain, regs, split=rows.split(nr, ow, gc, (xo, ao)))
+            e.marker(push="prev,next" if push else "next")
+            t1, t2 = e.scratch(2)
+            e.op(f"addi {t1}, {ibuf}, {inb}")
+            if sliced:
+                e.op(f"li {t2}, {oc}")
+                shape = f"{t2}, {nr * ow}, {gc}"
+            else:
+                shape = f"r0, {nr}, {ow * oc}"
+            e.op(f"store {P_WORK}, {t1}, {sdram}, {shape}", pop="prev",
+                 push="prev" if s + 2 < steps else "", queue="store")
+
+        def toggle():
+            e.op(f"sub {ibuf}, {isum}, {ibuf}")
+
+        def advance():
+            e.op(f"addi {sdram}, {sdram}, {rb * ow * oc}")
+
+        def uniform_load(s):
+            nominal, lo, hi, _ = band(s)
+            return lo == nominal and hi == nominal + hb and (hi < h or wp == w)
+
+        def same(s):
+            nominal, _, hi, nr = band(s)
+            return nr == rb and hi == nominal + hb and uniform_load(s + 2) \
+                and (primed or s >= 2)
+
+        def group():
+            e.forget()  # a loop body: nothing known from the pass before
+            e.op(f"li {ibuf}, {sets[0]}")
+            e.op(f"li {isum}, {sets[0] + sets[1]}")
+            e.op(f"addi {ldram}, r2, {low.place.arena[x] - pt * w * c}")
+            if primed:  # the first two computes' store tokens
+                t = e.scratch(1)[0]
+                for i in range(2):
+                    e.op(f"li {t}, {sets[i] + inb}")
+                    e.op(f"store {P_WORK}, {t}, {sdram}, r0, 1, 1", push="prev",
+                         queue="store")
+            for s in range(min(2, steps)):  # pad rows above the image
+                nominal, lo, _, _ = band(s)
+                if lo > nominal:
+                    self._fill(e.reg(sets[s] + row0), lo - nominal, wp * c)
+            pipeline(e, steps, load, compute, toggle, advance, same)
+            if groups > 1:  # the next group's weight load waits for this group's reads
+                e.push_after_last_compute("prev")
+                e.op(f"addi {sdram}, {sdram}, {gc - (steps - 1) * rb * ow * oc}")
+                e.op(f"addi {wdram}, {wdram}, {wstep}")
+
+        if groups > 1:
+            end = e.new_label("wgroups")
+            e.op(f"loop {groups}, {end}")
+            group()
+            e.loop_end(end)
+            # The last group's token: a one-byte load after every compute.
+            t = e.scratch(1)[0]
+            e.op(f"li {t}, {wbuf}")
+            e.op(f"load {P_WORK}, {t}, r1, r0, 1, 1", pop="next", queue="load")
+        else:
+            group()
+        e.op(f"region.end {self.u.id}")
+        return _Stats(oh * ow * oc * c * kh * kw, steps * groups).finish(low, e, work)
+
+    def _fill(self, reg: str, rows: int, row_bytes: int):
+        """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``reg``."""
+        e, fill = self.e, self.n.pad_value
+        for name, v in (("clip_lo", fill), ("clip_hi", fill), ("in_stride", 0),
+                        ("out_stride", 0)):
+            e.set_cfg(name, v)
+        e.compute(f"vclip {P_WORK}, {reg}, {P_WORK}, {reg}, {rows}, {row_bytes}")
+
