@@ -148,11 +148,11 @@ class NotStreamable(CompileError):
 
 
 def streamable(u, config) -> bool:
-    """One GEMM, group-1 convolution or depthwise convolution on the depthwise engine
-    (other grouped ones keep their tensors whole)."""
+    """One GEMM, group-1 convolution or depthwise convolution (other grouped ones
+    keep their tensors whole)."""
     n = u.nodes[0]
     return len(u.nodes) == 1 and (isinstance(n, QGemm) or isinstance(n, QConv) and (
-        n.group == 1 or on_engine(n, config)))
+        n.group == 1 or n.is_depthwise))
 
 
 def stream_unit(low, u, why: CompileError) -> dict:
@@ -172,7 +172,7 @@ def stream_unit(low, u, why: CompileError) -> dict:
         from . import tiled2d  # it builds on this module
 
         ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n)) if n.group == 1 \
-            else (_ConvStream(low, u, n),)
+            else (_ConvStream(low, u, n),) if on_engine(n, low.config) else ()
         return fastest(low, [*tiled2d.ways(low, u, n), *(w.emit for w in ways)])
     except NotStreamable:
         raise

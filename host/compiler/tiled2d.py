@@ -30,6 +30,8 @@ overwrite.
 from __future__ import annotations
 
 from ..ir import QConv
+from .convrows import ConvRows, candidates
+from .depthwise import on_engine
 from .lower import (
     MAX_ROW_BYTES,
     MAX_ROWS,
@@ -46,7 +48,7 @@ def ways(low, u, n: QConv) -> list:
     """Emitters of ``n`` streamed both ways, one per weight-group size (a divisor of
     the output-column tiles), for :func:`.stream.fastest`; a size that leaves no
     room for a band refuses before it emits anything."""
-    if n.group != 1:
+    if n.group != 1 and (not n.is_depthwise or on_engine(n, low.config)):
         return []
     cols = low.config.cols
     oc = n.weight.shape[0]
@@ -73,10 +75,11 @@ class ConvTiles:
         if bn != 1:
             raise CompileError(f"a batch of {bn} images (not built: streaming batches)")
         blob = low.place.blobs[n.name]
-        if blob.slot:
-            raise CompileError("its weights are resident (the image streams alone)")
+        diagonal = n.group != 1  # depthwise: channel-diagonal weight tiles
         ncol = ceil_div(oc, cfg.cols)
-        if oc % cfg.cols and g < ncol:
+        if blob.slot and (g < ncol or not diagonal):
+            raise CompileError("its weights are resident (the image streams alone)")
+        if oc % cfg.cols and (g < ncol or diagonal):
             raise CompileError(f"{oc} output channels are not whole column tiles "
                                "(not built: a partial last weight group)")
         groups = ncol // g
@@ -85,20 +88,24 @@ class ConvTiles:
         x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
         work = e.work.snapshot()
         low._reset()
-        rows = low.conv_rows(n, copied=True, phased=False)
+        rows = self._rows(c, oh, ow, kh, w) if diagonal else \
+            low.conv_rows(n, copied=True, phased=False)
         wp, lead = rows.wp, pl + rows.skew
         row0 = (wp - w - lead) * c  # band row 0: the pad fix-up starts a row above
         if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
             raise CompileError(f"padded input rows of {wp * c} bytes or output rows of "
                                f"{ow * oc} bytes exceed one DMA row ({MAX_ROW_BYTES})")
-        red = conv_tiles(kh, kw * c, cfg.rows)
+        red = [(t * cfg.cols, cfg.cols) for t in range(kh * kw)] if diagonal else \
+            conv_tiles(kh, kw * c, cfg.rows)
         pieces = column_pieces(blob, ncol, oc, red, g, cfg.cols)
         wbytes = pieces[0][3]
         if any(p[3] != wbytes for p in pieces):
             raise CompileError("weight groups of different sizes (not built)")
         wstep = pieces[1][2] - pieces[0][2] if groups > 1 else 0
         try:
-            wbuf = low.alloc(wbytes, f"weight buffer of {n.name}")
+            # Resident weights stay in their partition (one group: no weight loads).
+            part, wbuf = low._place_blob(blob) if blob.slot else \
+                (P_WORK, low.alloc(wbytes, f"weight buffer of {n.name}"))
         except TooBig as err:
             raise CompileError(str(err)) from None
         room = low.work_limit() - low._top
@@ -135,9 +142,14 @@ class ConvTiles:
                            f"output channels x {steps} bands of {rb} output rows)")
         # The reduction loops over a kernel row's full tiles with one more register,
         # unless that makes the loops too deep (a gemm per output row loops too).
-        loops = kw * c >= 8 * cfg.rows and rows.kind == "long"
-        ibuf, isum, ldram, sdram, wdram, *xq = pipe_regs(e, 6 if loops else 5, n.name)
-        xq = xq[0] if xq else None
+        loops = kw * c >= 8 * cfg.rows and rows.kind == "long" and not diagonal
+        # A depthwise group reads its own input channels: one more register steps them.
+        more = loops or (diagonal and groups > 1)
+        ibuf, isum, ldram, sdram, wdram, *extra = pipe_regs(e, 6 if more else 5, n.name)
+        xq = extra[0] if loops else None
+        chan = extra[0] if diagonal and groups > 1 else None
+        if chan:
+            e.op(f"li {chan}, 0")
         primed = steps >= 3  # every compute pops its output buffer's store token
         e.op(f"addi {sdram}, r2, {low.place.arena[y]}")
         e.op(f"addi {wdram}, r1, {blob.dram + pieces[0][2]}")
@@ -145,7 +157,9 @@ class ConvTiles:
             e.marker(push="prev")  # the first group's weight load pops it
 
         def load(s, pop):
-            if s == 0:  # the group's weights, ready with band 0
+            if s == 0 and blob.slot:  # a tag hit after the first run
+                low._load_blob(blob, "")
+            elif s == 0:  # the group's weights, ready with band 0
                 for i, (off, count, nbytes) in enumerate(transfers(wbytes)):
                     t1, t2 = e.scratch(2)
                     e.op(f"li {t1}, {wbuf + off}")
@@ -195,11 +209,16 @@ class ConvTiles:
             e.set_cfg("gemm_stride", sw * c)
             e.set_cfg("out_stride", gc)
             low._requant_cfg(n.requant)
-            wo, xo, ao, *regs = e.scratch(6)
-            chain = low.conv_chain(n, P_WORK, rows, hb, nr, ow,
-                                   (ibuf, row0 + rows.skew * c), (wo, xo, ao), xq)
-            low._column_tiles(n, P_WORK, wbuf, blob, gc, rows.acc_rows(nr, ow), (ibuf, inb),
-                              chain, regs, split=rows.split(nr, ow, gc, (xo, ao)))
+            if diagonal:
+                self._diagonal(rows, (part, wbuf), blob, (ibuf, row0 + rows.skew * c),
+                               (ibuf, inb), nr, gc, chan)
+            else:
+                wo, xo, ao, *regs = e.scratch(6)
+                chain = low.conv_chain(n, part, rows, hb, nr, ow,
+                                       (ibuf, row0 + rows.skew * c), (wo, xo, ao), xq)
+                low._column_tiles(n, part, wbuf, blob, gc, rows.acc_rows(nr, ow),
+                                  (ibuf, inb), chain, regs,
+                                  split=rows.split(nr, ow, gc, (xo, ao)))
             e.marker(push="prev,next" if push else "next")
             t1, t2 = e.scratch(2)
             e.op(f"addi {t1}, {ibuf}, {inb}")
@@ -246,6 +265,8 @@ class ConvTiles:
                 e.push_after_last_compute("prev")
                 e.op(f"addi {sdram}, {sdram}, {gc - (steps - 1) * rb * ow * oc}")
                 e.op(f"addi {wdram}, {wdram}, {wstep}")
+                if chan:
+                    e.op(f"addi {chan}, {chan}, {gc}")
 
         if groups > 1:
             end = e.new_label("wgroups")
@@ -259,7 +280,70 @@ class ConvTiles:
         else:
             group()
         e.op(f"region.end {self.u.id}")
-        return _Stats(oh * ow * oc * c * kh * kw, steps * groups).finish(low, e, work)
+        macs = oh * ow * oc * kh * kw * (1 if diagonal else c)
+        return _Stats(macs, steps * groups).finish(low, e, work)
+
+    def _rows(self, c, oh, ow, kh, w) -> ConvRows:
+        """A depthwise band's mapping: one ``gemm`` per tap for all its output rows
+        over the padded width (:mod:`.convrows`, "long")."""
+        sh, sw = self.n.strides
+        pl, pr = self.n.pads[1], self.n.pads[3]
+        longs = [m for m in candidates((c, oh, ow, kh, sh, sw, w, pl, pr),
+                                       self.cfg.acc_rows, True, False) if m.kind == "long"]
+        if not longs:
+            raise CompileError(f"an output row of {ow} positions exceeds the "
+                               f"{self.cfg.acc_rows} accumulator rows", self.n.name)
+        return longs[0]
+
+    def _diagonal(self, rows: ConvRows, weights, blob, x_at, y_at, nr: int, gc: int,
+                  chan: str | None):
+        """A band's ``nr`` output rows of the group's ``gc`` channels, one channel
+        tile after the other (a hardware loop): per kernel tap a diagonal
+        ``wload`` and one ``gemm`` over every output row (``cfg.gemm_stride`` steps
+        the window), then bias and requantization of the rows' real positions.
+        ``weights``: (partition, offset) of the group's weight tiles; ``chan``: the
+        register holding the group's first input channel (None: channel 0)."""
+        e, cfg, n = self.e, self.cfg, self.n
+        c = self.low.tensor[n.inputs[0]].shape[1]
+        _, _, kh, kw = n.weight.shape
+        ow = self.low.tensor[n.outputs[0]].shape[3]
+        cols, sh = cfg.cols, n.strides[0]
+        m = rows.gemm_rows(nr, ow)
+        part, wbuf = weights
+        wj, xj, yj, wt, ra, ry = e.scratch(6)
+        e.op(f"li {wj}, {wbuf}")
+        e.point(xj, x_at)
+        if chan:
+            e.op(f"add {xj}, {xj}, {chan}")
+        e.point(yj, y_at)
+
+        def tile():
+            e.op(f"addi {wt}, {wj}, 0")
+            for t in range(kh * kw):
+                ky, kx = divmod(t, kw)
+                e.compute(f"wload {part}, {wt}, {cols}, {cols}")
+                mode = "accumulate" if t else "overwrite"
+                off = rows.kernel_row_at(ky, c, 0, sh) + kx * c
+                e.compute(f"gemm.{mode} {P_WORK}, {xj}, r0, {m}, swap=1, off={off}")
+                if t + 1 < kh * kw:
+                    e.op(f"addi {wt}, {wt}, {cols * cols}")
+            split = rows.split(nr, ow, gc, (ra, ry))
+            self.low.requant_tile(part, blob, 0, wj, "r0", m, cols, yj, split)
+
+        def step():
+            e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
+            e.op(f"addi {xj}, {xj}, {cols}")
+            e.op(f"addi {yj}, {yj}, {cols}")
+
+        count = gc // cols
+        if count >= 2:
+            end = e.new_label("chans")
+            e.op(f"loop {count}, {end}")
+            tile()
+            step()
+            e.loop_end(end)
+        else:
+            tile()
 
     def _fill(self, reg: str, rows: int, row_bytes: int):
         """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``reg``."""
