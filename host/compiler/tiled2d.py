@@ -46,23 +46,28 @@ from .stream import _Stats, column_pieces, pipe_regs, pipeline, transfers
 
 def ways(low, u, n: QConv) -> list:
     """Emitters of ``n`` streamed both ways, one per weight-group size (a divisor of
-    the output-column tiles), for :func:`.stream.fastest`; a size that leaves no
-    room for a band refuses before it emits anything."""
+    the output-column tiles) and mapping of a band's rows (the fastest, and the
+    compact one), for :func:`.stream.fastest`; a size that leaves no room for a
+    band refuses before it emits anything."""
     if n.group != 1 and (not n.is_depthwise or on_engine(n, low.config)):
         return []
     cols = low.config.cols
     oc = n.weight.shape[0]
     ncol = ceil_div(oc, cols)
     sizes = [g for g in range(ncol, 0, -1) if ncol % g == 0]
-    return [ConvTiles(low, u, n, g).emit for g in sizes]
+    return [ConvTiles(low, u, n, g, compact).emit for compact in (False, True)
+            for g in sizes]
 
 
 class ConvTiles:
     """A convolution run as groups of ``g`` output-column tiles x bands of output
-    rows (see the module docstring)."""
+    rows (see the module docstring). ``compact``: a band's rows as one ``gemm`` per
+    reduction tile, which loops the reduction (a shorter program); else the
+    mapping :mod:`.convrows` predicts fastest (a ``gemm`` per output row unrolls
+    the reduction: the loops nest too deep otherwise)."""
 
-    def __init__(self, low, u, n: QConv, g: int):
-        self.low, self.u, self.n, self.g = low, u, n, g
+    def __init__(self, low, u, n: QConv, g: int, compact: bool):
+        self.low, self.u, self.n, self.g, self.compact = low, u, n, g, compact
         self.e, self.cfg = low.e, low.config
 
     def emit(self) -> dict:
@@ -88,8 +93,11 @@ class ConvTiles:
         x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
         work = e.work.snapshot()
         low._reset()
-        rows = self._rows(c, oh, ow, kh, w) if diagonal else \
-            low.conv_rows(n, copied=True, phased=False)
+        rows = None if diagonal else low.conv_rows(n, copied=True, phased=False)
+        if not self.compact and (rows is None or rows.kind == "long"):
+            raise CompileError("the other mapping of its rows is the same")
+        if self.compact:
+            rows = self._long_rows(c, oh, ow, kh, w)
         wp, lead = rows.wp, pl + rows.skew
         row0 = (wp - w - lead) * c  # band row 0: the pad fix-up starts a row above
         if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
@@ -140,9 +148,10 @@ class ConvTiles:
             raise CompileError(f"top padding of {pt} rows spans more than two bands")
         low._begin(self.u, f" (streamed image and weights: {groups} groups of {gc} "
                            f"output channels x {steps} bands of {rb} output rows)")
-        # The reduction loops over a kernel row's full tiles with one more register,
-        # unless that makes the loops too deep (a gemm per output row loops too).
-        loops = kw * c >= 8 * cfg.rows and rows.kind == "long" and not diagonal
+        # The reduction loops over a kernel row's full tiles with one more register
+        # (within the loop depth: weight groups, bands, column tiles, reduction).
+        loops = kw * c >= 8 * cfg.rows and (rows.kind == "long" or groups == 1) \
+            and not diagonal
         # A depthwise group reads its own input channels: one more register steps them.
         more = loops or (diagonal and groups > 1)
         ibuf, isum, ldram, sdram, wdram, *extra = pipe_regs(e, 6 if more else 5, n.name)
@@ -283,9 +292,9 @@ class ConvTiles:
         macs = oh * ow * oc * kh * kw * (1 if diagonal else c)
         return _Stats(macs, steps * groups).finish(low, e, work)
 
-    def _rows(self, c, oh, ow, kh, w) -> ConvRows:
-        """A depthwise band's mapping: one ``gemm`` per tap for all its output rows
-        over the padded width (:mod:`.convrows`, "long")."""
+    def _long_rows(self, c, oh, ow, kh, w) -> ConvRows:
+        """A band's rows as one ``gemm`` per reduction tile over the padded width
+        (:mod:`.convrows`, "long")."""
         sh, sw = self.n.strides
         pl, pr = self.n.pads[1], self.n.pads[3]
         longs = [m for m in candidates((c, oh, ow, kh, sh, sw, w, pl, pr),
