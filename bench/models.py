@@ -1,4 +1,5 @@
-"""``make bench-models``: every zoo model on the default config, against its roofline.
+"""``make bench-models``: every zoo model on the default config (``--config``: another),
+against its roofline.
 
 The models: the bundled digit models (``host/models/``) and the MLPerf Tiny reference
 architectures (``host/models/mlperf/``). Each is imported as ``npu run
@@ -37,6 +38,7 @@ Writes ``bench/results/models.json``. Run with ``python -m bench.models [--rtl]`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -120,16 +122,16 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
     }
 
 
-def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
+def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS) -> tuple[dict, object | None]:
     """One model's figures on the golden model, and its compiled model (None when
-    the compiler refuses it)."""
+    the compiler refuses it); ``targets``: cycles per model to compare with."""
     path = model_path(name)
     work = workload(path)
     peak, bus = config.peak_macs_per_cycle, config.bus_bytes
     row = {"macs": work.macs, "min_dram_bytes": work.min_dram_bytes,
            "bound_cycles": round(work.bound_cycles(peak, bus)),
            "bound_by": "compute" if work.macs / peak >= work.min_dram_bytes / bus else "bus",
-           "target_cycles": TARGETS.get(name)}
+           "target_cycles": targets.get(name)}
     graph = load_onnx(path, allow_cpu_fallback=True)
     row.update(placement(graph))
     try:
@@ -153,14 +155,14 @@ def measure(name: str, config=CONFIGS[CONFIG]) -> tuple[dict, object | None]:
     return row, compiled
 
 
-def rtl_figures(names: list[str]) -> dict[str, dict]:
+def rtl_figures(names: list[str], config=CONFIG) -> dict[str, dict]:
     """RTL cycles of ``names`` (each runs its inputs on the Verilator NPU beside the
     golden model: outputs, exact counters and trace agree) by model."""
     from verif.fastsim import run_scenario
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        run_scenario("verif.model_scenarios:bench_models_rtl", CONFIG,
+        run_scenario("verif.model_scenarios:bench_models_rtl", config,
                      extra_env={"NPU_MODELS": ",".join(names), "NPU_BENCH_OUT": str(out)})
         return json.loads(out.read_text())
 
@@ -216,6 +218,11 @@ def _print_lines(lines: list[tuple[str, ...]]) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__)
     ap.add_argument("--rtl", action="store_true", help="also run on the Verilator NPU")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default=CONFIG,
+                    help=f"the NPU configuration (default {CONFIG}; issue 37's targets "
+                         "are for it alone)")
+    ap.add_argument("--imem-depth", type=int, metavar="N",
+                    help="instruction-bank depth instead of the configuration's")
     ap.add_argument("models", nargs="*", metavar="MODEL",
                     help=f"models to measure (default: all of {', '.join(MODELS)})")
     opts = ap.parse_args(argv)
@@ -223,20 +230,26 @@ def main(argv=None) -> None:
     if unknown:
         ap.error(f"unknown models {unknown} (choose from {', '.join(MODELS)})")
     names = opts.models or list(MODELS)
+    config = CONFIGS[opts.config]
+    if opts.imem_depth:
+        config = dataclasses.replace(config, imem_depth=opts.imem_depth)
+    targets = TARGETS if opts.config == CONFIG else {}
     rows = {}
     for name in names:
         print(f"{name}...", flush=True)
-        rows[name], _ = measure(name)
+        rows[name], _ = measure(name, config, targets)
     if opts.rtl:
         runnable = [n for n in names if "cycles" in rows[n]]
-        for name, rtl in rtl_figures(runnable).items():
+        for name, rtl in rtl_figures(runnable, config).items():
             rows[name].update(rtl)
     print_table(rows)
-    config = CONFIGS[CONFIG]
-    report("models", {"config": CONFIG, "rows": config.rows, "cols": config.cols,
-                      "bus_bytes": config.bus_bytes, "sp_bytes": config.sp_bytes,
-                      "backend": "golden + verilator" if opts.rtl else "golden",
-                      "models": rows}, quiet=True)
+    # Another configuration's figures go to a file of their own (models-small.json).
+    report("models" if opts.config == CONFIG else f"models-{opts.config}",
+           {"config": opts.config, "rows": config.rows, "cols": config.cols,
+            "bus_bytes": config.bus_bytes, "sp_bytes": config.sp_bytes,
+            "imem_depth": config.imem_depth,
+            "backend": "golden + verilator" if opts.rtl else "golden", "models": rows},
+           quiet=True)
 
 
 if __name__ == "__main__":
