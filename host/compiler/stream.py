@@ -168,11 +168,14 @@ def stream_unit(low, u, why: CompileError) -> dict:
                 return emit_streamed(low, u, n)
             return _GemmStream(low, u, n).emit()
         # The image stream's refusal (the last) says more when neither fits. A
-        # depthwise convolution (on the depthwise engine) streams its image only.
+        # depthwise convolution on the depthwise engine streams its image only;
+        # image and weights stream together (tiled2d) where neither fits alone.
         from . import tiled2d  # it builds on this module
 
+        if n.group != 1 and not on_engine(n, low.config):  # channel-diagonal depthwise
+            return fastest(low, tiled2d.ways(low, u, n))
         ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n)) if n.group == 1 \
-            else (_ConvStream(low, u, n),) if on_engine(n, low.config) else ()
+            else (_ConvStream(low, u, n),)
         return fastest(low, [*tiled2d.ways(low, u, n), *(w.emit for w in ways)])
     except NotStreamable:
         raise
