@@ -146,8 +146,9 @@ class ConvTiles:
 
         if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
             raise CompileError(f"top padding of {pt} rows spans more than two bands")
-        low._begin(self.u, f" (streamed image and weights: {groups} groups of {gc} "
-                           f"output channels x {steps} bands of {rb} output rows)")
+        low._begin(self.u, f" (streamed image and weights: {groups} weight "
+                           f"group{'s' if groups > 1 else ''} of {gc} output channels x "
+                           f"{steps} bands of {rb} output rows)")
         # The reduction loops over a kernel row's full tiles with one more register
         # (within the loop depth: weight groups, bands, column tiles, reduction).
         loops = kw * c >= 8 * cfg.rows and (rows.kind == "long" or groups == 1) \
