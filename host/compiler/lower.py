@@ -289,7 +289,7 @@ class Lowering:
             try:
                 return self._unit_tiled(u, err)
             except CompileError as tiled:
-                if not streamable(u, self.config):
+                if not streamable(u, self.config, fits=False):
                     raise
                 self.e.rollback(checkpoint)
                 try:

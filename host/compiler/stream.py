@@ -147,12 +147,13 @@ class NotStreamable(CompileError):
     """Streaming would not help this unit (another way's refusal says more)."""
 
 
-def streamable(u, config) -> bool:
-    """One GEMM, group-1 convolution or depthwise convolution (other grouped ones
-    keep their tensors whole)."""
+def streamable(u, config, fits: bool = True) -> bool:
+    """One GEMM, group-1 convolution or depthwise convolution on the depthwise engine
+    (other grouped ones keep their tensors whole); when the unit does not fit whole
+    (``fits`` False), any depthwise convolution (:mod:`.tiled2d`)."""
     n = u.nodes[0]
     return len(u.nodes) == 1 and (isinstance(n, QGemm) or isinstance(n, QConv) and (
-        n.group == 1 or n.is_depthwise))
+        n.group == 1 or on_engine(n, config) or not fits and n.is_depthwise))
 
 
 def stream_unit(low, u, why: CompileError) -> dict:
