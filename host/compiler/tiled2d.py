@@ -12,11 +12,11 @@ stores them into the output's channel slice (a DRAM stride of the output's
 channels per pixel). The program is O(1) in the layer's size: two nested loops
 of the same code whatever the image height and the channel count.
 
-The image is read once per weight group and the weights once; the order keeps
-the weights still while the image moves (weights are the larger operand of the
-layers that need this: their halo bands are short). Which group size and band
-height is fastest the cost model says (:func:`.stream.fastest` over the
-candidates :func:`ways` lists).
+The image is read once per weight group and the weights once (not built: the
+other order, each band loaded once and the weights re-read per band). Bands are
+as tall as the room left beside one group's weights allows; which group size
+and which mapping of a band's rows is fastest the cost model says
+(:func:`.stream.fastest` over the candidates :func:`ways` lists).
 
 Tokens per group (the outer loop body is balanced, so it loops): the group's
 weight load pops a compute-to-load token from the previous group's last compute
@@ -28,6 +28,8 @@ overwrite.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..ir import QConv
 from .convrows import ConvRows, candidates
@@ -44,6 +46,7 @@ from .lower import (
 )
 from .stream import _Stats, column_pieces, pipe_regs, pipeline, transfers
 
+
 def ways(low, u, n: QConv) -> list:
     """Emitters of ``n`` streamed both ways, one per weight-group size (a divisor of
     the output-column tiles) and mapping of a band's rows (the fastest, and the
@@ -59,6 +62,41 @@ def ways(low, u, n: QConv) -> list:
             for g in sizes]
 
 
+@dataclass
+class _Plan:
+    """Where a :class:`ConvTiles` stream keeps what, and how it steps.
+
+    Members
+    -------
+    rows : the mapping of a band's output rows (:class:`~.convrows.ConvRows`).
+    row0 : buffer offset of band row 0 (the pad fix-up starts a row above it).
+    lead : pixels before a padded row's first real one.
+    groups, gc : weight groups, output channels of each.
+    part, wbuf : where a group's weights are (a buffer, or resident in ``p0``).
+    wfirst : the first group's offset in the blob.
+    wbytes, wstep : bytes of one group's weights, and from one group's to the next's.
+    steps, rb, hb : bands, output rows and input rows of a full band.
+    inb : offset of a band's output within its buffer set.
+    sets : the two buffer sets (input band, then output band).
+    """
+
+    rows: ConvRows
+    row0: int
+    lead: int
+    groups: int
+    gc: int
+    part: str
+    wbuf: int
+    wfirst: int
+    wbytes: int
+    wstep: int
+    steps: int
+    rb: int
+    hb: int
+    inb: int
+    sets: list
+
+
 class ConvTiles:
     """A convolution run as groups of ``g`` output-column tiles x bands of output
     rows (see the module docstring). ``compact``: a band's rows as one ``gemm`` per
@@ -69,45 +107,85 @@ class ConvTiles:
     def __init__(self, low, u, n: QConv, g: int, compact: bool):
         self.low, self.u, self.n, self.g, self.compact = low, u, n, g, compact
         self.e, self.cfg = low.e, low.config
+        self.blob = low.place.blobs[n.name]
+        self.diagonal = n.group != 1  # depthwise: channel-diagonal weight tiles
+        _, self.c, self.h, self.w = low.tensor[n.inputs[0]].shape
+        _, self.oc, self.oh, self.ow = low.tensor[n.outputs[0]].shape
 
     def emit(self) -> dict:
-        low, e, cfg, n, g = self.low, self.e, self.cfg, self.n, self.g
-        bn, c, h, w = low.tensor[n.inputs[0]].shape
-        oc, _, kh, kw = n.weight.shape
-        _, _, oh, ow = low.tensor[n.outputs[0]].shape
-        sh, sw = n.strides
-        pt, pl, pb, pr = n.pads
-        if bn != 1:
-            raise CompileError(f"a batch of {bn} images (not built: streaming batches)")
-        blob = low.place.blobs[n.name]
-        diagonal = n.group != 1  # depthwise: channel-diagonal weight tiles
-        ncol = ceil_div(oc, cfg.cols)
-        if blob.slot and (g < ncol or not diagonal):
-            raise CompileError("its weights are resident (the image streams alone)")
-        if oc % cfg.cols and (g < ncol or diagonal):
-            raise CompileError(f"{oc} output channels are not whole column tiles "
-                               "(not built: a partial last weight group)")
-        groups = ncol // g
-        gc = min(oc, g * cfg.cols)  # output channels of a group
-        low._need_nhwc(n, n.inputs[0])
+        low, e, n = self.low, self.e, self.n
         x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
         work = e.work.snapshot()
         low._reset()
-        rows = None if diagonal else low.conv_rows(n, copied=True, phased=False)
+        p = self._plan()
+        low._begin(self.u, f" (streamed image and weights: {p.groups} weight "
+                           f"group{'s' if p.groups > 1 else ''} of {p.gc} output channels x "
+                           f"{p.steps} bands of {p.rb} output rows)")
+        # The reduction loops over a kernel row's full tiles with one more register
+        # (within the loop depth: weight groups, bands, column tiles, reduction).
+        kw = n.weight.shape[3]
+        loops = kw * self.c >= 8 * self.cfg.rows and not self.diagonal \
+            and (p.rows.kind == "long" or p.groups == 1)
+        # A depthwise group reads its own input channels: one more register steps them.
+        chans = self.diagonal and p.groups > 1
+        regs = pipe_regs(e, 6 if loops or chans else 5, n.name)
+        self.regs = dict(zip(("ibuf", "isum", "ldram", "sdram", "wdram"), regs, strict=False))
+        self.xq = regs[5] if loops else None
+        self.chan = regs[5] if chans else None
+        if self.chan:
+            e.op(f"li {self.chan}, 0")
+        e.op(f"addi {self.regs['sdram']}, r2, {low.place.arena[y]}")
+        e.op(f"addi {self.regs['wdram']}, r1, {self.blob.dram + p.wfirst}")
+        if p.groups > 1:
+            e.marker(push="prev")  # the first group's weight load pops it
+            end = e.new_label("wgroups")
+            e.op(f"loop {p.groups}, {end}")
+            self._group(p, x)
+            e.loop_end(end)
+            # The last group's token: a one-byte load after every compute.
+            t = e.scratch(1)[0]
+            e.op(f"li {t}, {p.wbuf}")
+            e.op(f"load {P_WORK}, {t}, r1, r0, 1, 1", pop="next", queue="load")
+        else:
+            self._group(p, x)
+        e.op(f"region.end {self.u.id}")
+        kh, kw = n.weight.shape[2:]
+        macs = self.oh * self.ow * self.oc * kh * kw * (1 if self.diagonal else self.c)
+        return _Stats(macs, p.steps * p.groups).finish(low, e, work)
+
+    def _plan(self) -> _Plan:
+        """The stream's layout in the working partition; raise ``CompileError`` when
+        it does not fit or is not built."""
+        low, cfg, n, g, blob = self.low, self.cfg, self.n, self.g, self.blob
+        c, w, oc, oh, ow = self.c, self.w, self.oc, self.oh, self.ow
+        kh, kw = n.weight.shape[2:]
+        sh = n.strides[0]
+        pl = n.pads[1]
+        if low.tensor[n.inputs[0]].shape[0] != 1:
+            raise CompileError("a batch of images (not built: streaming batches)")
+        ncol = ceil_div(oc, cfg.cols)
+        if blob.slot and (g < ncol or not self.diagonal):
+            raise CompileError("its weights are resident (the image streams alone)")
+        if oc % cfg.cols and (g < ncol or self.diagonal):
+            raise CompileError(f"{oc} output channels are not whole column tiles "
+                               "(not built: a partial last weight group)")
+        groups, gc = ncol // g, min(oc, g * cfg.cols)
+        low._need_nhwc(n, n.inputs[0])
+        rows = None if self.diagonal else low.conv_rows(n, copied=True, phased=False)
         if not self.compact and (rows is None or rows.kind == "long"):
             raise CompileError("the other mapping of its rows is the same")
         if self.compact:
             rows = self._long_rows(c, oh, ow, kh, w)
         wp, lead = rows.wp, pl + rows.skew
-        row0 = (wp - w - lead) * c  # band row 0: the pad fix-up starts a row above
+        row0 = (wp - w - lead) * c
         if wp * c > MAX_ROW_BYTES or ow * oc > MAX_ROW_BYTES:
             raise CompileError(f"padded input rows of {wp * c} bytes or output rows of "
                                f"{ow * oc} bytes exceed one DMA row ({MAX_ROW_BYTES})")
-        red = [(t * cfg.cols, cfg.cols) for t in range(kh * kw)] if diagonal else \
+        red = [(t * cfg.cols, cfg.cols) for t in range(kh * kw)] if self.diagonal else \
             conv_tiles(kh, kw * c, cfg.rows)
         pieces = column_pieces(blob, ncol, oc, red, g, cfg.cols)
         wbytes = pieces[0][3]
-        if any(p[3] != wbytes for p in pieces):
+        if any(piece[3] != wbytes for piece in pieces):
             raise CompileError("weight groups of different sizes (not built)")
         wstep = pieces[1][2] - pieces[0][2] if groups > 1 else 0
         try:
@@ -117,7 +195,7 @@ class ConvTiles:
         except TooBig as err:
             raise CompileError(str(err)) from None
         room = low.work_limit() - low._top
-        # A group's output band is one DMA transfer: ow * gc bytes a row when the
+        # A group's output band is one DMA transfer: ow * oc bytes a row when the
         # group is every channel, else a gc-byte row per pixel (at most MAX_ROWS).
         sliced = gc < oc
 
@@ -133,165 +211,145 @@ class ConvTiles:
                                f"{2 * set_bytes(1)} bytes of scratchpad (double-buffered) "
                                f"beside {wbytes} bytes of weights, {max(0, room)} are left")
         steps = ceil_div(oh, max(fits))
-        rb = ceil_div(oh, steps)
+        rb = ceil_div(oh, steps)  # bands as equal as they can be
         hb = (rb - 1) * sh + kh
         inb = align(row0 + hb * wp * c + lead * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
-        fill = n.pad_value
+        p = _Plan(rows, row0, lead, groups, gc, part, wbuf, pieces[0][2], wbytes, wstep,
+                  steps, rb, hb, inb, sets)
+        if any(self._band(p, s)[1] > self._band(p, s)[0] for s in range(2, steps)):
+            raise CompileError(f"top padding of {n.pads[0]} rows spans more than two bands")
+        return p
 
-        def band(s):
-            nominal = s * rb * sh - pt  # input row at band row 0
-            lo, hi = max(0, nominal), min(h, nominal + hb)
-            return nominal, lo, hi, min(rb, oh - s * rb)
+    def _band(self, p: _Plan, s: int):
+        """Band ``s``: (input row at its row 0, first and end real input rows, output
+        rows)."""
+        nominal = s * p.rb * self.n.strides[0] - self.n.pads[0]
+        lo, hi = max(0, nominal), min(self.h, nominal + p.hb)
+        return nominal, lo, hi, min(p.rb, self.oh - s * p.rb)
 
-        if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
-            raise CompileError(f"top padding of {pt} rows spans more than two bands")
-        low._begin(self.u, f" (streamed image and weights: {groups} weight "
-                           f"group{'s' if groups > 1 else ''} of {gc} output channels x "
-                           f"{steps} bands of {rb} output rows)")
-        # The reduction loops over a kernel row's full tiles with one more register
-        # (within the loop depth: weight groups, bands, column tiles, reduction).
-        loops = kw * c >= 8 * cfg.rows and (rows.kind == "long" or groups == 1) \
-            and not diagonal
-        # A depthwise group reads its own input channels: one more register steps them.
-        more = loops or (diagonal and groups > 1)
-        ibuf, isum, ldram, sdram, wdram, *extra = pipe_regs(e, 6 if more else 5, n.name)
-        xq = extra[0] if loops else None
-        chan = extra[0] if diagonal and groups > 1 else None
-        if chan:
-            e.op(f"li {chan}, 0")
-        primed = steps >= 3  # every compute pops its output buffer's store token
-        e.op(f"addi {sdram}, r2, {low.place.arena[y]}")
-        e.op(f"addi {wdram}, r1, {blob.dram + pieces[0][2]}")
-        if groups > 1:
-            e.marker(push="prev")  # the first group's weight load pops it
-
-        def load(s, pop):
-            if s == 0 and blob.slot:  # a tag hit after the first run
-                low._load_blob(blob, "")
-            elif s == 0:  # the group's weights, ready with band 0
-                for i, (off, count, nbytes) in enumerate(transfers(wbytes)):
-                    t1, t2 = e.scratch(2)
-                    e.op(f"li {t1}, {wbuf + off}")
-                    e.op(f"addi {t2}, {wdram}, {off}")
-                    e.op(f"load {P_WORK}, {t1}, {t2}, r0, {count}, {nbytes}",
-                         pop="next" if i == 0 and groups > 1 else "", queue="load")
-            nominal, lo, hi, _ = band(s)
-            wide_hi = hi if (hi < h or wp == w) else hi - 1
-            parts = []
-            if wide_hi > lo:
-                parts.append((lo, wide_hi - lo, wp * c))
-            if wide_hi < hi:
-                parts.append((hi - 1, 1, w * c))
-            for i, (r, count, nbytes) in enumerate(parts):
-                d_off = row0 + (r - nominal) * wp * c + lead * c
-                s_off = (r - nominal) * w * c
-                t1, t2, t3 = e.scratch(3)
-                e.op(f"addi {t1}, {ibuf}, {d_off}")
-                src = ldram
-                if s_off:
-                    e.op(f"addi {t2}, {ldram}, {s_off}")
-                    src = t2
-                strd = "r0"
-                if count > 1 and nbytes != w * c:
-                    e.op(f"li {t3}, {w * c}")
-                    strd = t3
-                e.op(f"load {P_WORK}, {t1}, {src}, {strd}, {count}, {nbytes}",
-                     pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
-                     queue="load")
-            e.op(f"addi {ldram}, {ldram}, {rb * sh * w * c}")
-
-        def compute(s, push):
-            nominal, lo, hi, nr = band(s)
-            e.pop_next_compute("prev")
-            if primed or s >= 2:
-                e.pop_next_compute("next")
-            if hi < nominal + hb:  # pad rows below the image
-                t = e.scratch(1)[0]
-                e.op(f"addi {t}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
-                self._fill(t, nominal + hb - hi, wp * c)
-            if wp != w:  # the pad columns the wide rows' extra bytes landed in
-                for name, v in (("clip_lo", fill), ("clip_hi", fill),
-                                ("in_stride", wp * c), ("out_stride", wp * c)):
-                    e.set_cfg(name, v)
-                e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {hb + 1}, "
-                          f"{(wp - w) * c}")
-            e.set_cfg("gemm_stride", sw * c)
-            e.set_cfg("out_stride", gc)
-            low._requant_cfg(n.requant)
-            if diagonal:
-                self._diagonal(rows, (part, wbuf), blob, (ibuf, row0 + rows.skew * c),
-                               (ibuf, inb), nr, gc, chan)
-            else:
-                wo, xo, ao, *regs = e.scratch(6)
-                chain = low.conv_chain(n, part, rows, hb, nr, ow,
-                                       (ibuf, row0 + rows.skew * c), (wo, xo, ao), xq)
-                low._column_tiles(n, part, wbuf, blob, gc, rows.acc_rows(nr, ow),
-                                  (ibuf, inb), chain, regs,
-                                  split=rows.split(nr, ow, gc, (xo, ao)))
-            e.marker(push="prev,next" if push else "next")
-            t1, t2 = e.scratch(2)
-            e.op(f"addi {t1}, {ibuf}, {inb}")
-            if sliced:
-                e.op(f"li {t2}, {oc}")
-                shape = f"{t2}, {nr * ow}, {gc}"
-            else:
-                shape = f"r0, {nr}, {ow * oc}"
-            e.op(f"store {P_WORK}, {t1}, {sdram}, {shape}", pop="prev",
-                 push="prev" if s + 2 < steps else "", queue="store")
-
-        def toggle():
-            e.op(f"sub {ibuf}, {isum}, {ibuf}")
-
-        def advance():
-            e.op(f"addi {sdram}, {sdram}, {rb * ow * oc}")
+    def _group(self, p: _Plan, x: str):
+        """One weight group: its weights, then the image in bands (:func:`pipeline`)."""
+        e, r, wp = self.e, self.regs, p.rows.wp
+        e.forget()  # a loop body: nothing known from the pass before
+        e.op(f"li {r['ibuf']}, {p.sets[0]}")
+        e.op(f"li {r['isum']}, {p.sets[0] + p.sets[1]}")
+        e.op(f"addi {r['ldram']}, r2, {self.low.place.arena[x] - self.n.pads[0] * self.w * self.c}")
+        primed = p.steps >= 3  # every compute pops its output buffer's store token
+        if primed:  # the first two computes' store tokens
+            t = e.scratch(1)[0]
+            for i in range(2):
+                e.op(f"li {t}, {p.sets[i] + p.inb}")
+                e.op(f"store {P_WORK}, {t}, {r['sdram']}, r0, 1, 1", push="prev",
+                     queue="store")
+        for s in range(min(2, p.steps)):  # pad rows above the image
+            nominal, lo, _, _ = self._band(p, s)
+            if lo > nominal:
+                self._fill(e.reg(p.sets[s] + p.row0), lo - nominal, wp * self.c)
 
         def uniform_load(s):
-            nominal, lo, hi, _ = band(s)
-            return lo == nominal and hi == nominal + hb and (hi < h or wp == w)
+            nominal, lo, hi, _ = self._band(p, s)
+            return lo == nominal and hi == nominal + p.hb and (hi < self.h or wp == self.w)
 
         def same(s):
-            nominal, _, hi, nr = band(s)
-            return nr == rb and hi == nominal + hb and uniform_load(s + 2) \
+            nominal, _, hi, nr = self._band(p, s)
+            return nr == p.rb and hi == nominal + p.hb and uniform_load(s + 2) \
                 and (primed or s >= 2)
 
-        def group():
-            e.forget()  # a loop body: nothing known from the pass before
-            e.op(f"li {ibuf}, {sets[0]}")
-            e.op(f"li {isum}, {sets[0] + sets[1]}")
-            e.op(f"addi {ldram}, r2, {low.place.arena[x] - pt * w * c}")
-            if primed:  # the first two computes' store tokens
-                t = e.scratch(1)[0]
-                for i in range(2):
-                    e.op(f"li {t}, {sets[i] + inb}")
-                    e.op(f"store {P_WORK}, {t}, {sdram}, r0, 1, 1", push="prev",
-                         queue="store")
-            for s in range(min(2, steps)):  # pad rows above the image
-                nominal, lo, _, _ = band(s)
-                if lo > nominal:
-                    self._fill(e.reg(sets[s] + row0), lo - nominal, wp * c)
-            pipeline(e, steps, load, compute, toggle, advance, same)
-            if groups > 1:  # the next group's weight load waits for this group's reads
-                e.push_after_last_compute("prev")
-                e.op(f"addi {sdram}, {sdram}, {gc - (steps - 1) * rb * ow * oc}")
-                e.op(f"addi {wdram}, {wdram}, {wstep}")
-                if chan:
-                    e.op(f"addi {chan}, {chan}, {gc}")
+        pipeline(e, p.steps, lambda s, pop: self._load(p, s, pop),
+                 lambda s, push: self._compute(p, s, push, primed),
+                 lambda: e.op(f"sub {r['ibuf']}, {r['isum']}, {r['ibuf']}"),
+                 lambda: e.op(f"addi {r['sdram']}, {r['sdram']}, "
+                              f"{p.rb * self.ow * self.oc}"), same)
+        if p.groups > 1:  # the next group's weight load waits for this group's reads
+            e.push_after_last_compute("prev")
+            e.op(f"addi {r['sdram']}, {r['sdram']}, "
+                 f"{p.gc - (p.steps - 1) * p.rb * self.ow * self.oc}")
+            e.op(f"addi {r['wdram']}, {r['wdram']}, {p.wstep}")
+            if self.chan:
+                e.op(f"addi {self.chan}, {self.chan}, {p.gc}")
 
-        if groups > 1:
-            end = e.new_label("wgroups")
-            e.op(f"loop {groups}, {end}")
-            group()
-            e.loop_end(end)
-            # The last group's token: a one-byte load after every compute.
+    def _load(self, p: _Plan, s: int, pop: str):
+        """Band ``s``'s input rows (after the group's weights for band 0); the last
+        transfer pushes the token its compute pops."""
+        e, r, c, h, w = self.e, self.regs, self.c, self.h, self.w
+        wp = p.rows.wp
+        if s == 0 and self.blob.slot:  # a tag hit after the first run
+            self.low._load_blob(self.blob, "")
+        elif s == 0:  # the group's weights, ready with band 0
+            for i, (off, count, nbytes) in enumerate(transfers(p.wbytes)):
+                t1, t2 = e.scratch(2)
+                e.op(f"li {t1}, {p.wbuf + off}")
+                e.op(f"addi {t2}, {r['wdram']}, {off}")
+                e.op(f"load {P_WORK}, {t1}, {t2}, r0, {count}, {nbytes}",
+                     pop="next" if i == 0 and p.groups > 1 else "", queue="load")
+        nominal, lo, hi, _ = self._band(p, s)
+        wide_hi = hi if (hi < h or wp == w) else hi - 1
+        parts = []
+        if wide_hi > lo:
+            parts.append((lo, wide_hi - lo, wp * c))
+        if wide_hi < hi:
+            parts.append((hi - 1, 1, w * c))
+        for i, (row, count, nbytes) in enumerate(parts):
+            d_off = p.row0 + (row - nominal) * wp * c + p.lead * c
+            s_off = (row - nominal) * w * c
+            t1, t2, t3 = e.scratch(3)
+            e.op(f"addi {t1}, {r['ibuf']}, {d_off}")
+            src = r["ldram"]
+            if s_off:
+                e.op(f"addi {t2}, {r['ldram']}, {s_off}")
+                src = t2
+            strd = "r0"
+            if count > 1 and nbytes != w * c:
+                e.op(f"li {t3}, {w * c}")
+                strd = t3
+            e.op(f"load {P_WORK}, {t1}, {src}, {strd}, {count}, {nbytes}",
+                 pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
+                 queue="load")
+        e.op(f"addi {r['ldram']}, {r['ldram']}, {p.rb * self.n.strides[0] * w * c}")
+
+    def _compute(self, p: _Plan, s: int, push: bool, primed: bool):
+        """Band ``s``'s output rows of the group's channels, and their store."""
+        e, n, r, c, ow, oc = self.e, self.n, self.regs, self.c, self.ow, self.oc
+        wp, ibuf, fill = p.rows.wp, r["ibuf"], n.pad_value
+        nominal, lo, hi, nr = self._band(p, s)
+        e.pop_next_compute("prev")
+        if primed or s >= 2:
+            e.pop_next_compute("next")
+        if hi < nominal + p.hb:  # pad rows below the image
             t = e.scratch(1)[0]
-            e.op(f"li {t}, {wbuf}")
-            e.op(f"load {P_WORK}, {t}, r1, r0, 1, 1", pop="next", queue="load")
+            e.op(f"addi {t}, {ibuf}, {p.row0 + (hi - nominal) * wp * c}")
+            self._fill(t, nominal + p.hb - hi, wp * c)
+        if wp != self.w:  # the pad columns the wide rows' extra bytes landed in
+            for name, v in (("clip_lo", fill), ("clip_hi", fill),
+                            ("in_stride", wp * c), ("out_stride", wp * c)):
+                e.set_cfg(name, v)
+            e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {p.hb + 1}, "
+                      f"{(wp - self.w) * c}")
+        e.set_cfg("gemm_stride", n.strides[1] * c)
+        e.set_cfg("out_stride", p.gc)
+        self.low._requant_cfg(n.requant)
+        x_at, y_at = (ibuf, p.row0 + p.rows.skew * c), (ibuf, p.inb)
+        if self.diagonal:
+            self._diagonal(p.rows, (p.part, p.wbuf), self.blob, x_at, y_at, nr, p.gc,
+                           self.chan)
         else:
-            group()
-        e.op(f"region.end {self.u.id}")
-        macs = oh * ow * oc * kh * kw * (1 if diagonal else c)
-        return _Stats(macs, steps * groups).finish(low, e, work)
+            wo, xo, ao, *regs = e.scratch(6)
+            chain = self.low.conv_chain(n, p.part, p.rows, p.hb, nr, ow, x_at,
+                                        (wo, xo, ao), self.xq)
+            self.low._column_tiles(n, p.part, p.wbuf, self.blob, p.gc,
+                                   p.rows.acc_rows(nr, ow), y_at, chain, regs,
+                                   split=p.rows.split(nr, ow, p.gc, (xo, ao)))
+        e.marker(push="prev,next" if push else "next")
+        t1, t2 = e.scratch(2)
+        e.op(f"addi {t1}, {ibuf}, {p.inb}")
+        if p.gc < oc:  # the group's channel slice: a row of gc bytes per pixel
+            e.op(f"li {t2}, {oc}")
+            shape = f"{t2}, {nr * ow}, {p.gc}"
+        else:
+            shape = f"r0, {nr}, {ow * oc}"
+        e.op(f"store {P_WORK}, {t1}, {r['sdram']}, {shape}", pop="prev",
+             push="prev" if s + 2 < p.steps else "", queue="store")
 
     def _long_rows(self, c, oh, ow, kh, w) -> ConvRows:
         """A band's rows as one ``gemm`` per reduction tile over the padded width
