@@ -62,7 +62,31 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("busy_store", "cycles the store queue was executing"),
     ("stall_cycles", "cycles the sequencer could not dispatch"),
 )
+
+_CAUSES: tuple[tuple[str, str], ...] = (
+    ("busy_array", "cycles the GEMM or depthwise engine held work"),
+    ("busy_vector", "cycles the vector unit held work"),
+    ("stall_in_seq", "sequencer stall cycles waiting for a register or a drain"),
+    ("stall_out_seq", "sequencer stall cycles waiting for room in a queue"),
+    ("stall_in_load", "cycles the load DMA was busy and moved no data (DRAM latency)"),
+    ("stall_out_load", "cycles the load queue's head waited for compute's token"),
+    ("stall_in_array", "cycles an array command waited for the load queue's token"),
+    ("stall_out_array", "cycles an array command waited for the store queue's token"),
+    ("stall_in_vector", "cycles a vector command waited for the load queue's token"),
+    ("stall_out_vector", "cycles a vector command waited for the store queue's token"),
+    ("stall_in_store", "cycles the store queue's head waited for compute's token"),
+    ("stall_out_store", "cycles the store DMA was busy and moved no data (DRAM acceptance)"),
+    ("sp_conflicts", "scratchpad port-cycles refused because another port held the bank"),
+    ("dram_read_bursts", "AXI read bursts issued (AR handshakes)"),
+    ("dram_write_bursts", "AXI write bursts issued (AW handshakes)"),
+)
+COUNTERS += _CAUSES
 """Global counters, in CSR order; per-partition tag counters follow them."""
+
+CAUSE_COUNTERS = tuple(name for name, _ in _CAUSES)
+"""The counters by cause (busy and stall cycles per engine, scratchpad bank conflicts,
+DRAM bursts): the golden model counts them as the RTL does on every run whose cycles
+it counts exactly (``RunResult.cycles_exact``)."""
 
 
 def counter_names(config: NPUConfig) -> list[str]:
@@ -76,6 +100,7 @@ def counter_names(config: NPUConfig) -> list[str]:
 TRACE_FIELDS = (
     "region", "start", "end", "instructions", "macs", "dram_read_bytes",
     "dram_write_bytes", "tag_hits", "tag_misses", "stall_cycles",
+    "busy_load", "busy_store", "busy_array", "busy_vector", "sp_conflicts",
 )
 """Words of one region-trace record, in CSR order (firmware.golden.TraceRecord)."""
 

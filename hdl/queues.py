@@ -93,9 +93,10 @@ def _entry_fifo(m, entry, layout, depth):
     return q, data.View(layout, q.r_data)
 
 
-def _dma_queue_front(m, q, head, cur, flush, pops, tokens, take, first_state):
+def _dma_queue_front(m, q, head, cur, flush, pops, tokens, take, first_state, wait_token):
     """IDLE state of a DMA queue: drop the head when flushing, otherwise take it into
-    ``cur`` once its pop (if any) has a token, and go to ``first_state``."""
+    ``cur`` once its pop (if any) has a token, and go to ``first_state``; raise
+    ``wait_token`` while the head waits for its token."""
     with m.State("IDLE"):
         with m.If(q.r_rdy & flush):
             m.d.comb += q.r_en.eq(1)
@@ -103,6 +104,8 @@ def _dma_queue_front(m, q, head, cur, flush, pops, tokens, take, first_state):
             m.d.comb += [q.r_en.eq(1), take.eq(pops)]
             m.d.sync += cur.eq(head)
             m.next = first_state
+        with m.Elif(q.r_rdy):
+            m.d.comb += wait_token.eq(1)
 
 
 def _dma_issue_and_wait(m, busy, dma_cmd, dma_done, on_done):
@@ -160,6 +163,9 @@ class LoadQueue(wiring.Component):
         Reset the token count at the start of a run; drop entries not yet started.
     idle, busy : Out(1)
         Nothing queued or running; the head instruction is executing.
+    wait_token : Out(1)
+        The head instruction waits for its token (the ``stall_out_load`` counter:
+        compute has not freed the buffer it loads into).
     hit, miss : Out(1), part : Out(3)
         Tag events for the per-partition counters.
     read_error : Out(1)
@@ -178,7 +184,7 @@ class LoadQueue(wiring.Component):
             "tag_inv_en": Out(1), "tag_inv_slot": Out(6),
             "tok_in": In(1), "tok_out": Out(1),
             "run_start": In(1), "flush": In(1),
-            "idle": Out(1), "busy": Out(1),
+            "idle": Out(1), "busy": Out(1), "wait_token": Out(1),
             "hit": Out(1), "miss": Out(1), "part": Out(3),
             "read_error": Out(1), "error_pc": Out(INSN_PC_BITS), "error_addr": Out(32),
         })
@@ -218,7 +224,8 @@ class LoadQueue(wiring.Component):
             ]
 
         with m.FSM():
-            _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "CHECK")
+            _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "CHECK",
+                             self.wait_token)
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
                 with m.If((cur.slot != 0) & self.tag_hit):
@@ -240,6 +247,9 @@ class StoreQueue(wiring.Component):
     entry, dma_cmd, dma_done, run_start, flush, idle, busy : as :class:`LoadQueue`.
     tok_in : In(1)
         compute -> store token pulses. ``tok_out``: store -> compute pulses.
+    wait_token : Out(1)
+        The head instruction waits for its token (the ``stall_in_store`` counter:
+        compute has not produced the data it stores).
     write_error, error_pc, error_addr : Out
         A transfer failed.
     """
@@ -252,7 +262,7 @@ class StoreQueue(wiring.Component):
             "dma_done": In(_dma_done_signature()),
             "tok_in": In(1), "tok_out": Out(1),
             "run_start": In(1), "flush": In(1),
-            "idle": Out(1), "busy": Out(1),
+            "idle": Out(1), "busy": Out(1), "wait_token": Out(1),
             "write_error": Out(1), "error_pc": Out(INSN_PC_BITS), "error_addr": Out(32),
         })
 
@@ -276,7 +286,8 @@ class StoreQueue(wiring.Component):
             ]
 
         with m.FSM():
-            _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "ISSUE")
+            _dma_queue_front(m, q, head, cur, self.flush, pops, tokens, take, "ISSUE",
+                             self.wait_token)
             _dma_issue_and_wait(m, self.busy, self.dma_cmd, self.dma_done, done)
         m.d.comb += self.idle.eq((q.level == 0) & ~self.busy)
         return m
@@ -320,6 +331,11 @@ class ComputeQueue(wiring.Component):
         load -> compute and store -> compute pulses; ``tok_out_load``,
         ``tok_out_store``: compute -> load and compute -> store pulses.
     run_start, flush, idle, busy : as :class:`LoadQueue`.
+    wait_load, wait_store : Out(1)
+        The head instruction waits for its token from the load queue (its input data)
+        or from the store queue (room for its output); the counters by cause.
+    head_vector : Out(1)
+        The head instruction is a vector command (else an array or depthwise one).
     """
 
     def __init__(self, config: NPUConfig):
@@ -339,6 +355,7 @@ class ComputeQueue(wiring.Component):
             "tok_out_load": Out(1), "tok_out_store": Out(1),
             "run_start": In(1), "flush": In(1),
             "idle": Out(1), "busy": Out(1),
+            "wait_load": Out(1), "wait_store": Out(1), "head_vector": Out(1),
         })
 
     def elaborate(self, platform):
@@ -378,6 +395,12 @@ class ComputeQueue(wiring.Component):
                                        Mux(is_dw, self.arr_idle & self.vec_idle, self.vec_idle))
         room = infl.w_rdy & (~is_argmax | rds.w_rdy)
         present = q.r_rdy & ~self.flush & tokens_ok & hazard_ok & room
+        waiting = q.r_rdy & ~self.flush
+        m.d.comb += [
+            self.wait_load.eq(waiting & pop_load & ~t_load.available),
+            self.wait_store.eq(waiting & pop_store & ~t_store.available),
+            self.head_vector.eq(is_vec),
+        ]
         acc_sel, dw_sel = Signal(), Signal()
         m.d.comb += [
             self.arr_cmd.payload.eq(head.arr), self.vec_cmd.payload.eq(head.vec),

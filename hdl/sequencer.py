@@ -142,7 +142,8 @@ class Sequencer(wiring.Component):
         A DMA bus error (pulse).
     run_start, flush : Out(1)
         Pulse at the start of a run (queues, vector unit); drop queued entries.
-    ev_* : event inputs/outputs for the performance counters and region meters.
+    ev_* : event inputs/outputs for the performance counters and region meters
+        (``ev_stall_room``: the part of ``ev_stall`` that waits for room in a queue).
     trace_valid, trace_record : Out
         A region record (firmware.regs.TRACE_FIELDS words) to push.
     """
@@ -171,9 +172,11 @@ class Sequencer(wiring.Component):
             "run_start": Out(1), "flush": Out(1),
             # events
             "ev_instr": Out(1), "ev_region": Out(1), "ev_misspec": Out(1),
-            "ev_stall": Out(1), "ev_run": Out(1), "ev_error": Out(1),
+            "ev_stall": Out(1), "ev_stall_room": Out(1), "ev_run": Out(1), "ev_error": Out(1),
             "ev_macs": In(16), "ev_read_bytes": In(16), "ev_write_bytes": In(16),
             "ev_hit": In(1), "ev_miss": In(1),
+            "ev_busy_load": In(1), "ev_busy_store": In(1), "ev_busy_array": In(1),
+            "ev_busy_vector": In(1), "ev_sp_conflicts": In(3),
             "trace_valid": Out(1), "trace_record": Out(32).array(TRACE_WORDS),
         })
 
@@ -265,6 +268,11 @@ class Sequencer(wiring.Component):
             regions.tag_misses.eq(self.ev_miss),
             regions.instructions.eq(fire),
             regions.stall_cycles.eq(self.ev_stall),
+            regions.busy_load.eq(self.ev_busy_load),
+            regions.busy_store.eq(self.ev_busy_store),
+            regions.busy_array.eq(self.ev_busy_array),
+            regions.busy_vector.eq(self.ev_busy_vector),
+            regions.sp_conflicts.eq(self.ev_sp_conflicts),
             self.trace_valid.eq(regions.trace_valid),
             *[self.trace_record[i].eq(regions.trace_record[i]) for i in range(TRACE_WORDS)],
         ]
@@ -323,7 +331,8 @@ class Sequencer(wiring.Component):
                 m.d.sync += run_cycles.eq(run_cycles + 1)
                 # Stalled: waiting for a queue, the machine to drain or an operand (the
                 # OPERANDS and CHECK cycles themselves are the dispatch, not a stall).
-                m.d.comb += self.ev_stall.eq(dispatch.waiting | (stage[OPERANDS] & reg_wait))
+                m.d.comb += [self.ev_stall.eq(dispatch.waiting | (stage[OPERANDS] & reg_wait)),
+                             self.ev_stall_room.eq(dispatch.waiting_room)]
                 with m.If(self.queue_error):
                     m.d.sync += [cur_code.eq(ErrorCode.BUS_ERROR),
                                  cur_pc.eq(self.queue_error_pc),

@@ -20,7 +20,7 @@ Run and swap protocol
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import C, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -45,6 +45,8 @@ from .vector import VectorUnit
 
 # Scratchpad port priority (lower wins a bank): compute first, it streams every cycle.
 SP_PORTS = ("gemm", "vec_a", "vec_b", "vec_wr", "dma_load", "dma_store")
+SP_CONFLICT_BITS = 3  # refused scratchpad ports in one cycle: at most len(SP_PORTS)
+assert len(SP_PORTS) < 1 << SP_CONFLICT_BITS
 
 
 def connect_checks(m: Module, seq: Sequencer, pt: PartitionTable) -> None:
@@ -121,7 +123,7 @@ class NPU(wiring.Component):
         if cfg.dw_rows:
             sub.dw = dw = DepthwiseEngine(cfg)
         sub.dma = dma = DMA(cfg)
-        sub.perf = perf = PerfCounters(cfg)
+        sub.perf = perf = PerfCounters(cfg, widths={"sp_conflicts": SP_CONFLICT_BITS})
         sub.trace = trace = TraceFIFO(cfg)
 
         connect(m, wiring.flipped(self.csr), csr.bus)
@@ -247,10 +249,18 @@ class NPU(wiring.Component):
 
         # ---- counters and trace ------------------------------------------------------------------
         macs = gemm.macs if dw is None else gemm.macs + dw.macs  # never both at once
+        busy_array = gemm.busy if dw is None else gemm.busy | dw.busy
+        # Port-cycles refused by the scratchpad's bank arbitration (requests wait
+        # there for nothing else).
+        sp_conflicts = sum((p.valid & ~p.ready for p in sp.ports), start=C(0, SP_CONFLICT_BITS))
+        axi = dma.axi
         m.d.comb += [
             seq.ev_macs.eq(macs), seq.ev_read_bytes.eq(dma.read_bytes),
             seq.ev_write_bytes.eq(dma.write_bytes),
             seq.ev_hit.eq(lq.hit), seq.ev_miss.eq(lq.miss),
+            seq.ev_busy_load.eq(lq.busy), seq.ev_busy_store.eq(sq.busy),
+            seq.ev_busy_array.eq(busy_array), seq.ev_busy_vector.eq(vec.busy),
+            seq.ev_sp_conflicts.eq(sp_conflicts),
             trace.push.valid.eq(seq.trace_valid),
             trace.pop.eq(csr.trace_pop), trace.clear.eq(csr.trace_clear),
             csr.trace_count.eq(trace.count), csr.trace_head.eq(trace.head),
@@ -267,6 +277,18 @@ class NPU(wiring.Component):
             "trace_overflows": trace.overflow,
             "busy_load": lq.busy, "busy_compute": cq.busy, "busy_store": sq.busy,
             "stall_cycles": seq.ev_stall,
+            "busy_array": busy_array, "busy_vector": vec.busy,
+            "stall_in_seq": seq.ev_stall & ~seq.ev_stall_room,
+            "stall_out_seq": seq.ev_stall_room,
+            "stall_in_load": dma.load_stall, "stall_out_load": lq.wait_token,
+            "stall_in_array": cq.wait_load & ~cq.head_vector,
+            "stall_out_array": cq.wait_store & ~cq.head_vector,
+            "stall_in_vector": cq.wait_load & cq.head_vector,
+            "stall_out_vector": cq.wait_store & cq.head_vector,
+            "stall_in_store": sq.wait_token, "stall_out_store": dma.store_stall,
+            "sp_conflicts": sp_conflicts,
+            "dram_read_bursts": axi.arvalid & axi.arready,
+            "dram_write_bursts": axi.awvalid & axi.awready,
         }
         for name, ev in events.items():
             m.d.comb += inc[name].eq(ev)

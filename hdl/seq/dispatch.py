@@ -59,6 +59,8 @@ class Dispatch(wiring.Component):
         The instruction resolved last faults (registered at ``resolve``).
     waiting : Out(1)
         The armed instruction does not fire this cycle for want of its needs (a stall).
+    waiting_room : Out(1)
+        ``waiting``, and the queue it goes to is full (the ``stall_out_seq`` counter).
     idle : Out(1)
         Every queue was idle in the previous cycle.
     load, compute, store : Out(stream.Signature(entry layout))
@@ -76,7 +78,8 @@ class Dispatch(wiring.Component):
             "resolve": In(1), "needs": In(Needs), "fault": In(1),
             **{f"{q}_entry": In(lay) for q, lay in layouts.items()},
             "expired": In(1), "expire": In(1), "error": In(1),
-            "fire": Out(1), "bad": Out(1), "waiting": Out(1), "idle": Out(1),
+            "fire": Out(1), "bad": Out(1), "waiting": Out(1), "waiting_room": Out(1),
+            "idle": Out(1),
             **{q: Out(stream.Signature(lay)) for q, lay in layouts.items()},
             "load_idle": In(1), "compute_idle": In(1), "store_idle": In(1),
         })
@@ -98,12 +101,13 @@ class Dispatch(wiring.Component):
                          self.compute.payload.eq(self.compute_entry),
                          self.store.payload.eq(self.store_entry)]
             m.d.sync += bad.eq(self.fault)
-        wait = ((needs_q["idle"] & ~idle_q) | (needs_q["load_idle"] & ~load_idle_q)
-                | (needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
+        full = ((needs_q["load"] & ~self.load.ready) | (needs_q["store"] & ~self.store.ready)
                 | (needs_q["compute"] & ~self.compute.ready))
+        wait = (needs_q["idle"] & ~idle_q) | (needs_q["load_idle"] & ~load_idle_q) | full
         m.d.comb += [
             fire.eq(armed & ~bad & ~wait & ~self.error),
             self.waiting.eq(armed & ~bad & ~fire),
+            self.waiting_room.eq(armed & ~bad & full),
             self.load.valid.eq(fire & needs_q["load"]),
             self.compute.valid.eq(fire & needs_q["compute"]),
             self.store.valid.eq(fire & needs_q["store"]),

@@ -23,6 +23,18 @@ METERS = TRACE_FIELDS[3:]
 cycle, then each meter's difference over the region."""
 assert TRACE_FIELDS[:3] == ("region", "start", "end")
 
+METER_WIDTHS = {"instructions": 1, "macs": 16, "dram_read_bytes": 16, "dram_write_bytes": 16,
+                "tag_hits": 1, "tag_misses": 1, "stall_cycles": 1, "busy_load": 1,
+                "busy_store": 1, "busy_array": 1, "busy_vector": 1, "sp_conflicts": 3}
+"""Each meter's event input width (events per cycle)."""
+assert tuple(METER_WIDTHS) == METERS
+
+# Events that come from deep logic (the dispatch's stall, the queues' and engines'
+# states, the scratchpad's grants) are registered before their meter's adder; the
+# meter as of now includes the event in flight.
+_REGISTERED = ("stall_cycles", "busy_load", "busy_store", "busy_array", "busy_vector",
+               "sp_conflicts")
+
 
 class RegionMeters(wiring.Component):
     """Region marks: the stack of open regions, the meters and the trace records.
@@ -46,11 +58,12 @@ class RegionMeters(wiring.Component):
         Close every region (the start of a run). The meters keep counting.
     cycles : In(32)
         The run's cycle count: a record's start and end cycle.
-    instructions, macs, dram_read_bytes, dram_write_bytes, tag_hits, tag_misses : In
-        Each meter's event count this cycle (1, 16, 16, 16, 1 and 1 bits).
-    stall_cycles : In(1)
-        The stall event; it is registered before its meter's adder (the event is the
-        dispatch's deepest logic), and the meter as of now includes it.
+    instructions, macs, dram_read_bytes, dram_write_bytes, tag_hits, tag_misses, \
+    stall_cycles, busy_load, busy_store, busy_array, busy_vector, sp_conflicts : In
+        Each meter's event count this cycle (:data:`METER_WIDTHS` bits). The stall,
+        busy and conflict events are registered before their meters' adders (they
+        come from the dispatch's deepest logic and from the engines), and a meter as
+        of now includes its event in flight.
     id : In(16)
         The id the mark in flight names.
     full : Out(1)
@@ -74,9 +87,7 @@ class RegionMeters(wiring.Component):
         super().__init__({
             "clear": In(1),
             "cycles": In(32),
-            "instructions": In(1), "macs": In(16), "dram_read_bytes": In(16),
-            "dram_write_bytes": In(16), "tag_hits": In(1), "tag_misses": In(1),
-            "stall_cycles": In(1),
+            **{name: In(width) for name, width in METER_WIDTHS.items()},
             "id": In(16),
             "full": Out(1), "mismatch": Out(1), "open": Out(1),
             "begin": In(1), "end": In(1),
@@ -108,8 +119,8 @@ class RegionMeters(wiring.Component):
         meters_then = {n: Signal(32, name=f"meter_{n}_then") for n in meters}
         cycles_then = Signal(32)
         m.d.sync += [snap_en.eq(0), cycles_then.eq(self.cycles)]
-        stall_q = Signal()
-        meters_now = dict(meters, stall_cycles=meters["stall_cycles"] + stall_q)
+        event_q = {n: Signal(METER_WIDTHS[n], name=f"{n}_q") for n in _REGISTERED}
+        meters_now = dict(meters, **{n: meters[n] + q for n, q in event_q.items()})
         m.d.sync += [meters_then[n].eq(meter) for n, meter in meters_now.items()]
         m.d.comb += [
             snap_w.en.eq(snap_en),
@@ -117,16 +128,11 @@ class RegionMeters(wiring.Component):
             snap_w.data.eq(Cat(cycles_then, *(meters_then[n] for n in meters))),
         ]
 
-        m.d.sync += [
-            meters["macs"].eq(meters["macs"] + self.macs),
-            meters["dram_read_bytes"].eq(meters["dram_read_bytes"] + self.dram_read_bytes),
-            meters["dram_write_bytes"].eq(meters["dram_write_bytes"] + self.dram_write_bytes),
-            meters["tag_hits"].eq(meters["tag_hits"] + self.tag_hits),
-            meters["tag_misses"].eq(meters["tag_misses"] + self.tag_misses),
-            meters["instructions"].eq(meters["instructions"] + self.instructions),
-            stall_q.eq(self.stall_cycles),
-            meters["stall_cycles"].eq(meters["stall_cycles"] + stall_q),
-        ]
+        for n, meter in meters.items():
+            if n in event_q:
+                m.d.sync += [event_q[n].eq(getattr(self, n)), meter.eq(meter + event_q[n])]
+            else:
+                m.d.sync += meter.eq(meter + getattr(self, n))
 
         m.d.comb += [
             self.full.eq(reg_sp >= rd_),
