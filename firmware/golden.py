@@ -23,6 +23,7 @@ from .bursts import burst_plan
 from .config import NPUConfig
 from .isa import CfgField, Cond, ErrorCode, GemmMode, Queue, RegionOp, Token
 from .quant import requantize, rshift_rne
+from .regs import CAUSE_COUNTERS
 
 __all__ = ["Machine", "RunResult", "TraceRecord", "CostModel", "requantize", "rshift_rne"]
 
@@ -114,15 +115,21 @@ class CostModel:
         the same scratchpad banks: each cycle the first source's read wins its banks
         (``banks(addr)``), and a source runs at most ``vector_queue`` windows ahead
         of the pairs taken; a window's data is there ``sp_read + 1`` after its grant."""
+        return self.read_pairs(a, b, banks)[0]
+
+    def read_pairs(self, a, b, banks) -> tuple[int, int]:
+        """:meth:`read_pair_delay` and the cycles the second source's read was
+        refused its banks (the ``sp_conflicts`` it causes)."""
         n, depth, lag = len(a), self.vector_queue, self.sp_read + 1
         grant_a: list[int] = []
         grant_b: list[int] = []
         occ_a = occ_b = taken = t = 0
-        last = 0
+        last = refused = 0
         while taken < n:
             req_a = len(grant_a) < n and occ_a < depth
             req_b = len(grant_b) < n and occ_b < depth
             got_b = req_b and not (req_a and banks(a[len(grant_a)]) & banks(b[len(grant_b)]))
+            refused += req_b and not got_b
             take = (len(grant_b) > taken and grant_a[taken] + lag <= t
                     and grant_b[taken] + lag <= t)
             if req_a:
@@ -134,7 +141,7 @@ class CostModel:
             occ_a += req_a - take
             occ_b += got_b - take
             t += 1
-        return last - (n - 1 + lag)
+        return last - (n - 1 + lag), refused
 
     def store_data(self, bursts) -> int:
         """Cycles from a store's first data beat to the end of its last: a beat a
@@ -164,6 +171,11 @@ class TraceRecord:
     tag_hits: int
     tag_misses: int
     stall_cycles: int
+    busy_load: int = 0
+    busy_store: int = 0
+    busy_array: int = 0
+    busy_vector: int = 0
+    sp_conflicts: int = 0
 
     @property
     def cycles(self) -> int:
@@ -224,6 +236,7 @@ def _counters(partitions: int) -> dict:
         "regions": 0, "misspeculations": 0, "runs": 0, "errors": 0, "swaps": 0,
         "trace_overflows": 0,
         "busy_load": 0, "busy_compute": 0, "busy_store": 0, "stall_cycles": 0,
+        **dict.fromkeys(CAUSE_COUNTERS, 0),
     }
 
 
@@ -422,6 +435,8 @@ class Machine:
         for q in ("load", "compute", "store"):
             self.counters["busy_" + q] += self._time.busy[q]
         self.counters["stall_cycles"] += self._time.stall
+        for name, value in self._time.causes.items():
+            self.counters[name] += value
         result.cycles = cycles
         result.cycles_exact = result.ok and not self._time.contended
         self.inexact_runs += not result.cycles_exact
@@ -606,9 +621,11 @@ class Machine:
             self.trace.append(rec)
 
     def _snapshot(self):
-        c = self.counters
+        c, t = self.counters, self._time
         return (c["instructions"], c["macs"], c["dram_read_bytes"], c["dram_write_bytes"],
-                sum(c["tag_hits"]), sum(c["tag_misses"]), self._time.stall)
+                sum(c["tag_hits"]), sum(c["tag_misses"]), t.stall, t.busy["load"],
+                t.busy["store"], t.causes["busy_array"], t.causes["busy_vector"],
+                t.causes["sp_conflicts"])
 
     # DMA ------------------------------------------------------------------------
     def _op_load(self, o):
@@ -633,6 +650,9 @@ class Machine:
             self.sp[base + i * nb: base + (i + 1) * nb] = self.dram[src]
             self.counters["dram_read_bytes"] += nb
             cycles += self.cost.dma_beats(addr, nb, self.config.bus_bytes)
+            self._time.causes["dram_read_bursts"] += len(
+                burst_plan(addr, nb, self.config.bus_bytes))
+        self._time.causes["stall_in_load"] += self.cost.load_latency - LOAD_UNTIMED
         if slot:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
@@ -654,7 +674,11 @@ class Machine:
             self.counters["dram_write_bytes"] += nb
             bursts += [beats for _, beats in burst_plan(addr, nb, self.config.bus_bytes)]
         self._uses(reads=[(base, rows * nb)])
-        return self.cost.store_latency + self.cost.store_data(bursts)
+        data = self.cost.store_data(bursts)
+        causes = self._time.causes
+        causes["dram_write_bursts"] += len(bursts)
+        causes["stall_out_store"] += self.cost.store_latency + data - sum(bursts) - STORE_UNTIMED
+        return self.cost.store_latency + data
 
     # compute ----------------------------------------------------------------------
     def _op_cfg(self, o):
@@ -834,8 +858,10 @@ class Machine:
         y = np.clip(y, c[CfgField.CLIP_LO], c[CfgField.CLIP_HI]).astype(np.int8)
         self._sp_write(rd, y)
         self._uses(reads=[(ra, n), (rb, n)], writes=[(rd, n)])
-        return self._vec_cycles(mrows, n) + self.cost.read_pair_delay(
+        delay, refused = self.cost.read_pairs(
             self._windows(ra, n), self._windows(rb, n), self._read_banks)
+        self._time.causes["sp_conflicts"] += refused
+        return self._vec_cycles(mrows, n) + delay
 
     def _op_vclip(self, o):
         mrows, n, c = o["m"], o["n"], self.cfg
@@ -926,6 +952,14 @@ def _signed(v: int) -> int:
     return v - (1 << 32) if v >> 31 else v
 
 
+# The counters by cause: cycles of an instruction's cost model that the RTL's busy and
+# stall signals do not see (the queue's steps before and after the engine's).
+LOAD_UNTIMED = 3  # of a load's latency: the DMA is not busy yet, or no longer
+STORE_UNTIMED = 2  # of a store's latency and data cycles, less its beats
+# An engine is busy from an instruction's start - [0] to its end + [1] (cycles).
+ENGINE_BUSY = {"gemm": (2, 0),  # (an idle array takes a gemm gemm_intake before its start)
+                "wload": (0, 0), "vector": (0, -1), "depthwise": (0, -1)}
+
 _VECTOR_OPS = ("vbias", "vreq", "vreqb", "vadd", "vclip", "vmax", "vargmax", "vqtab")
 # The depthwise engine shares the accumulator and the GEMM engine's scratchpad port,
 # and takes turns with both engines as the vector unit does.
@@ -962,6 +996,10 @@ class _Timeline:
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
         self.stall = 0
+        self.causes = dict.fromkeys(CAUSE_COUNTERS, 0)  # firmware.regs.CAUSE_COUNTERS
+        self._busy_until = {"array": 0, "vector": 0}  # the engines' busy intervals' end
+        self._token_waits: list[tuple[Token, int]] = []  # of the instruction being timed
+        self._after_vargmax = self._operands_again = 0  # see _wait
         # Scratchpad use, per kind of access, of the instructions that may still overlap
         # a later one: (start, end, banks) of DMA reads (stores) and writes (loads), compute
         # reads and writes. The DMA's ports come last in the scratchpad's priority, so
@@ -980,12 +1018,21 @@ class _Timeline:
         self.load_rows = None  # (sp base, dram, stride, rows, bytes) of the load being timed
         self._start = self._ready = 0  # of the queue instruction being dispatched
 
-    def _wait(self, t: int):
+    def _wait(self, t: int, cause: str = "stall_in_seq"):
         if t > self.now:
-            self.stall += t - self.now
+            # The sequencer repeats its operands step after a vargmax: a cycle of the
+            # wait that follows is dispatch, not stall, to the RTL.
+            waited = t - self.now - self._operands_again
+            self._operands_again = 0
+            self.stall += waited
+            self.causes[cause] += waited
             self.now = t
 
+    def _next_instruction(self):
+        self._operands_again, self._after_vargmax = self._after_vargmax, 0
+
     def seq(self):
+        self._next_instruction()
         self.now += self.cost.dispatch
 
     def branch(self):
@@ -1003,6 +1050,7 @@ class _Timeline:
                        default=0))
 
     def begin(self, queue: Queue, tokens: Token, channels):
+        self._next_instruction()
         q = queue.value
         starts = self.starts[q]
         if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
@@ -1014,14 +1062,18 @@ class _Timeline:
                 # streaming one): the entry frees earlier than the model's start says,
                 # and a cfg waiting for the array frees as the array's commands do.
                 self.contended = True
-            self._wait(oldest - self.cost.fire_overlap)
+            self._wait(oldest - self.cost.fire_overlap, "stall_out_seq")
         ready = self.now + self.cost.queue_start
+        front = max(ready, self.free[q])  # its queue's head from then on
+        self._token_waits = []
         for flag in (Token.POP_PREV, Token.POP_NEXT):
             if tokens & flag:
                 ch = isa.token_channel(queue, flag)
                 if not channels[ch]:
                     raise _Stop(ErrorCode.TOKEN_DEADLOCK, f"pop on {ch} with no token pushed")
-                ready = max(ready, channels[ch].popleft())
+                token = channels[ch].popleft()
+                ready = max(ready, token)
+                self._token_waits.append((flag, token - front))
         self._ready = ready  # when it could start if its queue were idle
         self._start = max(ready, self.free[q])
         self.now += self.cost.dispatch_queue
@@ -1082,7 +1134,9 @@ class _Timeline:
             slow = m != "cfg" or late
             token = self.pushed = max(end + slow * c.token, self.pushed + 1)
         self.done[q] = max(self.done[q], retire)
-        self.busy[q] += issue if m != "wload" else cycles
+        # (a DMA queue is busy until its transfer's end, then takes the next one)
+        self.busy[q] += latency if q != "compute" else issue if m != "wload" else cycles
+        self._count_causes(q, m, start, end)
         # (a cfg behind the array frees its entry as the array's last command ends)
         self.starts[q].append((start, "cfg after array" if m == "cfg" and late else m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
@@ -1105,9 +1159,32 @@ class _Timeline:
             self.vector_done = end
             if m == "vargmax":
                 self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
+                self._after_vargmax = 1
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(token)
+
+    def _count_causes(self, q: str, m: str, start: int, end: int):
+        """Count an instruction's token waits and its engine's busy cycles into the
+        counters by cause."""
+        engine = "vector" if m in _VECTOR_OPS or m == "cfg" else "array"
+        names = {("load", Token.POP_NEXT): "stall_out_load",
+                 ("store", Token.POP_PREV): "stall_in_store",
+                 ("compute", Token.POP_PREV): f"stall_in_{engine}",
+                 ("compute", Token.POP_NEXT): f"stall_out_{engine}"}
+        for flag, wait in self._token_waits:
+            self.causes[names[q, flag]] += max(0, wait)
+        self._token_waits = []
+        if q != "compute" or m == "cfg":  # a cfg never makes the vector unit busy
+            return
+        before, after = ENGINE_BUSY[m if m in ("gemm", "wload") else
+                                    "depthwise" if m in _DW_OPS else "vector"]
+        first, last = start - before, end + after
+        if m == "wload" and self._stealing:  # the gemm it took its reads from ends later
+            last = max(last, self.gemm_end)
+        until = self._busy_until[engine]
+        self.causes["busy_" + engine] += max(0, last - max(first, until))
+        self._busy_until[engine] = max(until, last)
 
     def _port_windows(self, q: str, m: str, start: int, end: int, cycles: int):
         """The cycles, with a margin, in which an instruction may read and write the

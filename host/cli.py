@@ -319,6 +319,7 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
 
 def report(model, results, labels, console: Console):
     """Predictions, accuracy, cycles, utilization and the per-unit table."""
+    from .adaptive.bottleneck import CAUSE_FIELDS, classify
     from .compiler.cost import CostModel
 
     out_name = model.graph.outputs[0]
@@ -349,14 +350,14 @@ def report(model, results, labels, console: Console):
         for t in r.trace:
             runs.setdefault(t.region, []).append(t)
     table = Table("unit", "nodes", "runs", "cycles", "predicted", "MACs", "DRAM rd", "DRAM wr",
-                  "tag hits", "misses", title="per unit (mean per run)")
+                  "tag hits", "misses", "bound by", title="per unit (mean per run)")
     regions = model.regions
     for uid in sorted(regions):
         u, recs = regions[uid], runs.get(uid, [])
         for t in recs:
             cost.observe(u.resources["work"], t.cycles, cold=bool(t.tag_misses))
         if not recs:
-            table.add_row(str(uid), ", ".join(u.nodes), "0", "", "", "", "", "", "", "")
+            table.add_row(str(uid), ", ".join(u.nodes), "0", "", "", "", "", "", "", "", "")
             continue
         def mean(f, recs=recs):
             return np.mean([getattr(t, f) for t in recs])
@@ -364,7 +365,8 @@ def report(model, results, labels, console: Console):
         table.add_row(str(uid), ", ".join(u.nodes), str(len(recs)), f"{mean('cycles'):.0f}",
                       f"{cost.predict(u.resources['work']):.0f}", f"{mean('macs'):.0f}",
                       f"{mean('dram_read_bytes'):.0f}", f"{mean('dram_write_bytes'):.0f}",
-                      f"{mean('tag_hits'):.1f}", f"{mean('tag_misses'):.1f}")
+                      f"{mean('tag_hits'):.1f}", f"{mean('tag_misses'):.1f}",
+                      classify(mean("cycles"), {f: mean(f) for f in CAUSE_FIELDS}).describe())
     console.print(table)
     before = cost.error()
     err = cost.fit()

@@ -67,7 +67,9 @@ class Brute:
                         weight += w
                         sums += w * np.array([r.cycles, r.macs, r.dram_read_bytes,
                                               r.dram_write_bytes, r.tag_hits, r.tag_misses,
-                                              r.stall_cycles], dtype=float)
+                                              r.stall_cycles, r.busy_load, r.busy_store,
+                                              r.busy_array, r.busy_vector, r.sp_conflicts],
+                                             dtype=float)
         return count / self.norm, weight, (sums / weight if weight else sums)
 
 
@@ -77,7 +79,9 @@ def _record(rng: random.Random, region: int) -> TraceRecord:
                        instructions=rng.randrange(50), macs=rng.randrange(20_000),
                        dram_read_bytes=rng.randrange(4096), dram_write_bytes=rng.randrange(1024),
                        tag_hits=rng.randrange(8), tag_misses=rng.randrange(8),
-                       stall_cycles=rng.randrange(100))
+                       stall_cycles=rng.randrange(100), busy_load=rng.randrange(300),
+                       busy_store=rng.randrange(300), busy_array=rng.randrange(300),
+                       busy_vector=rng.randrange(300), sp_conflicts=rng.randrange(20))
 
 
 def _random_stream(rng: random.Random, n: int, alphabet: int = 6):
@@ -465,3 +469,30 @@ def test_snapshot_is_json(seed):
         assert c["frequency"] == pytest.approx(prof.chain_frequency(c["chain"]))
     assert {u["uid"] for u in snap["units"]} == set(prof.units())
     assert {(e["src"], e["dst"]) for e in snap["edges"]} == set(prof.edges())
+
+
+def test_unit_stats_bound_from_counters_by_cause():
+    """Records with the engines' busy cycles classify by them, not by the work."""
+    peak, bus = 64, 8
+    prof = Profiler()
+    base = dict(start=0, instructions=10, macs=64 * 90, dram_read_bytes=80,
+                dram_write_bytes=0, tag_hits=0, tag_misses=0, stall_cycles=0)
+    prof.observe_records([
+        # the work says compute; the DMA was busy 80% of the cycles
+        TraceRecord(region=1, end=100, busy_load=80, busy_array=40, **base),
+        TraceRecord(region=2, end=100, busy_array=30, busy_vector=20, **base),
+        TraceRecord(region=3, end=100, busy_array=90, sp_conflicts=15, **base),
+        TraceRecord(region=4, end=100, busy_array=70, busy_load=60, **base),
+    ])
+    assert [prof.unit_stats(u).bound(peak, bus) for u in (1, 2, 3, 4)] == \
+        ["memory", "overhead", "conflict", "compute"]
+    assert prof.unit_stats(1).busy_load == 80 and prof.unit_stats(3).sp_conflicts == 15
+
+
+def test_state_saved_before_the_counters_by_cause_loads():
+    prof = Profiler()
+    prof.observe_records([TraceRecord(1, 0, 10, 1, 64, 8, 0, 0, 0, 0)])
+    state = prof.to_dict()
+    state["units"] = [[*u[:5], u[5][:7]] for u in state["units"]]  # the old 7 sums
+    old = Profiler.from_dict(state)
+    assert old.unit_stats(1).cycles == 10 and old.unit_stats(1).busy_array == 0

@@ -40,9 +40,12 @@ import numpy as np
 
 from firmware.golden import TraceRecord
 
+from .bottleneck import classify
+
 __all__ = ["ProfilerConfig", "Profiler", "UnitStats", "STAT_FIELDS"]
 
-STAT_FIELDS = ("cycles", "macs", "dram_read", "dram_write", "hits", "misses", "stalls")
+STAT_FIELDS = ("cycles", "macs", "dram_read", "dram_write", "hits", "misses", "stalls",
+               "busy_load", "busy_store", "busy_array", "busy_vector", "sp_conflicts")
 """Per-unit counter means kept by the profiler, in :class:`UnitStats` field order."""
 
 FeatureKey = tuple[tuple[str, Hashable], ...]
@@ -51,7 +54,8 @@ FeatureKey = tuple[tuple[str, Hashable], ...]
 def _record_values(rec: TraceRecord) -> tuple[float, ...]:
     """The :data:`STAT_FIELDS` values of one trace record."""
     return (rec.cycles, rec.macs, rec.dram_read_bytes, rec.dram_write_bytes,
-            rec.tag_hits, rec.tag_misses, rec.stall_cycles)
+            rec.tag_hits, rec.tag_misses, rec.stall_cycles, rec.busy_load, rec.busy_store,
+            rec.busy_array, rec.busy_vector, rec.sp_conflicts)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class UnitStats:
     cycles, macs, dram_read, dram_write, hits, misses, stalls : decayed means per
         run of the region's cycles, MACs, DRAM bytes read and written, tag hits and
         misses, and stall cycles.
+    busy_load, busy_store, busy_array, busy_vector, sp_conflicts : decayed means per
+        run of the engines' busy cycles and the refused scratchpad port-cycles (the
+        counters by cause).
     """
 
     uid: int
@@ -119,6 +126,11 @@ class UnitStats:
     hits: float = 0.0
     misses: float = 0.0
     stalls: float = 0.0
+    busy_load: float = 0.0
+    busy_store: float = 0.0
+    busy_array: float = 0.0
+    busy_vector: float = 0.0
+    sp_conflicts: float = 0.0
 
     def bound(self, peak_macs: float, bus_bytes: float) -> str:
         """Classify what dominates this unit's cycles.
@@ -130,14 +142,20 @@ class UnitStats:
 
         Returns
         -------
-        ``"compute"`` when ``macs / peak_macs`` accounts for at least half the
-        cycles and exceeds the DRAM time ``(dram_read + dram_write) / bus_bytes``;
-        ``"memory"`` when the DRAM time does so; ``"overhead"`` when neither
-        accounts for half the cycles (dispatch, latency, control, or no cycles
-        measured at all).
+        Where the records measured the engines' busy cycles, the class
+        :func:`host.adaptive.bottleneck.classify` reads from them: ``"memory"``,
+        ``"compute"``, ``"overhead"`` or ``"conflict"``. Otherwise an estimate from
+        the work alone: ``"compute"`` when ``macs / peak_macs`` accounts for at least
+        half the cycles and exceeds the DRAM time ``(dram_read + dram_write) /
+        bus_bytes``; ``"memory"`` when the DRAM time does so; ``"overhead"`` when
+        neither accounts for half the cycles (dispatch, latency, control, or no
+        cycles measured at all).
         """
         if not peak_macs > 0 or not bus_bytes > 0:
             raise ValueError(f"peak_macs {peak_macs!r} and bus_bytes {bus_bytes!r} must be > 0")
+        busy = (self.busy_load, self.busy_store, self.busy_array, self.busy_vector)
+        if self.cycles > 0 and any(busy):
+            return classify(self.cycles, vars(self)).kind
         compute = self.macs / peak_macs
         memory = (self.dram_read + self.dram_write) / bus_bytes
         if self.cycles <= 0 or max(compute, memory) < self.cycles / 2:
@@ -164,6 +182,14 @@ class _Unit:
     runs: int = 0  # undecayed runs
     weight: float = 0.0  # decayed runs with a record
     sums: np.ndarray = field(default_factory=lambda: np.zeros(len(STAT_FIELDS)))
+
+
+def _padded(sums) -> np.ndarray:
+    """Saved per-unit sums as :data:`STAT_FIELDS` long (a state saved before the
+    counters by cause has fewer; they read as not measured)."""
+    out = np.zeros(len(STAT_FIELDS))
+    out[:len(sums)] = sums
+    return out
 
 
 def _feature_keys(features: Mapping[str, Hashable] | None) -> list[FeatureKey]:
@@ -522,7 +548,7 @@ class Profiler:
         prof._recent.extend(tuple(t) for t in state["recent"])
         prof._chains = {tuple(c): _Decayed(v, t) for c, v, t in state["chains"]}
         prof._units = {int(uid): _Unit(t=t, count=count, runs=runs, weight=weight,
-                                       sums=np.array(sums, dtype=float))
+                                       sums=_padded(sums))
                        for uid, t, count, runs, weight, sums in state["units"]}
         prof._edges = {None: {}}
         for key, rows in state["edges"]:
