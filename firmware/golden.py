@@ -275,6 +275,7 @@ class Machine:
         self.regs = [0] * isa.NUM_REGS
         self.last: RunResult | None = None
         self.inexact_runs = 0  # runs whose cycles are not exact (RunResult.cycles_exact)
+        self.counted_inexact = 0  # ... of them since the counters were reset
         self._cursor: _Cursor | None = None
         self._reset_run_state()
 
@@ -329,6 +330,7 @@ class Machine:
 
     def reset_counters(self):
         self.counters = _counters(self.config.partitions)
+        self.counted_inexact = 0
 
     def invalidate_tags(self):
         self.tags = [None] * len(self.tags)
@@ -440,6 +442,7 @@ class Machine:
         result.cycles = cycles
         result.cycles_exact = result.ok and not self._time.contended
         self.inexact_runs += not result.cycles_exact
+        self.counted_inexact += not result.cycles_exact
         result.instructions = self.counters["instructions"] - cur.start_instr
         self.last = result
         return result
@@ -999,7 +1002,10 @@ class _Timeline:
         self.causes = dict.fromkeys(CAUSE_COUNTERS, 0)  # firmware.regs.CAUSE_COUNTERS
         self._busy_until = {"array": 0, "vector": 0}  # the engines' busy intervals' end
         self._token_waits: list[tuple[Token, int]] = []  # of the instruction being timed
-        self._after_vargmax = self._operands_again = 0  # see _wait
+        self._front = 0  # when the instruction being timed is at its queue's front
+        self._after_vargmax = self._repeated = 0  # see _next_instruction
+        self.accepted = 0  # when an engine took the compute queue's last instruction
+        self._gemm_start = self._gemm_rows_end = 0  # the latest gemm's start, last row
         # Scratchpad use, per kind of access, of the instructions that may still overlap
         # a later one: (start, end, banks) of DMA reads (stores) and writes (loads), compute
         # reads and writes. The DMA's ports come last in the scratchpad's priority, so
@@ -1018,18 +1024,18 @@ class _Timeline:
         self.load_rows = None  # (sp base, dram, stride, rows, bytes) of the load being timed
         self._start = self._ready = 0  # of the queue instruction being dispatched
 
-    def _wait(self, t: int, cause: str = "stall_in_seq"):
+    def _wait(self, t: int, cause: str = "stall_in_seq", dispatching: int = 0):
+        """Wait until ``t``; its first ``dispatching`` cycles are not a stall."""
         if t > self.now:
-            # The sequencer repeats its operands step after a vargmax: a cycle of the
-            # wait that follows is dispatch, not stall, to the RTL.
-            waited = t - self.now - self._operands_again
-            self._operands_again = 0
-            self.stall += waited
-            self.causes[cause] += waited
+            stall = max(0, t - self.now - dispatching)
+            self.stall += stall
+            self.causes[cause] += stall
             self.now = t
 
     def _next_instruction(self):
-        self._operands_again, self._after_vargmax = self._after_vargmax, 0
+        # The sequencer repeats its operands step after dispatching a vargmax.
+        self.now += self._after_vargmax
+        self._repeated, self._after_vargmax = self._after_vargmax, 0
 
     def seq(self):
         self._next_instruction()
@@ -1042,7 +1048,9 @@ class _Timeline:
         self.now += self.cost.branch_taken
 
     def read_reg(self, r: int):
-        self._wait(self.reg_ready[r])
+        # A vargmax's result reaches a dispatch a cycle into its wait (its operands
+        # step takes the value written back), unless that step is a repeated one.
+        self._wait(self.reg_ready[r], dispatching=1 - self._repeated)
 
     def drain(self, queues=("load", "compute", "store")):
         # A queue that has completed nothing in this run (done 0) was idle all along.
@@ -1064,7 +1072,9 @@ class _Timeline:
                 self.contended = True
             self._wait(oldest - self.cost.fire_overlap, "stall_out_seq")
         ready = self.now + self.cost.queue_start
-        front = max(ready, self.free[q])  # its queue's head from then on
+        # its queue's head from then on: the compute queue moves on as an engine
+        # accepts a command, before the engine starts it
+        front = self._front = max(ready, self.accepted if q == "compute" else self.free[q])
         self._token_waits = []
         for flag in (Token.POP_PREV, Token.POP_NEXT):
             if tokens & flag:
@@ -1137,6 +1147,8 @@ class _Timeline:
         # (a DMA queue is busy until its transfer's end, then takes the next one)
         self.busy[q] += latency if q != "compute" else issue if m != "wload" else cycles
         self._count_causes(q, m, start, end)
+        if q == "compute":
+            self._accept(m, start)
         # (a cfg behind the array frees its entry as the array's last command ends)
         self.starts[q].append((start, "cfg after array" if m == "cfg" and late else m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
@@ -1185,6 +1197,24 @@ class _Timeline:
         until = self._busy_until[engine]
         self.causes["busy_" + engine] += max(0, last - max(first, until))
         self._busy_until[engine] = max(until, last)
+
+    def _accept(self, m: str, start: int):
+        """Note when the compute queue's next entry is at its front: a cycle after an
+        engine took the instruction that starts at ``start`` (a gemm while the gemm
+        before it streams: the array queues one; a wload once the wload before it
+        is done; anything else as it starts)."""
+        front = max(self._front, self._ready)  # ... and its tokens are in
+        if m == "gemm":
+            taken = front
+            if self._gemm_rows_end > front:  # queued behind the gemm that streams
+                taken = max(front, self._gemm_start)
+            taken = min(taken, start - self.cost.gemm_intake)
+            self._gemm_start, self._gemm_rows_end = start, self.free["compute"]
+        elif m == "wload":
+            taken = min(start, max(front, self.wload_done + 1))
+        else:
+            taken = start
+        self.accepted = taken + 1
 
     def _port_windows(self, q: str, m: str, start: int, end: int, cycles: int):
         """The cycles, with a margin, in which an instruction may read and write the

@@ -23,6 +23,7 @@ import numpy as np
 
 from firmware import asm
 from firmware.golden import EXACT_COUNTERS
+from firmware.regs import CAUSE_COUNTERS
 from firmware.isa import ErrorCode
 from firmware.quant import quantize_multiplier
 from host.device import GoldenDevice
@@ -32,7 +33,10 @@ PROGRAMS = Path(__file__).resolve().parent.parent / "firmware" / "programs"
 DRAM_BYTES = 1 << 20
 EXACT_TRACE = ("region", "instructions", "macs", "dram_read_bytes", "dram_write_bytes",
                "tag_hits", "tag_misses")
-CYCLE_TRACE = ("start", "end")  # trace fields exact where the run's cycles are
+# trace fields and counters exact where the run's cycles are
+CYCLE_TRACE = ("start", "end", "stall_cycles", "busy_load", "busy_store", "busy_array",
+               "busy_vector", "sp_conflicts")
+CYCLE_COUNTERS = ("stall_cycles", "busy_load", "busy_store") + CAUSE_COUNTERS
 TABLE = [(i * 1024, 1024) for i in range(8)]
 RUN_TIMEOUT = 2_000_000  # cycles an RTL run may take before the scenario calls it a hang
 
@@ -41,8 +45,8 @@ def assert_same_inference(where: str, rtl, gold, device: str = "RTL",
                           cycles: bool = True) -> None:
     """An inference on the RTL (or a board) equals the golden model's: the outputs
     (values and dtypes), the exact counters and the exact fields of every trace record,
-    and with ``cycles`` its cycles and the trace's start and end cycles (see
-    :func:`golden_cycles_exact` for when the golden model promises them)."""
+    and with ``cycles`` its cycles, the counters by cause and the trace's cycle fields
+    (see :func:`golden_cycles_exact` for when the golden model promises them)."""
     assert rtl.outputs.keys() == gold.outputs.keys(), f"{where}: output names"
     for k, v in rtl.outputs.items():
         assert v.dtype == gold.outputs[k].dtype and np.array_equal(v, gold.outputs[k]), \
@@ -59,6 +63,9 @@ def assert_same_inference(where: str, rtl, gold, device: str = "RTL",
     if cycles:
         assert rtl.cycles == gold.cycles, \
             f"{where}: cycles: {device} {rtl.cycles}, golden {gold.cycles}"
+        for c in CYCLE_COUNTERS:
+            assert rtl.counters[c] == gold.counters[c], \
+                f"{where}: counter {c}: {device} {rtl.counters[c]}, golden {gold.counters[c]}"
 
 
 def golden_cycles_exact(device, since: int) -> bool:
@@ -164,6 +171,10 @@ class Pair:
             assert cr[kind] == cg[kind], f"{what}: {kind}: RTL {cr[kind]}, golden {cg[kind]}"
         tr, tg = rtl.read_trace(), gold.read_trace()
         assert len(tr) == len(tg), f"{what}: {len(tr)} trace records, golden {len(tg)}"
+        if self.memory_exact and gold.device.machine.counted_inexact == 0:
+            for name in CYCLE_COUNTERS:
+                assert cr[name] == cg[name], f"{what}: counter {name}: RTL {cr[name]}, " \
+                                             f"golden {cg[name]}"
         fields = EXACT_TRACE + (CYCLE_TRACE if self._trace_exact else ())
         self._trace_exact = True
         for a, b in zip(tr, tg, strict=True):
