@@ -817,6 +817,44 @@ COST_PROGRAMS = {
 }
 
 
+CAUSE_PROGRAMS = {
+    "busy_array": WLOAD + _gemm(8),
+    "busy_vector": "vclip p1, r0, p0, r0, 4, 8\n",
+    "stall_in_seq": "vargmax r12, p0, r0, 8\naddi r3, r12, 1\n",  # a register
+    "stall_out_seq": COST_PROGRAMS["full queue"],
+    "stall_in_load": LOAD64,
+    "stall_out_load": COST_PROGRAMS["vclip>load token"],
+    "stall_in_array": COST_PROGRAMS["load>wload token"],
+    "stall_out_array": "store p0, r0, r0, r0, 1, 64, push=prev\nwload p1, r0, 8, 8, pop=next\n",
+    "stall_in_vector": COST_PROGRAMS["load>vclip token"],
+    "stall_out_vector": "store p0, r0, r0, r0, 1, 64, push=prev\n"
+                        "vclip p1, r0, p0, r0, 1, 8, pop=next\n",
+    "stall_in_store": COST_PROGRAMS["vclip>store token"],
+    "stall_out_store": "store p0, r0, r0, r0, 1, 64\n",
+    # the two sources 64 bytes apart: the same bank in every cycle
+    "sp_conflicts": "li r9, 64\nvadd p1, r0, p0, r0, p0, r9, 4, 16\n",
+    "dram_read_bursts": "li r8, 4095\nload p0, r0, r0, r8, 2, 8\n",  # across a page
+    "dram_write_bursts": COST_PROGRAMS["store 6 rows across 4 KiB pages"],
+}
+"""A program per counter by cause (``firmware.regs.CAUSE_COUNTERS``) that makes it count."""
+
+
+def cause_counters(device, config, seed):
+    """Each :data:`CAUSE_PROGRAMS` program makes its counter count, on the RTL and
+    the golden model alike (every counter by cause equal after each)."""
+    pair = Pair(device, config)
+    for name, body in CAUSE_PROGRAMS.items():
+        job = Job(name, asm.assemble(body + "end\n"), TABLE[:config.partitions],
+                  args=COST_ARGS)
+        for drv in pair.both():
+            drv.reset_counters()
+            drv.invalidate_tags()
+        pair.run_job(job, check_dram=False)  # compares every counter by cause
+        rtl = pair.rtl.counters()[name]
+        print(f"  {name:<18} RTL {rtl:>4}  golden {pair.gold.counters()[name]:>4}")
+        assert rtl > 0, f"{name}: its program does not make it count"
+
+
 def cost_model(device, config, seed):
     """The golden cost model counts the cycles of every program in
     :data:`COST_PROGRAMS` as the RTL does: each program's RTL cycles equal the golden
