@@ -159,12 +159,38 @@ _COUNTERS = """
 
 The golden model keeps the counters the hardware exposes. These must match the RTL
 exactly: {exact}. Cycle, busy and stall figures come from the cost model below;
-`cycles` and the trace's start and end cycles are the RTL's exactly where the cost
-model says so (its last bullet).
+`cycles`, the trace's cycle fields, `stall_cycles`, `busy_load`, `busy_store` and the
+counters by cause ({causes}) are the RTL's exactly where the cost model says so (its
+last bullet). Elsewhere they are estimates: the model does not play out the bank
+conflicts of a DMA transfer against compute, which is what makes a run inexact, so
+`sp_conflicts` reads 0 there while the RTL counts them. `busy_compute` is an estimate
+everywhere.
 A region's trace record holds its id, start and end cycle, and the deltas of
 instructions (from `region.begin` up to, not including, `region.end`), MACs, DRAM
-bytes read and written, tag hits and misses, and sequencer stall cycles. A record
-that finds the trace FIFO full is dropped and counted in `trace_overflows`.
+bytes read and written, tag hits and misses, sequencer stall cycles, the busy cycles
+of the load and store queues, of the array (GEMM and depthwise engines) and of the
+vector unit, and the scratchpad conflicts. A record that finds the trace FIFO full
+is dropped and counted in `trace_overflows`.
+
+The counters by cause, per engine (docs/registers.md has one line each):
+
+* busy: `busy_load`, `busy_store` (the queue executes an instruction), `busy_array`
+  (the GEMM or depthwise engine holds work: from the array taking a command to its
+  last result in the accumulators), `busy_vector`; the sequencer's busy cycles are
+  `cycles - stall_cycles`.
+* stalled on input (waiting for its data): `stall_in_seq` (a register a vargmax
+  writes, or a drain: `sync`, `region`, `ptsel`, `tinv`, `end`), `stall_in_load` (the
+  load DMA busy with no beat into the scratchpad: DRAM latency), `stall_in_array` and
+  `stall_in_vector` (the compute queue's head waits for the load queue's token),
+  `stall_in_store` (the store queue's head waits for compute's token).
+* stalled on output (waiting for room): `stall_out_seq` (the instruction's queue is
+  full), `stall_out_load` (the load queue's head waits for compute's token: its
+  buffer is still in use), `stall_out_array` and `stall_out_vector` (the compute
+  queue's head waits for the store queue's token), `stall_out_store` (the store DMA
+  busy with no write beat accepted: DRAM acceptance and latency).
+* `sp_conflicts`: port-cycles the scratchpad refused because a port of higher
+  priority held the bank (at most one per port and cycle); `dram_read_bursts`,
+  `dram_write_bursts`: AXI bursts (firmware.bursts.burst_plan).
 
 ## Cycle cost model (golden model)
 
@@ -346,6 +372,7 @@ def render() -> str:
     config_rows = "\n".join(f"| `{f.name}` | {getattr(NPUConfig(), f.name)} |"
                             for f in dataclasses.fields(NPUConfig))
     out.append(_COUNTERS.format(exact=", ".join(f"`{c}`" for c in EXACT_COUNTERS),
+                                causes=", ".join(f"`{c}`" for c in regs.CAUSE_COUNTERS),
                                 cost_rows=cost_rows, config_rows=config_rows))
     return "\n".join(out).rstrip() + "\n"
 

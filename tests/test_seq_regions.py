@@ -15,7 +15,8 @@ from hdl.sequencer import TRACE_WORDS as SEQ_TRACE_WORDS
 
 M32 = (1 << 32) - 1
 WIDTHS = {"instructions": 1, "macs": 16, "dram_read_bytes": 16, "dram_write_bytes": 16,
-          "tag_hits": 1, "tag_misses": 1, "stall_cycles": 1}
+          "tag_hits": 1, "tag_misses": 1, "stall_cycles": 1, "busy_load": 1, "busy_store": 1,
+          "busy_array": 1, "busy_vector": 1, "sp_conflicts": 3}
 
 
 def _run(dut, bench):
