@@ -366,7 +366,7 @@ def report(model, results, labels, console: Console):
                       f"{cost.predict(u.resources['work']):.0f}", f"{mean('macs'):.0f}",
                       f"{mean('dram_read_bytes'):.0f}", f"{mean('dram_write_bytes'):.0f}",
                       f"{mean('tag_hits'):.1f}", f"{mean('tag_misses'):.1f}",
-                      classify(mean("cycles"), {f: mean(f) for f in CAUSE_FIELDS}).describe())
+                      classify(mean("cycles"), {f: mean(f) for f in CAUSE_FIELDS}).describe(1))
     console.print(table)
     before = cost.error()
     err = cost.fit()

@@ -48,10 +48,11 @@ class Bottleneck:
     kind: str
     shares: dict
 
-    def describe(self) -> str:
-        """One line, e.g. ``memory-bound (load 82%, array 31%)``."""
+    def describe(self, engines: int = 2) -> str:
+        """One line naming the ``engines`` busiest engines, e.g. ``memory-bound (load
+        82%, array 31%)``."""
         busy = sorted(((v, k) for k, v in self.shares.items() if k in _ENGINES), reverse=True)
-        parts = [f"{k.removeprefix('busy_')} {100 * v:.0f}%" for v, k in busy[:2]]
+        parts = [f"{k.removeprefix('busy_')} {100 * v:.0f}%" for v, k in busy[:engines]]
         if self.kind == "conflict":
             parts.insert(0, f"conflicts {self.shares['sp_conflicts']:.2f}/cycle")
         return f"{self.kind}-bound ({', '.join(parts)})"
