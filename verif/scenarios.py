@@ -23,9 +23,9 @@ import numpy as np
 
 from firmware import asm
 from firmware.golden import EXACT_COUNTERS
-from firmware.regs import CAUSE_COUNTERS
 from firmware.isa import ErrorCode
 from firmware.quant import quantize_multiplier
+from firmware.regs import CAUSE_COUNTERS
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 
