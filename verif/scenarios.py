@@ -853,6 +853,17 @@ def cause_counters(device, config, seed):
         rtl = pair.rtl.counters()[name]
         print(f"  {name:<18} RTL {rtl:>4}  golden {pair.gold.counters()[name]:>4}")
         assert rtl > 0, f"{name}: its program does not make it count"
+    # the region records' busy and conflict fields (compared with the golden model's)
+    body = "".join(f"region.begin {i}\n{CAUSE_PROGRAMS[name]}region.end {i}\n"
+                   for i, name in enumerate(("busy_array", "sp_conflicts", "stall_out_store",
+                                             "stall_in_load"), start=1))
+    job = Job("regions", asm.assemble(body + "end\n"), TABLE[:config.partitions],
+              args=COST_ARGS)
+    pair.run_job(job, check_dram=False, check_state=False)
+    records = pair.compare("regions", check_dram=False)
+    assert [(r.busy_array > 0, r.sp_conflicts > 0, r.busy_store > 0, r.busy_load > 0)
+            for r in records] == [(True, False, False, False), (False, True, False, False),
+                                  (False, False, True, False), (False, False, False, True)]
 
 
 def cost_model(device, config, seed):
