@@ -256,7 +256,8 @@ Parameters (`firmware.golden.CostModel`):
   load ends that much later; `_Timeline._load_delay` plays it out beat by beat). A
   dispatch that reads the register of an in-flight `vargmax` (a `br` too: its
   condition step comes after the wait) ends `reg_writeback` cycles after the
-  `vargmax`.
+  `vargmax`; the instruction after a `vargmax` takes a cycle more (the sequencer
+  repeats its operands step).
 * Depthwise engine: `dwload` reads its 14 windows, one a cycle, done
   `dwload_latency` after; `dwconv` reads one window a cycle, `((h-1)*s + kh) *
   ((m-1)*s + kw)` of them, and writes its `h*m` accumulator rows as the columns
