@@ -349,7 +349,7 @@ def test_cli_commands(capsys):
 def test_run_shows_each_units_bottleneck(capsys, monkeypatch):
     """`npu run`'s per-unit table classifies each unit from its counters by cause."""
     monkeypatch.setenv("COLUMNS", "200")
-    assert npu_main(["run", "cnn", "--digits", "2"]) == 0
+    assert npu_main(["run", "cnn", "--digits", "2", "--per-layer"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if "-bound (" in line]
-    assert len(rows) == 5, rows  # one per unit of the cnn
+    assert len(rows) == 5, rows  # one per layer of the cnn
     assert any("compute-bound (array" in r for r in rows), rows
