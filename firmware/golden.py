@@ -1126,7 +1126,9 @@ class _Timeline:
             latency, issue = cycles
         elif q in ("load", "store"):
             if q == "load" and self.load_rows is not None and self.vector_plan:
-                cycles += self._load_delay(start, cycles)
+                delay = self._load_delay(start, cycles)
+                cycles += delay
+                self.causes["stall_in_load"] += delay  # beats held back by the writes
             latency, issue = cycles, cycles + c.dma_gap
         else:
             issue = latency = cycles
@@ -1300,6 +1302,7 @@ class _Timeline:
                 t = max(t + 1, nominal)
                 while busy.get(t, 0) & mask:
                     t += 1
+                    self.causes["sp_conflicts"] += 1  # the DMA's write port refused
         return t - nominal
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:
