@@ -823,17 +823,22 @@ class Machine:
         acc = self._acc_rows(self._reg(o["acc"]), mrows)
         rows = self._sp_rows(o["p"], self._reg(o["sp"]), mrows, n,
                              self.cfg[CfgField.OUT_STRIDE])
-        base = self._sp_range(o["pb"], self._reg(o["b"]), 4 * mrows)
-        bias = self.sp[base: base + 4 * mrows].view("<i4").astype(np.int64)
+        words = n if o["col"] else mrows
+        base = self._sp_range(o["pb"], self._reg(o["b"]), 4 * words)
+        bias = self.sp[base: base + 4 * words].view("<i4").astype(np.int64)
         c = self.cfg
         if o["tab"]:
             mul, shift = self.qtab_mul[:n], self.qtab_shift[:n]
         else:
             mul, shift = c[CfgField.QMUL], c[CfgField.QSHIFT]
-        biased = wrap32(self.acc[acc, :n].astype(np.int64) + bias[:, None])
+        biased = wrap32(self.acc[acc, :n].astype(np.int64)
+                        + (bias[None, :] if o["col"] else bias[:, None]))
         y = requantize(biased, mul, shift, c[CfgField.QZP], c[CfgField.CLIP_LO],
                        c[CfgField.CLIP_HI])
         self._sp_write(rows, y)
+        if o["col"]:  # the bias words first, then an accumulator row a cycle
+            self._uses(reads=[(base, 4 * n)], writes=[(rows, n)])
+            return self._vec_cycles(1, 4 * n) + self._vec_cycles(mrows, n)
         self._uses(reads=[(base + 4 * np.arange(mrows), 4)], writes=[(rows, n)])
         self._time.vector_writes = (rows, n)
         return self._vec_cycles(mrows, n)  # a bias word beside each accumulator row

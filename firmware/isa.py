@@ -536,16 +536,22 @@ SPECS: tuple[InstrSpec, ...] = (
          _f("m", 29, 12, Kind.COUNT, "rows"),
          _f("n", 21, 8, Kind.COUNT, "columns, 1..array cols"),
          _part("pb", 18, "partition of the biases"),
-         _reg("b", 14, "scratchpad byte offset of the int32 biases, one per row"),
+         _reg("b", 14, "scratchpad byte offset of the int32 biases, one per row "
+              "(col=1: one per column)"),
          _f("tab", 13, 1, Kind.UINT, "1: column j's multiplier and shift from the "
-            "requantization table (vqtab)", default=0)),
-        "Requantize accumulator rows to int8 after adding a bias per row (GEMV results).",
-        "y = clamp(cfg.qzp + rshift_rne((acc + bias_i) * mul_j, shift_j), cfg.clip_lo, "
-        "cfg.clip_hi) with bias_i = int32le(sp[pb][b + 4i : +4]) added with int32 "
+            "requantization table (vqtab)", default=0),
+         _f("col", 12, 1, Kind.UINT, "1: a bias per column (the n words at b, read "
+            "before the rows), not per row", default=0)),
+        "Requantize accumulator rows to int8 after adding a bias per row (GEMV results) "
+        "or per column (GEMM results).",
+        "y = clamp(cfg.qzp + rshift_rne((acc + bias) * mul_j, shift_j), cfg.clip_lo, "
+        "cfg.clip_hi) with bias = bias_i = int32le(sp[pb][b + 4i : +4]), or with col=1 "
+        "bias_j = int32le(sp[pb][b + 4j : +4]), added with int32 "
         "wrapping and (mul_j, shift_j) as vreq; row i goes to sp + i*(cfg.out_stride "
         "or n); the accumulators keep their values. A GEMV that streams transposed "
         "weight rows through a stationary input column leaves output i in row i: "
-        "vbias would add one bias to every row.",
+        "vbias would add one bias to every row. With col=1 it is vbias and vreq in "
+        "one pass over the rows.",
         "vector",
     ),
     InstrSpec(

@@ -230,6 +230,7 @@ def vector_command_layout(config: NPUConfig) -> data.StructLayout:
         "m": M_BITS,
         "n": N_BITS,
         "tab": 1,  # REQ, REQB: per-column multipliers and shifts from the table
+        "col": 1,  # REQB: one bias word per column at b (read first), not one per row
     })
 
 

@@ -780,12 +780,14 @@ class Sequencer(wiring.Component):
             ed = check(0, fieldof("p"), R(mn, "sp"),
                        *rows_span(eff(CfgField.OUT_STRIDE, n), n))
             fail(ed != 0, ed, at=0)
-            eb = check(1, fieldof("pb"), R(mn, "b"), *rows_span(4, 4))
+            col = fieldof("col")  # n bias words (one per column), not m (one per row)
+            rows, _, _, _ = rows_span(4, 4)
+            eb = check(1, fieldof("pb"), R(mn, "b"), Mux(col, n, rows), 4, Mux(col, 0, 4))
             fail(eb != 0, eb, at=1)
             m.d.comb += [entry.vector.eq(1), vec.op.eq(VectorOp.REQB),
                          vec.d.eq(self.chk[0].addr), vec.b.eq(self.chk[1].addr),
                          vec.acc.eq(first), vec.m.eq(mr), vec.n.eq(n),
-                         vec.tab.eq(fieldof("tab"))]
+                         vec.tab.eq(fieldof("tab")), vec.col.eq(col)]
         elif mn == "vqtab":
             n = fieldof("n")
             fail(wbad, ErrorCode.BAD_OPERAND)  # n larger than the array

@@ -184,7 +184,9 @@ class VectorUnit(wiring.Component):
     * ``REQB``: ``REQ`` of ``acc[acc+i][j] + int32le(sp[b + 4i : b + 4i + 4])``
       (wrapping at 32 bits): a bias per row, for GEMV results (one output per
       accumulator row). Reader B reads row ``i``'s bias word beside row ``i``, so
-      it streams a row per cycle like ``REQ``.
+      it streams a row per cycle like ``REQ``. With ``col``, ``REQ`` of
+      ``acc[acc+i][j] + int32le(sp[b + 4j : b + 4j + 4])``: a bias per column (GEMM
+      results), whose words reader A reads first, as ``BIAS`` does.
     * ``QTAB``: table entry ``j = (int32le(sp[a+8j : a+8j+4]), sp[a+8j+4] & 63)`` for
       ``j < n`` (``n <= cols``); the other entries keep their values.
     * ``ADD``: ``sp[d + i*ostride + j] = clamp(qzp + rshift_rne(add_mul_a*(x - add_zp_a)
@@ -348,6 +350,8 @@ class VectorUnit(wiring.Component):
         wb = _Walker("rb", spb, W)
         ww = _Walker("wr", spb, W)
         a_on_acc = Signal()  # reader A reads accumulator rows, not the scratchpad
+        # BIAS, and REQB with a bias per column, read their bias words before the rows.
+        bias_first = (op == VectorOp.BIAS) | ((op == VectorOp.REQB) & cmd.col)
 
         with m.If(start):
             m.d.sync += a_on_acc.eq(0)
@@ -357,10 +361,15 @@ class VectorUnit(wiring.Component):
                     wa.load(m, base=cmd.a, rows=1, n=n,
                             chunks=((n << 2) + (W - 1)) >> shift_w)
                 with m.Case(VectorOp.REQ, VectorOp.REQB):
-                    wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
-                    m.d.sync += a_on_acc.eq(1)
+                    with m.If(bias_first):
+                        # The 4n bias bytes at b, then (on the final one) the rows.
+                        wa.load(m, base=cmd.b, rows=1, n=n,
+                                chunks=((n << 2) + (W - 1)) >> shift_w)
+                    with m.Else():
+                        wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
+                        m.d.sync += a_on_acc.eq(1)
                     ww.load(m, base=cmd.d, rows=cmd.m, n=n, rstride=ostride)
-                    with m.If(op == VectorOp.REQB):
+                    with m.If((op == VectorOp.REQB) & ~cmd.col):
                         # Each row's bias word: one window per row, beside its row.
                         wb.load(m, base=cmd.b, rows=cmd.m, n=4, chunks=1, rstride=4)
                 with m.Case(VectorOp.ADD):
@@ -409,7 +418,7 @@ class VectorUnit(wiring.Component):
         m.d.comb += [
             tag_now.first.eq(wa.first_tap),
             tag_now.last.eq(wa.last_tap),
-            tag_now.final.eq(wa.final & ((op != VectorOp.BIAS) | a_on_acc)),
+            tag_now.final.eq(wa.final & (~bias_first | a_on_acc)),
             tag_now.row.eq(a_on_acc),
             tag_now.k.eq(wa.k),
             tag_now.rem.eq(wa.rem),
@@ -425,7 +434,7 @@ class VectorUnit(wiring.Component):
         acc_rdata = ([self.acc.rdata]
                      + delayed(m, self.acc.rdata, SP_READ_LATENCY - 1, "acc_rdata"))[-1]
         with m.If(a_granted):
-            with m.If((op == VectorOp.BIAS) & ~a_on_acc & wa.final):
+            with m.If(bias_first & ~a_on_acc & wa.final):
                 wa.load(m, base=cmd.acc, rows=cmd.m, n=n, chunks=1, rstride=1)
                 m.d.sync += a_on_acc.eq(1)
             with m.Else():
@@ -467,7 +476,8 @@ class VectorUnit(wiring.Component):
         head_valid, tail_valid = Signal(), Signal()
         move = ~tail_valid
         is_add = op == VectorOp.ADD
-        uses_b = is_add | (op == VectorOp.REQB)  # b's windows pair with a's beats
+        # b's windows pair with a's beats
+        uses_b = is_add | ((op == VectorOp.REQB) & ~cmd.col)
         take = move & (qa.r_rdy | qacc.r_rdy) & (~uses_b | qb.r_rdy)
         m.d.comb += [qa.r_en.eq(take & qa.r_rdy), qacc.r_en.eq(take & ~qa.r_rdy),
                      qb.r_en.eq(take & uses_b)]
@@ -561,7 +571,8 @@ class VectorUnit(wiring.Component):
         with m.If(move):
             m.d.sync += [
                 s1_valid.eq(take & (
-                    req | add | (op == VectorOp.CLIP) | ((op == VectorOp.MAX) & tag.last))),
+                    (req & tag.row) | add | (op == VectorOp.CLIP)
+                    | ((op == VectorOp.MAX) & tag.last))),
                 s1_row.eq(take & (op == VectorOp.BIAS) & tag.row),
                 s1_am.eq(take & (op == VectorOp.ARGMAX)),
                 s1_tab.eq(take & (op == VectorOp.QTAB) & tag.final),
@@ -576,7 +587,8 @@ class VectorUnit(wiring.Component):
                             m.d.sync += opa[j].eq(acc_words[j])
                     with m.Case(VectorOp.REQB):
                         if j < C:  # wrapping at 32 bits, as BIAS
-                            m.d.sync += opa[j].eq(acc_words[j] + row_bias)
+                            m.d.sync += opa[j].eq(
+                                acc_words[j] + Mux(cmd.col, bias_words[j], row_bias))
                     with m.Case(VectorOp.BIAS):
                         if j < C:
                             m.d.sync += opa[j].eq(acc_words[j] + bias_words[j])
@@ -611,7 +623,7 @@ class VectorUnit(wiring.Component):
                                 else:
                                     m.d.sync += tab_shift[e].eq(byte[:QTAB_SHIFT_BITS])
             # The bias words arrive W bytes at a time, chunk k holding bytes kW..kW+W-1.
-            with m.If((op == VectorOp.BIAS) & ~tag.row):
+            with m.If(bias_first & ~tag.row):
                 for kk in range(-(-4 * C // W)):
                     with m.If(tag.k == kk):
                         for j in range(W):

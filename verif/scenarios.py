@@ -688,6 +688,10 @@ COST_PROGRAMS = {
     "vreqb": "vreqb p3, r0, r0, 8, 1, p2, r0\n",
     "vreqb 8 cols, 20 rows": "vreqb p3, r0, r0, 20, 8, p0, r0\n",
     "vqtab, vreqb.tab": "vqtab p0, r0, 8\nvreqb p3, r0, r0, 8, 8, p2, r0, tab=1\n",
+    # a bias per column (GEMM results): its words first, then a row a cycle
+    "vreqb.col": "vreqb p3, r0, r0, 20, 8, p2, r0, col=1\n",
+    "vreqb.col 3 cols": "vreqb p3, r0, r0, 5, 3, p0, r0, col=1\n",
+    "gemm, vreqb.col": WLOAD + _gemm(16) + "vreqb p3, r0, r0, 16, 8, p2, r0, tab=1, col=1\n",
     # GEMV: an input column stationary, weight rows streaming, a bias per row
     "gemv chunks, vreqb": ("wload p1, r0, 8, 1\n" + _gemm(24)) * 3
                           + "vreqb p3, r0, r0, 24, 1, p2, r0\n",

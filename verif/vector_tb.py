@@ -96,7 +96,8 @@ def command(op: VectorOp, **fields) -> dict:
     cmd = {"op": op, "field": junk.randrange(16), "value": junk.randrange(1 << 32),
            "d": junk.randrange(1 << 10), "a": junk.randrange(1 << 10),
            "b": junk.randrange(1 << 10), "acc": junk.randrange(4), "m": junk.randrange(1, 9),
-           "n": junk.randrange(1, 9), "tab": junk.randrange(2)}
+           "n": junk.randrange(1, 9), "tab": junk.randrange(2),
+           "col": junk.randrange(2)}
     cmd.update(fields)
     return cmd
 
@@ -150,7 +151,8 @@ def golden(config: NPUConfig, sp_init: np.ndarray, cmds: list[dict]) -> Expected
                 prog.append(make("vreq", p=0, sp=1, acc=4, m=mm, n=n, tab=c["tab"]))
         elif op == VectorOp.REQB:
             li(1, c["d"]), li(2, c["b"]), li(4, c["acc"])
-            prog.append(make("vreqb", p=0, sp=1, acc=4, m=mm, n=n, pb=0, b=2, tab=c["tab"]))
+            prog.append(make("vreqb", p=0, sp=1, acc=4, m=mm, n=n, pb=0, b=2, tab=c["tab"],
+                             col=c["col"]))
         elif op == VectorOp.QTAB:
             li(1, c["a"])
             prog.append(make("vqtab", p=0, sp=1, n=n))
@@ -283,7 +285,8 @@ class Stimulus:
         self.cmds.append(command(VectorOp.REQ, d=d, acc=acc, m=m, n=n, tab=tab))
 
     def reqb(self):
-        """REQ with a bias word per row (edge values planted), beside the rows' writes."""
+        """REQ with a bias word per row (edge values planted), beside the rows' writes,
+        or (half the time) one per column, read before the rows."""
         r, c = self.rng, self.config
         qmul, qshift, qzp = self.quant()
         lo, hi = self.clip_range()
@@ -294,13 +297,16 @@ class Stimulus:
                         CfgField.CLIP_LO: lo, CfgField.CLIP_HI: hi,
                         CfgField.OUT_STRIDE: outs})
         acc = r.randrange(ACC_WINDOW - m + 1)
-        b = self.region(4 * m)
+        col = int(r.random() < 0.5)
+        words = n if col else m
+        b = self.region(4 * words)
         if r.random() < 0.5:
-            self.plant(b, [self.int32() for _ in range(m)], "<i4")
+            self.plant(b, [self.int32() for _ in range(words)], "<i4")
         span = (m - 1) * (outs or n) + n
-        d = self.region(span, avoid=[(b, 4 * m)])
+        d = self.region(span, avoid=[(b, 4 * words)])
         tab = int(self.tables and r.random() < 0.5)
-        self.cmds.append(command(VectorOp.REQB, d=d, b=b, acc=acc, m=m, n=n, tab=tab))
+        self.cmds.append(command(VectorOp.REQB, d=d, b=b, acc=acc, m=m, n=n, tab=tab,
+                                 col=col))
 
     def qtab(self):
         """A per-column requantization table: multipliers and shifts as :meth:`quant`
