@@ -681,39 +681,60 @@ class Lowering:
         return part, sp, self.place.blobs[n.name]
 
     def requant_tile(self, part: str, blob: Blob, j: int, wj: str, acc: str, m: int,
-                     n_j: int, y: str, split=None):
+                     n_j: int, y: str, split=None, breg: str | None = None):
         """Bias and requantization of column tile ``j`` (its constants at register
         ``wj``): ``m`` accumulator rows from ``acc`` to int8 at ``y``. With ``split``
         = (output rows, accumulator pitch, positions, output row bytes, two free
         registers) only the first positions of each output row's accumulator rows
         are requantized, one dense output row after the other (a long convolution
-        GEMM's rows past an output row's end are dropped)."""
-        e = self.e
-        if blob.bias:
+        GEMM's rows past an output row's end are dropped).
+
+        With a free register ``breg`` the bias is added while requantizing
+        (``vreqb ... col=1``, ``breg`` pointing at the tile's biases): one pass of
+        the vector unit over the rows instead of a ``vbias`` pass and a ``vreq``
+        pass, which the array waits for."""
+        e, bus = self.e, self.config.bus_bytes
+        # Split, each output row's vreqb reads the bias words again: fused only
+        # where that costs less than a vbias pass over every accumulator row.
+        words = -(-4 * n_j // bus)
+        passes = split[0] if split else 1
+        fused = bool(blob.bias) and breg is not None and passes * words < m + words + 6
+        if fused:
+            e.op(f"addi {breg}, {wj}, {blob.bias[j] - blob.tiles[(j, 0)]}")
+        elif blob.bias:
             e.compute(f"vbias {part}, {wj}, {acc}, {m}, {n_j}, "
                       f"off={blob.bias[j] - blob.tiles[(j, 0)]}")
         tab = ""
         if blob.qtab:  # this column tile's multipliers and shifts
             e.compute(f"vqtab {part}, {wj}, {n_j}, off={blob.qtab[j] - blob.tiles[(j, 0)]}")
             tab = ", tab=1"
+
+        def requant(dst: str, first: str, rows: int):
+            if fused:
+                e.compute(f"vreqb {P_WORK}, {dst}, {first}, {rows}, {n_j}, {part}, {breg}"
+                          f"{tab}, col=1")
+            else:
+                e.compute(f"vreq {P_WORK}, {dst}, {first}, {rows}, {n_j}{tab}")
+
         if split is None:
-            e.compute(f"vreq {P_WORK}, {y}, {acc}, {m}, {n_j}{tab}")
+            requant(y, acc, m)
             return
         nr, pitch, ow, row_bytes, (ra, ry) = split
         e.op(f"addi {ra}, {acc}, 0")
         e.op(f"addi {ry}, {y}, 0")
         end = e.new_label("vreq")
         e.op(f"loop {nr}, {end}")
-        e.compute(f"vreq {P_WORK}, {ry}, {ra}, {ow}, {n_j}{tab}")
+        requant(ry, ra, ow)
         e.op(f"addi {ra}, {ra}, {pitch}")
         e.op(f"addi {ry}, {ry}, {row_bytes}")
         e.loop_end(end)
 
     def _column_tiles(self, n: Node, part: str, wsp, blob: Blob, nn: int, m: int,
-                      y_off, chain, regs, j0: int = 0, split=None):
+                      y_off, chain, regs, j0: int = 0, split=None, breg: str | None = None):
         """For each output-column tile: ``chain`` (the GEMMs into ``m`` accumulator
         rows), bias, requantization to ``y_off + j*cols`` (row pitch cfg.out_stride;
-        ``split``: only some rows, see :meth:`requant_tile`).
+        ``split``: only some rows, ``breg``: a register the chain leaves free, see
+        :meth:`requant_tile`).
 
         ``wsp`` and ``y_off`` are offsets, or ``(register, offset)`` where a base
         register holds part of the address; ``j0`` is the blob's first column tile
@@ -734,7 +755,7 @@ class Lowering:
         def one(j: int, n_j: int):
             chain(wj, aj, n_j)
             j += j0
-            self.requant_tile(part, blob, j, wj, aj, m, n_j, yj, split)
+            self.requant_tile(part, blob, j, wj, aj, m, n_j, yj, split, breg)
 
         def step():
             e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
@@ -822,7 +843,7 @@ class Lowering:
         self._requant_cfg(n.requant)
         wo, xt, *cols = e.scratch(5)
         chain = self.gemm_chain(part, k, m, x_off, wo, xt)
-        self._column_tiles(n, part, wsp, blob, nn, m, y_off, chain, cols)
+        self._column_tiles(n, part, wsp, blob, nn, m, y_off, chain, cols, breg=wo)
         return m * k * nn
 
     def qconv(self, n: QConv) -> int:
@@ -852,7 +873,7 @@ class Lowering:
         def group(nr, x_at, y_at):
             chain = self.conv_chain(n, part, rows, hp, nr, ow, x_at, (wo, xo, ao), xq)
             self._column_tiles(n, part, wsp, blob, oc, rows.acc_rows(nr, ow), y_at, chain,
-                               cols, split=rows.split(nr, ow, oc, (xo, ao)))
+                               cols, split=rows.split(nr, ow, oc, (xo, ao)), breg=wo)
 
         for b in range(bn):
             self.conv_groups(n, rows, xp + b * img, y_off + b * oh * ow * oc, group, spare)

@@ -262,7 +262,7 @@ class _GemmStream:
             wo, xt, *regs = e.scratch(5)
             chain = low.gemm_chain(P_WORK, k, m, x_off, wo, xt, unroll=4)
             low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols, m, (yreg, 0), chain, regs,
-                              j0=j0)
+                              j0=j0, breg=wo)
             if push:
                 e.push_after_last_compute("prev")
 
@@ -422,7 +422,8 @@ class _ConvStream:
                 chain = low.conv_chain(n, wpart, rows, hb, nr, ow,
                                        (ibuf, row0 + rows.skew * c), (wo, xo, ao), xq)
                 low._column_tiles(n, wpart, wsp, blob, oc, rows.acc_rows(nr, ow), (obuf, 0),
-                                  chain, cols, split=rows.split(nr, ow, oc, (xo, ao)))
+                                  chain, cols, split=rows.split(nr, ow, oc, (xo, ao)),
+                                  breg=wo)
             e.marker(push="prev,next" if push else "next")
             e.op(f"store {P_WORK}, {obuf}, {sdram}, r0, {nr}, {ow * oc}", pop="prev",
                  push="prev" if s + 2 < steps else "", queue="store")
@@ -611,7 +612,7 @@ class _ConvWeightStream:
                                        xq[0] if xq else None)
                 low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols, rows.acc_rows(nr, ow),
                                   y_at, chain, regs, j0=j0,
-                                  split=rows.split(nr, ow, oc, (xo, ao)))
+                                  split=rows.split(nr, ow, oc, (xo, ao)), breg=wo)
 
             for b in range(bn):
                 low.conv_groups(n, rows, xp + b * img, (yreg, b * oh * ow * oc), group, spare)
