@@ -194,7 +194,8 @@ def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 
     total = -(-copy_bytes // bus)
     for gemm_rows, gemms, acc_rows, vreqs, vreq_rows in plan:
         per_col = tiles * gemms * max(gemm_rows + rows + 2, round_trip) + drain
-        per_col += acc_rows + -(-4 * cols // bus) + 7  # vbias
+        words = -(-4 * cols // bus)  # the bias words: vreqb col=1 reads them per vreq
+        per_col += min(vreqs * words, acc_rows + words + 7)  # (or one vbias pass)
         per_col += vreq_rows + vreqs * 15  # vreq
         total += ncol * per_col
     return float(total)
