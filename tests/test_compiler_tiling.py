@@ -124,7 +124,8 @@ def test_gemm_rows_around_the_accumulator(m, seed):
     rng = np.random.default_rng(seed)
     # K = 18 and N = 10 leave partial reduction and column tiles on the 4x4 array.
     model = run_checked(gemm_graph(rng, m, 18, 10), SMALL, rng)
-    assert tiles(model) == [-(-m // ACC)]
+    (t,) = tiles(model)  # more tiles than the accumulator needs overlap more loads
+    assert t >= -(-m // ACC)
 
 
 def test_gemm_tiles_on_the_default_profile(seed):
@@ -132,7 +133,33 @@ def test_gemm_tiles_on_the_default_profile(seed):
     config = CONFIGS["default"]
     m = 2 * config.acc_rows + 1
     model = run_checked(gemm_graph(rng, m, 24, 12), config, rng, runs=1)
-    assert tiles(model) == [3]
+    (t,) = tiles(model)
+    assert t >= 3
+
+
+def test_gemm_that_fits_runs_in_m_tiles_that_overlap_its_loads(seed, monkeypatch):
+    """A GEMM that fits whole (MobileNetV1-0.25's 24x24 32 -> 32 pointwise layer)
+    runs as M tiles where the cost model says the overlap of the next tile's load
+    and the last tile's store with the compute pays for running every weight tile
+    once per tile; the golden model measures it faster than whole."""
+    from host.compiler import lower
+
+    rng = np.random.default_rng(seed)
+    config = CONFIGS["default"]
+    graph = gemm_graph(rng, 576, 32, 32)
+    tiled = run_checked(graph, config, rng, runs=1)
+    assert tiles(tiled)[0] > 1
+    monkeypatch.setattr(lower, "OVERLAP_TILE_COUNTS", ())
+    whole = run_checked(graph, config, rng, runs=1)
+    assert tiles(whole) == [1]
+
+    def cycles(model):
+        s = Session(NPUDriver(GoldenDevice(config)), model)
+        s.load()
+        s.run({"x": rand_int8(rng, (576, 32))})
+        return s.run({"x": rand_int8(rng, (576, 32))}).cycles
+
+    assert cycles(tiled) < 0.92 * cycles(whole)
 
 
 @pytest.mark.parametrize("budget", [None, 0], ids=["resident", "streamed_weights"])

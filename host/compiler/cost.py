@@ -199,3 +199,37 @@ def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 
         per_col += vreq_rows + vreqs * 15  # vreq
         total += ncol * per_col
     return float(total)
+
+
+def gemm_tile_cycles(config: NPUConfig, rows: int, k: int, n: int) -> float:
+    """Predicted array and vector cycles of one GEMM of ``rows`` rows (``k`` x ``n``
+    weights, resident), to choose its M tiles before emitting them.
+
+    A reduction tile costs ``m + rows`` plus the ``wload`` reads' share of the
+    ``gemm`` before it (measured: ``m + 8.4`` on 8x8 from 16 rows on), and no less
+    than half the array's round trip when ``m`` is short (the ``wload`` two tiles on
+    waits for the rows of this one to leave); per output-column tile the array
+    drains before the requantization (``vreqb col=1``: the bias words, a row a
+    cycle, its latency), which the array waits for (``docs/isa.md``)."""
+    r, c, bus = config.rows, config.cols, config.bus_bytes
+    red, ncol = -(-k // r), -(-n // c)
+    tile = max(rows + r + 0.4, (rows + 2 * (r + c) + 0.5) / 2)
+    vector = -(-4 * c // bus) + rows + 14
+    return ncol * (red * tile + vector + r + c + 24)
+
+
+def m_tiled_cycles(config: NPUConfig, sizes: list[int], k: int, n: int,
+                   in_row: int, out_row: int, const_bytes: int = 0) -> float:
+    """Predicted cycles of a GEMM unit run as M tiles of ``sizes`` rows (one tile:
+    whole): the first tile's loads (with ``const_bytes`` of weights that are not
+    resident) and the last one's stores show, the others overlap the compute of
+    the tile between them (inputs ``in_row``, outputs ``out_row`` bytes a row)."""
+    bus = config.bus_bytes
+    load = [-(-t * in_row // bus) for t in sizes]
+    store = [-(-t * out_row // bus) for t in sizes]
+    total = load[0] + -(-const_bytes // bus) + store[-1]
+    for t, m in enumerate(sizes):
+        nxt = load[t + 1] if t + 1 < len(sizes) else 0
+        prev = store[t - 1] if t else 0
+        total += max(gemm_tile_cycles(config, m, k, n), nxt, prev)
+    return float(total)

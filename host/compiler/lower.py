@@ -61,6 +61,11 @@ LOOP_REGS = ("r15", "r14", "r7")  # for a convolution's reduction loop (not a re
 # only at the program's entry; the others hold vargmax results when a model has them).
 PIPE_REGS = ("r3", "r4", "r5", "r6", "r7", "r14", "r15")
 LOOP_TILES = 8  # full reduction tiles per kernel row from which they loop
+# A GEMM that fits whole may still run as M tiles whose loads and stores overlap
+# the compute: the counts tried, and the fewest rows a tile may have (shorter
+# tiles pay a weight tile's load for too few rows).
+OVERLAP_TILE_COUNTS = (2, 3, 4, 6, 8)
+MIN_OVERLAP_ROWS = 48
 
 
 class TooBig(CompileError):
@@ -71,6 +76,12 @@ class TooBig(CompileError):
 
 def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
+
+
+def tile_sizes(rows: int, count: int) -> list[int]:
+    """``rows`` split into ``count`` tiles as equal as they can be (longer first)."""
+    base, extra = divmod(rows, count)
+    return [base + 1] * extra + [base] * (count - extra)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -259,8 +270,12 @@ class Lowering:
             streamable,
         )
 
-        u = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
         checkpoint = self.e.checkpoint()
+        viewed = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
+        if viewed.nodes == u.nodes or self._fits_whole(viewed):
+            u = viewed
+        # else a pointwise convolution too large to sit on chip whole streams its
+        # image in bands, in a hardware loop (the GEMM's M tiles are unrolled).
         blob = self.place.blobs.get(u.nodes[0].name)
         if streamable(u, self.config) and isinstance(u.nodes[0], QConv):
             # A convolution that fits whole may still be faster streamed (its
@@ -282,12 +297,21 @@ class Lowering:
                 return stream_unit(self, u, CompileError("weights stream"))
             except CompileError:
                 self.e.rollback(checkpoint)
+        best = self._gemm_tile_count(u, 1)
+        if best > 1:
+            # M tiles overlap the loads of the next tile and the stores of the last
+            # with the compute, at the price of running every weight tile once per
+            # M tile: the cost model says how many, if any.
+            try:
+                return self._gemm_tilings(u, CompileError(f"unit {u.id}"), [1, best])
+            except CompileError:
+                self.e.rollback(checkpoint)
         try:
             return self._unit_whole(u)
         except TooBig as err:
             self.e.rollback(checkpoint)
             try:
-                return self._unit_tiled(u, err)
+                return self._gemm_tilings(u, err, [0, self._gemm_tile_count(u, 0)])
             except CompileError as tiled:
                 if not streamable(u, self.config, fits=False):
                     raise
@@ -296,6 +320,18 @@ class Lowering:
                     return stream_unit(self, u, err)
                 except NotStreamable:
                     raise tiled from None
+
+    def _fits_whole(self, u: UnitInfo) -> bool:
+        """Whether unit ``u`` fits the working partition whole (emitted and rolled
+        back)."""
+        checkpoint = self.e.checkpoint()
+        try:
+            self._unit_whole(u)
+        except TooBig:
+            return False
+        finally:
+            self.e.rollback(checkpoint)
+        return True
 
     def gemm_view(self, n: Node) -> Node:
         """``n``, or for a pointwise convolution (1x1, stride 1, no padding, one
@@ -423,10 +459,60 @@ class Lowering:
                 row_bytes[r] = size // rows
         return rows, row_bytes
 
-    def _unit_tiled(self, u: UnitInfo, why: CompileError) -> dict:
-        """Emit ``u`` as M tiles: rows of its inputs stream through the working
-        partition, every node runs on a tile (weights stay where they are: loaded
-        once, resident or in the working area), and the tile's outputs leave.
+    def _one_gemm(self, u: UnitInfo):
+        """(rows, k, n, bytes of weights loaded each run) of a unit of one GEMM that
+        is not a GEMV, else None."""
+        from . import gemv  # it builds on this module
+
+        n = u.nodes[0]
+        blob = self.place.blobs.get(n.name)
+        if len(u.nodes) != 1 or not isinstance(n, QGemm) or isinstance(blob, gemv.GemvBlob):
+            return None
+        k, nn = n.weight.shape
+        const = 0 if blob is None or blob.slot else len(blob.data)
+        return self.tensor[self.root(n.inputs[0])].size // k, k, nn, const
+
+    def _gemm_cycles(self, u: UnitInfo, count: int) -> float:
+        from .cost import m_tiled_cycles
+
+        rows, k, nn, const = self._one_gemm(u)
+        return m_tiled_cycles(self.config, tile_sizes(rows, count), k, nn, k, nn, const)
+
+    def _gemm_tile_count(self, u: UnitInfo, fewest: int) -> int:
+        """How many M tiles a unit of one GEMM (not a GEMV) runs fastest in by
+        :func:`.cost.m_tiled_cycles`: ``fewest`` (0: as few as fit) or one of
+        :data:`OVERLAP_TILE_COUNTS` (tiles of at least :data:`MIN_OVERLAP_ROWS`
+        rows). ``fewest`` for other units."""
+        gemm = self._one_gemm(u)
+        if gemm is None or gemm[0] <= 1:
+            return fewest
+        counts = [c for c in OVERLAP_TILE_COUNTS if gemm[0] >= c * MIN_OVERLAP_ROWS]
+        return min([fewest, *counts],
+                   key=lambda c: self._gemm_cycles(u, max(c, 1)) if c else float("inf"))
+
+    def _gemm_tilings(self, u: UnitInfo, why: CompileError, counts: list[int]) -> dict:
+        """Emit ``u`` (one GEMM) whole (count 1) or as M tiles (at least the count;
+        0: as few as fit), the fastest of ``counts`` by :func:`.cost.m_tiled_cycles`
+        (:func:`.stream.fastest`: more tiles take more instructions)."""
+        from .stream import fastest  # it builds on this module
+
+        if self._one_gemm(u) is None:  # (a chain of GEMMs, adds and clips)
+            return self._unit_tiled(u, why, counts[0])
+
+        def way(count):
+            if count == 1:
+                return self._unit_whole(u)
+            return self._unit_tiled(u, why, count)
+
+        return fastest(self, [lambda c=c: way(c) for c in dict.fromkeys(counts)],
+                       lambda stats: self._gemm_cycles(u, stats["m_tiles"]))
+
+    def _unit_tiled(self, u: UnitInfo, why: CompileError, count: int = 0) -> dict:
+        """Emit ``u`` as M tiles (at least ``count``): rows of its inputs stream
+        through the working partition, every node runs on a tile (weights stay
+        where they are: loaded once, resident or in the working area), and the
+        tile's outputs leave. More tiles than fit overlap more of the loads and
+        stores with the compute (:meth:`_gemm_tilings`).
 
         Inputs and stored outputs are double-buffered; in program order tile
         ``t + 1``'s loads come before tile ``t``'s compute, so they overlap it.
@@ -463,9 +549,8 @@ class Lowering:
             raise self._refuse(why, f"M tiling: one row of unit {u.id} needs {per_row} bytes "
                                f"of scratchpad (double-buffered), the working partition "
                                f"has {max(0, room)} left after the constants")
-        count = ceil_div(rows, cap)
-        base, extra = divmod(rows, count)
-        sizes = [base + 1] * extra + [base] * (count - extra)
+        count = max(count, ceil_div(rows, cap))
+        sizes = tile_sizes(rows, count)
         starts = list(itertools.accumulate(sizes, initial=0))
         tile = sizes[0]
         buffers = {r: [self.alloc(tile * row_bytes[r], r) for _ in range(k)] for r, k in bufs}
@@ -518,7 +603,8 @@ class Lowering:
         self._tile = None
         stats["scratchpad_bytes"] = self._top
         stats["m_tiles"] = count
-        stats["work"] = e.work.since(work)
+        # Loads and stores overlap the tiles' compute as a streamed unit's steps do.
+        stats["work"] = {**e.work.since(work), "streamed": count if count > 1 else 0}
         return stats
 
     def _produced(self, u: UnitInfo) -> set[str]:

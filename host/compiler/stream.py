@@ -184,9 +184,11 @@ def stream_unit(low, u, why: CompileError) -> dict:
         raise low._refuse(why, f"streaming: {err}") from None
 
 
-def fastest(low, ways) -> dict:
+def fastest(low, ways, predict=None) -> dict:
     """Emit each way (a function emitting the unit and returning its resource use)
-    that fits, keep the one the cost model predicts fastest, its instructions
+    that fits, keep the one the cost model predicts fastest (``predict``: cycles
+    from the resource use, where the cost model ranks the ways better than
+    :meth:`.cost.CostModel.predict`), its instructions
     priced at ``low.instruction_price`` cycles each; when none fits, raise the
     last refusal. The outermost choice of a unit records its options' (cycles,
     instructions) in ``low.choices`` (what a program over its bank trades)."""
@@ -207,7 +209,8 @@ def fastest(low, ways) -> dict:
                 continue
             size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
                        and not ln.endswith(":"))
-            options.append((model.predict(stats["work"]), size, way))
+            cycles = predict(stats) if predict else model.predict(stats["work"])
+            options.append((cycles, size, way))
             e.rollback(start)
     finally:
         low.choosing -= 1
