@@ -2,7 +2,8 @@
 
 One layer per graph, built through :class:`host.builder.GraphBuilder` with seeded
 int8 weights: stride 1 over a padded width (the long GEMM), stride 2 with its rows
-copied by phase, asymmetric padding, a pointwise layer (a GEMM over all pixels),
+copied by phase, asymmetric padding, pointwise layers (a GEMM over all pixels,
+whole or in M tiles that overlap their loads and stores),
 weights too large to leave room for image bands (streamed weights), and a batch.
 """
 
@@ -26,6 +27,7 @@ LAYERS = {
     "uneven": (5, 17, 11, 12, 3, (1, 2), (2, 1, 0, 2), 2),
     "stem_c3": (3, 32, 32, 16, 3, (1, 1), (1, 1, 1, 1), 1),
     "pointwise": (64, 25, 5, 64, 1, (1, 1), (0, 0, 0, 0), 1),
+    "pointwise_m_tiles": (32, 24, 24, 32, 1, (1, 1), (0, 0, 0, 0), 1),
     "weights_stream": (64, 8, 8, 64, 3, (1, 1), (1, 1, 1, 1), 1),
 }
 

@@ -265,32 +265,24 @@ class Lowering:
         from .stream import (  # they build on this module
             STREAM_BYTES,
             NotStreamable,
-            fastest,
             stream_unit,
             streamable,
         )
 
         checkpoint = self.e.checkpoint()
         viewed = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
-        if viewed.nodes == u.nodes or self._fits_whole(viewed):
-            u = viewed
-        # else a pointwise convolution too large to sit on chip whole streams its
-        # image in bands, in a hardware loop (the GEMM's M tiles are unrolled).
+        if viewed.nodes != u.nodes and streamable(u, self.config) \
+                and not self._fits_whole(viewed):
+            # A pointwise convolution too large to sit on chip whole streams its
+            # image in bands, in a hardware loop (the GEMM's M tiles are unrolled).
+            try:
+                return self._conv_unit(u)
+            except CompileError:
+                self.e.rollback(checkpoint)
+        u = viewed
         blob = self.place.blobs.get(u.nodes[0].name)
         if streamable(u, self.config) and isinstance(u.nodes[0], QConv):
-            # A convolution that fits whole may still be faster streamed (its
-            # loads and stores overlap its compute): the cost model says.
-            refused = []
-
-            def whole():
-                try:
-                    return self._unit_whole(u)
-                except TooBig as err:
-                    refused.append(err)
-                    raise
-
-            return fastest(self, [whole, lambda: stream_unit(
-                self, u, refused[0] if refused else CompileError(f"unit {u.id}"))])
+            return self._conv_unit(u)
         if streamable(u, self.config) and isinstance(u.nodes[0], QGemm) and not blob.slot \
                 and len(blob.data) > STREAM_BYTES:
             try:
@@ -320,6 +312,24 @@ class Lowering:
                     return stream_unit(self, u, err)
                 except NotStreamable:
                     raise tiled from None
+
+    def _conv_unit(self, u: UnitInfo) -> dict:
+        """Emit a unit of one convolution whole or streamed: a convolution that
+        fits whole may still be faster streamed (its loads and stores overlap its
+        compute), the cost model says."""
+        from .stream import fastest, stream_unit  # they build on this module
+
+        refused = []
+
+        def whole():
+            try:
+                return self._unit_whole(u)
+            except TooBig as err:
+                refused.append(err)
+                raise
+
+        return fastest(self, [whole, lambda: stream_unit(
+            self, u, refused[0] if refused else CompileError(f"unit {u.id}"))])
 
     def _fits_whole(self, u: UnitInfo) -> bool:
         """Whether unit ``u`` fits the working partition whole (emitted and rolled
