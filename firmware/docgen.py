@@ -131,7 +131,9 @@ _SEMANTICS = """
   entry is in range: the table is data that no dispatch check sees).
 * `vreqb` (GEMV results): `y = clamp(qzp + rshift_rne((acc + bias_i) * mul_j, shift_j),
   clip_lo, clip_hi)` with row `i`'s int32 bias added first, wrapping like `vbias`;
-  `(mul_j, shift_j)` as `vreq`. The accumulators keep their values.
+  `(mul_j, shift_j)` as `vreq`. The accumulators keep their values. With `col=1`
+  (GEMM results) column `j`'s bias `bias_j` is added instead: `vbias` and `vreq` in
+  one pass over the rows.
 * `vadd`: `y = clamp(qzp + rshift_rne(add_mul_a*(a - add_zp_a) + add_mul_b*(b - add_zp_b),
   qshift), clip_lo, clip_hi)`; choose `add_mul_x / 2^qshift ~= scale_x / scale_y`.
 * `vargmax`: index of the first maximum (ONNX ArgMax with select_last_index=0).
@@ -240,7 +242,8 @@ Parameters (`firmware.golden.CostModel`):
 * Vector ops: one scratchpad window (`bus` bytes) a cycle, `rows * ceil(n / bus)`,
   plus `vector_latency` cycles (`vadd_latency`, `vargmax_latency` for those;
   `vmax` walks `pool_count` windows per output window; `vreq` and `vreqb` one
-  accumulator row a cycle, `vreqb` reading each row's bias word beside it); `vbias`
+  accumulator row a cycle, `vreqb` reading each row's bias word beside it, or with
+  `col=1` its `4n` bias bytes first, `ceil(4n / bus) + rows + vector_latency`); `vbias`
   reads its `4n` bias bytes first, `ceil(4n / bus) + rows + vbias_latency`; `vqtab n`
   takes `ceil(8n / bus) + vqtab_latency`. `vadd` reads its two sources through two
   scratchpad ports: where a window of the second wants a bank the first's takes in
