@@ -301,6 +301,8 @@ ERROR_CASES = [
     # the destination fits, the 8 rows' bias words leave p1 (the second check)
     ("vreqb_bias_bounds", "li r1, 1000\nvreqb p0, r0, r0, 8, 1, p1, r1\nend"),
     ("vreqb_acc_bounds", "li r2, 1020\nvreqb p0, r0, r2, 8, 1, p1, r0\nend"),
+    # col=1: the 8 columns' bias words leave p1 (one row's word would fit)
+    ("vreqb_col_bias_bounds", "li r1, 1000\nvreqb p0, r0, r0, 1, 8, p1, r1, col=1\nend"),
     ("pc_bounds_loop", "loopr r1, 5000\nnop\nend"),
     # an untaken branch may name any target: the fault is the ptsel after it
     ("untaken_branch_past_the_end", "li r1, 1\nbr.eq r0, r1, 5000\nptsel 3\nend"),
@@ -691,6 +693,8 @@ COST_PROGRAMS = {
     # a bias per column (GEMM results): its words first, then a row a cycle
     "vreqb.col": "vreqb p3, r0, r0, 20, 8, p2, r0, col=1\n",
     "vreqb.col 3 cols": "vreqb p3, r0, r0, 5, 3, p0, r0, col=1\n",
+    # its 8 bias words end at p2's end (20 rows' words would not fit)
+    "vreqb.col at the end": "li r8, 992\nvreqb p3, r0, r0, 20, 8, p2, r8, col=1\n",
     "gemm, vreqb.col": WLOAD + _gemm(16) + "vreqb p3, r0, r0, 16, 8, p2, r0, tab=1, col=1\n",
     # GEMV: an input column stationary, weight rows streaming, a bias per row
     "gemv chunks, vreqb": ("wload p1, r0, 8, 1\n" + _gemm(24)) * 3
