@@ -289,7 +289,7 @@ Parameters (`firmware.golden.CostModel`):
   model frees the entry at the start). There the run's `cycles` and every trace
   record's start and end equal the RTL's; the verification compares them on every
   such run (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`).
-  Measured: the 120 programs of `verif.scenarios.COST_PROGRAMS`
+  Measured: the 124 programs of `verif.scenarios.COST_PROGRAMS`
   (`test_golden_cost_model_is_exact` in `tests/test_npu.py`: every kind of
   instruction alone, back to back, through each token channel early and late, wloads
   and GEMMs in tiles of 1 to 32 rows, a GEMV's one-column wloads and its `vreqb`,
