@@ -302,14 +302,14 @@ Parameters (`firmware.golden.CostModel`):
   runs each): 124 of 300 exact, all equal, and 261 of the 300 equal. The bundled
   models (`make bench-models ARGS="--rtl mlp cnn fc_autoencoder ds_cnn resnet8
   mobilenet_v1_025"`, first and later inferences) take the model's cycles on `mlp`
-  (841, 570), `cnn` (1,899, 1,878), `ds_cnn` (76,874, 76,406) and
-  `mobilenet_v1_025` (267,957, 267,288), but the model flags every run of them (a
+  (841, 570), `cnn` (1,824, 1,803), `ds_cnn` (72,210, 71,742) and
+  `mobilenet_v1_025` (242,652, 241,997), but the model flags every run of them (a
   full compute queue behind long GEMMs in `mlp` and `fc_autoencoder`; a
   `vclip` writing banks an earlier load writes in `cnn`, `ds_cnn`, `resnet8` and
   `mobilenet_v1_025`), so their cycles go unchecked (`rtl_cycles_equal_golden`
-  true, `golden_cycles_exact_runs` 0); `resnet8` takes 283,383 and
-  281,773 on the RTL against 283,379 and 281,769, `fc_autoencoder` 41,970 and 39,730
-  against 41,852 and 39,612. Under random AXI
+  true, `golden_cycles_exact_runs` 0); `resnet8` takes 272,771 and
+  271,161 on the RTL against 272,767 and 271,157, `fc_autoencoder` 41,963 and 39,723
+  against 41,845 and 39,605. Under random AXI
   backpressure (the memory's wait states) cycles are not compared; a slower memory
   adds its own.
 
