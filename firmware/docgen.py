@@ -277,10 +277,11 @@ Parameters (`firmware.golden.CostModel`):
   `end` (the cycle `end` completes in counts).
 * Where it is exact (`RunResult.cycles_exact`): a run that ends without an error,
   with the simulation's memory answering without pauses, in which no DMA transfer
-  uses scratchpad banks in cycles a compute instruction uses them too, except a
-  load behind the writes of a `vreq`, `vreqb` or `vclip` before it in program order
-  (played out beat by beat, above): a load's writes against the writes of a vector
-  op after it or of another vector op, a store's reads against compute reads (the
+  uses scratchpad banks in cycles a compute instruction uses them too (a load
+  against the writes of a `vreq`, `vreqb` or `vclip` before it is played out beat by
+  beat, above, but flagged: random programs end a cycle later on the RTL than the
+  play says): a load's writes against the writes of a vector
+  op, a store's reads against compute reads (the
   DMA's ports come last in the scratchpad's priority; the model flags such overlaps,
   with a margin of a few cycles); in which no `gemm` without `swap` follows a
   `wload` (the wload's reads take the array's port first); and in which no dispatch

@@ -814,11 +814,6 @@ COST_PROGRAMS = {
     "dwconv>store token": "dwload p0, r0\ndwconv.overwrite p1, r0, r0, 4, 3, 1, 3, 3, 8\n"
                           "vreq p2, r0, r0, 12, 8, push=next\n"
                           "store p2, r0, r0, r0, 1, 96, pop=prev\n",
-    # a load's beats wait while the vector unit writes their banks: a vreqb of one
-    # column writes one bank for eight rows, the load's beats run into it
-    "vreqb 1 column, load": "vreqb p3, r0, r0, 64, 1, p2, r0\nload p4, r0, r0, r0, 1, 1024\n",
-    "vclip, unaligned load": "vclip p1, r0, p0, r0, 60, 1\nli r9, 3\nli r10, 1\n"
-                             "load p4, r10, r9, r0, 4, 100\n",
     # the queue fills while its head waits for a token
     "full queue": "load p0, r0, r0, r0, 2, 512, push=next\ncfg.qshift 9, pop=prev\n"
                   + "cfg.qshift 9\n" * 16,
