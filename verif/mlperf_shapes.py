@@ -68,9 +68,10 @@ def streamed_gemm(seed: int = 0, k: int = 256, n: int = 128) -> Graph:
 
 def streamed_gemm_vs_golden(device, config, seed):
     """A streamed GEMM on the RTL and the golden model side by side: outputs equal
-    the reference interpreter; exact counters, trace fields and the cycles of each
-    region agree, and the runs' cycles differ by a run's fixed cost (the empty
-    program's difference, as in :func:`verif.scenarios.cost_model`). A scenario for
+    the reference interpreter; exact counters and trace fields agree (the counters by
+    cause and the regions' cycles too where the golden model calls the run exact),
+    and the runs' cycles differ by a run's fixed cost (the empty program's
+    difference, as in :func:`verif.scenarios.cost_model`). A scenario for
     :func:`verif.rtl_device.run_scenario`."""
     from firmware import asm
     from host.compiler import compile_model
@@ -88,7 +89,8 @@ def streamed_gemm_vs_golden(device, config, seed):
     graph = streamed_gemm(seed, *(int(v) for v in os.environ.get("NPU_STREAM_KN", "256,128")
                                   .split(",")))
     sessions = []
-    for dev in (device, GoldenDevice(config)):
+    golden = GoldenDevice(config)
+    for dev in (device, golden):
         drv = NPUDriver(dev)
         model = compile_model(graph, drv.config)
         steps = model.units[0].resources.get("streamed_steps")
@@ -100,10 +102,11 @@ def streamed_gemm_vs_golden(device, config, seed):
     for i in range(2):  # cold (tags miss) and warm
         x = {"x": rng.integers(-128, 128, graph.tensors["x"].shape, dtype=np.int8)}
         rtl, gold = (s.run(x) for s in sessions)
-        assert_same_inference(f"streamed gemm run {i}", rtl, gold)
-        regions = [(a.cycles, b.cycles) for a, b in zip(rtl.trace, gold.trace, strict=True)]
-        assert all(a == b for a, b in regions), f"run {i}: region cycles {regions}"
+        # cycles, counters by cause and region cycles where the golden model promises them
+        exact = golden.machine.last.cycles_exact
+        assert_same_inference(f"streamed gemm run {i}", rtl, gold, cycles=exact)
         assert rtl.cycles - gold.cycles == base, \
             f"run {i}: RTL {rtl.cycles} cycles, golden {gold.cycles}, a run's fixed cost {base}"
         print(f"streamed gemm run {i}: {rtl.cycles} cycles on the RTL, golden {gold.cycles} "
-              f"(+{base}, a run's fixed cost); regions {regions}")
+              f"(+{base}, a run's fixed cost); counters by cause and regions "
+              f"{'compared: exact' if exact else 'not compared: the golden model estimates'}")
