@@ -80,12 +80,15 @@ def test_layer_equals_the_reference(name, seed):
 
 def test_stride_1_runs_one_gemm_per_tile_over_the_padded_width(seed):
     """16x16 output rows, padded to 17 pixels (the right pad of a row is the left
-    pad of the next): one gemm of 15 * 17 + 16 rows per reduction tile, the pad
-    column of each row left out of the vreqs."""
+    pad of the next): one gemm of 15 * 17 + 16 rows per reduction tile, and one
+    vreq of them all per column tile (the output only goes to DRAM: its rows are
+    written 17 pixels apart and stored as overlapping rows, the last alone)."""
     model = run_checked(conv_layer(seed, *LAYERS["long_pad1"]), DEFAULT,
                         np.random.default_rng(seed))
     assert set(gemm_rows(model)) == {15 * 17 + 16}
-    assert re.search(r"vreqb? p1, r\d+, r\d+, 16, 8", model.source)
+    assert re.search(r"vreqb? p1, r\d+, r\d+, 271, 8", model.source)
+    assert not re.search(r"vreqb? p1, r\d+, r\d+, 16, 8", model.source)
+    assert re.search(r"store p1, r\d+, r\d+, r\d+, 15, 272", model.source)
 
 
 def test_stride_2_reads_its_rows_by_phase(seed):
@@ -128,10 +131,10 @@ def test_output_groups_beyond_the_accumulator_loop(seed, monkeypatch):
 def _golden_cycles(graph, config, rows: convrows.ConvRows | None, monkeypatch) -> int:
     """Warm cycles of ``graph`` with its convolution mapped as ``rows`` (None: the
     mapping the cost model picks)."""
-    def forced(self, n, copied, phased=True):
+    def forced(self, n, copied, phased=True, wide=False):
         if rows.phases > 1 and not phased:  # an image band keeps its rows in order
             raise CompileError("not by phase")
-        return rows
+        return dataclasses.replace(rows, wide=rows.wide and wide)
 
     if rows is not None:
         monkeypatch.setattr(Lowering, "conv_rows", forced)
@@ -156,7 +159,7 @@ def test_the_cost_model_picks_the_fastest_mapping(name, seed, monkeypatch):
     oh, ow = graph.tensors[conv.outputs[0]].shape[2:]
     geom = (c, oh, ow, k, strides[0], strides[1], w, pads[1], pads[3])
     measured = {m: _golden_cycles(graph, DEFAULT, m, monkeypatch)
-                for m in convrows.candidates(geom, DEFAULT.acc_rows, copied=True)}
+                for m in convrows.candidates(geom, DEFAULT.acc_rows, copied=True, wide=True)}
     assert len(measured) >= 2
     picked = _golden_cycles(graph, DEFAULT, None, monkeypatch)
     assert picked <= 1.03 * min(measured.values()), (picked, measured)

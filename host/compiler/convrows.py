@@ -51,6 +51,10 @@ class ConvRows:
     skew : pixels from a padded row's start to the window of output column 0 (a
         copied input shares one run of pad columns between the right of a row and
         the left of the next: ``max(PL, PR)`` pixels, placed before each row).
+    wide : the output rows are written ``pitch`` pixels apart, every accumulator
+        row of a group requantized by one ``vreq`` (the pixels past a row's end
+        land where the next row starts and are overwritten when it is stored:
+        :meth:`out_pitch`); otherwise a ``vreq`` per output row writes them dense.
     """
 
     kind: str
@@ -59,6 +63,7 @@ class ConvRows:
     pitch: int
     per: int
     skew: int = 0
+    wide: bool = False
 
     def gemm_rows(self, nr: int, ow: int) -> int:
         """Rows of each ``gemm`` (and accumulator rows) of a group of ``nr`` output rows."""
@@ -71,9 +76,17 @@ class ConvRows:
     def split(self, nr: int, ow: int, oc: int, regs):
         """How a group's requantization drops the rows past each output row's end
         (``Lowering.requant_tile``'s ``split``; None when no row is dropped)."""
-        if self.acc_rows(nr, ow) == nr * ow:
+        if self.wide or self.acc_rows(nr, ow) == nr * ow:
             return None
         return nr, self.pitch, ow, ow * oc, regs
+
+    def out_pitch(self, ow: int) -> int:
+        """Output pixels from one output row to the next in the output buffer."""
+        return self.pitch if self.wide else ow
+
+    def out_bytes(self, oh: int, ow: int, oc: int) -> int:
+        """Bytes of the output buffer of ``oh`` output rows."""
+        return ((oh - 1) * self.out_pitch(ow) + ow) * oc
 
     def x_step(self, c: int, sh: int) -> int:
         """Input bytes from one output row's windows to the next's."""
@@ -111,11 +124,14 @@ def _per(pitch: int, ow: int, oh: int, acc_rows: int) -> int:
     return min(oh, (limit - ow) // pitch + 1)
 
 
-def candidates(geom, acc_rows: int, copied: bool, phased: bool = True) -> list[ConvRows]:
+def candidates(geom, acc_rows: int, copied: bool, phased: bool = True,
+               wide: bool = False) -> list[ConvRows]:
     """Every mapping the geometry allows. ``geom`` = (C, OH, OW, KH, SH, SW, W, PL,
     PR); ``copied``: the lowering fills the input's padded buffer itself, so its
     rows share their pad columns and may be widened, and stored by phase when
-    ``phased``; otherwise the rows are ``W + PL + PR`` pixels wide."""
+    ``phased``; otherwise the rows are ``W + PL + PR`` pixels wide. ``wide``: the
+    output goes straight to DRAM, so long mappings write it at their pitch
+    (:attr:`ConvRows.wide`)."""
     c, oh, ow, kh, sh, sw, w, pl, pr = geom
     wp, skew = (w + max(pl, pr), max(pl, pr) - pl) if copied else (w + pl + pr, 0)
     out = []
@@ -129,13 +145,13 @@ def candidates(geom, acc_rows: int, copied: bool, phased: bool = True) -> list[C
         pitch = sh * wl // sw
         per = _per(pitch, ow, oh, acc_rows)
         if per:
-            out.append(ConvRows("long", wl, 1, pitch, per, skew))
+            out.append(ConvRows("long", wl, 1, pitch, per, skew, wide and pitch > ow))
     if copied and phased and sh > 1:
         wq = -(-wp // sw) * sw
         pitch = wq // sw
         per = _per(pitch, ow, oh, acc_rows)
         if per:
-            out.append(ConvRows("long", wq, sh, pitch, per, skew))
+            out.append(ConvRows("long", wq, sh, pitch, per, skew, wide and pitch > ow))
     return out
 
 
@@ -148,7 +164,7 @@ def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0)
             plan.append((ow, nr, nr * ow, 1, nr * ow))
         else:
             rows = m.gemm_rows(nr, ow)
-            vreqs = 1 if m.pitch == ow else nr
+            vreqs = 1 if m.pitch == ow or m.wide else nr
             plan.append((rows, 1, rows, vreqs, nr * ow))
     plain = geom[6] + geom[7] + geom[8]  # W + PL + PR: the rows as they come
     return conv_cycles(config, plan, tiles, oc,
@@ -156,12 +172,12 @@ def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0)
 
 
 def choose(geom, tiles: int, oc: int, config, copied: bool, phased: bool = True,
-           copy_bytes: int = 0) -> ConvRows | None:
+           copy_bytes: int = 0, wide: bool = False) -> ConvRows | None:
     """The mapping with the fewest predicted cycles (None when no output row fits
     the accumulators). ``tiles``: reduction tiles per output-column tile;
     ``copy_bytes``: bytes a layout by phase or of widened rows copies that the
-    rows as they come do not need."""
-    options = candidates(geom, config.acc_rows, copied, phased)
+    rows as they come do not need; ``wide``: as :func:`candidates`."""
+    options = candidates(geom, config.acc_rows, copied, phased, wide)
     if not options:
         return None
     return min(options, key=lambda m: predict(m, geom, tiles, oc, config, copy_bytes))

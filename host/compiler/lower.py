@@ -369,6 +369,9 @@ class Lowering:
         self._free: list[tuple[int, int]] = []  # (offset, bytes) of released buffers
         self._blob_at: dict[str, tuple[str, int]] = {}
         self._tile: tuple[int, int] | None = None  # (rows M, rows of this tile)
+        self._to_dram: set[str] = set()  # the current node's outputs only stored after it
+        # Outputs held at a row pitch wider than their rows: (rows, pitch bytes, row bytes).
+        self._wide: dict[str, tuple[int, int, int]] = {}
 
     def _begin(self, u: UnitInfo, note: str = ""):
         self.e.op(f"region.begin {u.id}")
@@ -410,6 +413,7 @@ class Lowering:
                 e.pop_next_compute()
             later = {self.root(t) for m in u.nodes[i + 1:] for t in m.inputs}
             self._dead = {self.root(t) for t in n.inputs} - later - stored
+            self._to_dram = {self.root(o) for o in n.outputs} & stored - later
             stats["macs"] += self.node(n)
             self._release(self._dead)
             for o in n.outputs:
@@ -439,7 +443,9 @@ class Lowering:
                 lay.axes != (0, 2, 3, 1) or lay.src_shape != self.tensor[x].shape or \
                 any(self.root(t) == x for m in u.nodes[1:] for t in m.inputs):
             return None
-        return x, self.conv_rows(n, copied=True)
+        later = {self.root(t) for m in u.nodes[1:] for t in m.inputs}
+        self._to_dram = {self.root(o) for o in n.outputs} & set(u.outputs) - later
+        return x, self.conv_rows(n, copied=True, wide=self.wide_ok(n))
 
     # ---- M tiling -----------------------------------------------------------------------
     def _row_split(self, u: UnitInfo) -> tuple[int, dict[str, int]]:
@@ -733,6 +739,13 @@ class Lowering:
         """Store ``size(name)`` bytes of ``name`` to byte ``start`` in DRAM; the
         first transfer pops the compute token, the last pushes ``push``."""
         sp = self.at(name)
+        if name in self._wide:
+            rows, pitch, row_bytes = self._wide[name]
+            at, dram, *temps = self.e.scratch(4)
+            self.e.point(at, sp)
+            self.e.point(dram, ("r2", self.place.arena[name] + start))
+            self.store_rows(at, dram, rows, pitch, row_bytes, temps, pop="prev", push=push)
+            return
         pieces = self._pieces(self.size(name))
         for i, (off, rows, nbytes) in enumerate(pieces):
             dram = self.e.reg(self.place.arena[name] + start + off, base="r2")
@@ -740,6 +753,41 @@ class Lowering:
             self.e.op(f"store {P_WORK}, {reg}, {dram}, r0, {rows}, {nbytes}, off={imm}",
                       pop="prev" if i == 0 else "",
                       push=push if i == len(pieces) - 1 else "", queue="store")
+
+    def store_rows(self, sp: str, dram: str, rows: int, pitch: int, row_bytes: int,
+                   temps, pop: str = "", push: str = ""):
+        """Store ``rows`` rows of ``row_bytes`` held ``pitch`` bytes apart at register
+        ``sp`` densely to DRAM at register ``dram``: all but the last as rows of
+        ``pitch`` bytes with a DRAM stride of ``row_bytes`` (each row's extra bytes
+        land on the next row, which the DMA writes after them), then the last
+        alone (two ``temps`` registers). The first transfer pops ``pop``, the last
+        pushes ``push``."""
+        e = self.e
+        if rows == 1 or pitch == row_bytes:
+            e.op(f"store {P_WORK}, {sp}, {dram}, r0, {rows}, {row_bytes}", pop=pop,
+                 push=push, queue="store")
+            return
+        if rows - 1 > MAX_ROWS or pitch > MAX_ROW_BYTES:
+            raise CompileError(f"{rows} output rows of {pitch} bytes exceed one store")
+        ta, tb = temps  # read at dispatch: free again after each store
+        e.op(f"li {ta}, {row_bytes}")
+        e.op(f"store {P_WORK}, {sp}, {dram}, {ta}, {rows - 1}, {pitch}", pop=pop,
+             queue="store")
+        e.op(f"addi {ta}, {sp}, {(rows - 1) * pitch}")
+        e.op(f"addi {tb}, {dram}, {(rows - 1) * row_bytes}")
+        e.op(f"store {P_WORK}, {ta}, {tb}, r0, 1, {row_bytes}", push=push, queue="store")
+
+    def conv_out(self, n: QConv, rows: ConvRows) -> int:
+        """Offset of ``n``'s output buffer (allocated the first time), at the row
+        pitch of mapping ``rows``."""
+        y = self.root(n.outputs[0])
+        _, oc, oh, ow = self.tensor[y].shape
+        if not rows.wide:
+            return self.out(y)
+        if y not in self.sp:
+            self.sp[y] = self.alloc(rows.out_bytes(oh, ow, oc), y)
+        self._wide[y] = (oh, rows.out_pitch(ow) * oc, ow * oc)
+        return self.sp[y]
 
     # ---- operators --------------------------------------------------------------------
     def node(self, n: Node) -> int:
@@ -951,10 +999,10 @@ class Lowering:
         sh, sw = n.strides
         pt, pl, pb, pr = n.pads
         self._need_nhwc(n, n.inputs[0])
-        rows = self.conv_rows(n, copied=True)
+        rows = self.conv_rows(n, copied=True, wide=self.wide_ok(n))
         xp, hp, img = self._padded_rows(n, n.inputs[0], rows)
-        self._reuse_input(n, xp)
-        y_off = self.out(n.outputs[0])
+        self._reuse_input(n, xp, rows)
+        y_off = self.conv_out(n, rows)
         part, wsp, blob = self._weights(n)
         e.set_cfg("gemm_stride", sw * c)
         e.set_cfg("out_stride", oc)
@@ -987,7 +1035,7 @@ class Lowering:
         x_at = _shift(x_at, rows.skew * c)
         for nr, run in itertools.groupby(sizes):
             count = len(list(run))
-            dx, dy = nr * rows.x_step(c, sh), nr * ow * oc
+            dx, dy = nr * rows.x_step(c, sh), nr * rows.out_pitch(ow) * oc
             if count >= 2 and len(spare) >= 2:
                 xg, yg = spare[:2]
                 for reg, at in ((xg, x_at), (yg, y_at)):
@@ -1005,22 +1053,32 @@ class Lowering:
                 emit(nr, x_at, y_at)
                 x_at, y_at = _shift(x_at, dx), _shift(y_at, dy)
 
-    def _reuse_input(self, n: QConv, xp: int):
-        """Let ``n``'s output take its input's buffer when the input was copied into
-        a padded one (``xp``) and nothing reads it after ``n``: the copy completes
-        before any requantization writes (the compute queue runs in order)."""
+    def _reuse_input(self, n: QConv, xp: int, rows: ConvRows):
+        """Let ``n``'s output (mapped as ``rows``) take its input's buffer when the
+        input was copied into a padded one (``xp``) and nothing reads it after
+        ``n``: the copy completes before any requantization writes (the compute
+        queue runs in order)."""
         x, y = self.root(n.inputs[0]), self.root(n.outputs[0])
         if x not in self.sp:  # loaded straight into its padded buffer
             return
+        _, oc, oh, ow = self.tensor[y].shape
         if xp != self.at(x) and x in self._dead and y not in self.sp \
-                and self.tensor[y].size <= self.tensor[x].size:
+                and rows.out_bytes(oh, ow, oc) <= self.tensor[x].size:
             self.sp[y] = self.sp[x]
 
-    def conv_rows(self, n: QConv, copied: bool, phased: bool = True) -> ConvRows:
+    def wide_ok(self, n: QConv) -> bool:
+        """Whether ``n``'s output may be written at a long mapping's pitch: one
+        image, whole, and nothing on chip reads it (it is only stored)."""
+        y = self.root(n.outputs[0])
+        return self._tile is None and self.tensor[y].shape[0] == 1 and y in self._to_dram
+
+    def conv_rows(self, n: QConv, copied: bool, phased: bool = True,
+                  wide: bool = False) -> ConvRows:
         """The mapping of ``n``'s output rows the cost model predicts fastest
         (:mod:`.convrows`); ``copied``: the lowering fills its input's padded
         buffer (:meth:`_padded_rows`, an image band), by phase if ``phased``;
-        else the rows are read ``W + PL + PR`` pixels wide."""
+        else the rows are read ``W + PL + PR`` pixels wide. ``wide``: the output
+        only goes to DRAM (:attr:`.convrows.ConvRows.wide`)."""
         bn, c, h, w = self.tensor[n.inputs[0]].shape
         oc, _, kh, kw = n.weight.shape
         _, _, oh, ow = self.tensor[n.outputs[0]].shape
@@ -1031,7 +1089,7 @@ class Lowering:
         # Without padding the rows as they come need no buffer; a layout by phase
         # or of widened rows fills one with the rows its kernel rows read.
         copy = 0 if any(n.pads) else bn * h * w * c * min(kh, sh) // sh
-        rows = choose_rows(geom, tiles, oc, self.config, copied, phased, copy)
+        rows = choose_rows(geom, tiles, oc, self.config, copied, phased, copy, wide)
         if rows is None:
             raise CompileError(f"an output row of {ow} positions exceeds the "
                                f"{self.config.acc_rows} accumulator rows", n.name)
@@ -1243,7 +1301,7 @@ class Lowering:
         hq = rows.phase_rows(hp, ph)
         used = min(n.weight.shape[2], ph)
         img = used * hq * wq * c
-        key = (self.root(tensor), rows)
+        key = (self.root(tensor), dataclasses.replace(rows, wide=False))
         if key not in self._padded_at:
             self._padded_at[key] = self.alloc(bn * img + max(pl, pr) * c,
                                               f"padded input of {n.name}")

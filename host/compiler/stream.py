@@ -318,7 +318,7 @@ class _ConvStream:
         work = e.work.snapshot()
         low._reset()
         # A band's rows share their pad columns (one or more output rows per gemm).
-        rows = low.conv_rows(n, copied=True, phased=False)
+        rows = low.conv_rows(n, copied=True, phased=False, wide=True)  # bands go to DRAM
         wp, lead = rows.wp, pl + rows.skew  # row pitch, pixels before a row's first
         # Buffer offset of band row 0: the pad fix-up starts at the end of a row above.
         row0 = (wp - w - lead) * c
@@ -332,7 +332,7 @@ class _ConvStream:
 
         def set_bytes(r):  # one buffer set: a band of input rows and its output rows
             hb = (r - 1) * sh + kh
-            return align(row0 + hb * wp * c + lead * c) + align(r * ow * oc)
+            return align(row0 + hb * wp * c + lead * c) + align(rows.out_bytes(r, ow, oc))
 
         fits = [r for r in range(1, min(oh, rows.per, MAX_ROWS) + 1)
                 if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
@@ -428,8 +428,8 @@ class _ConvStream:
                                   chain, cols, split=rows.split(nr, ow, oc, (xo, ao)),
                                   breg=wo)
             e.marker(push="prev,next" if push else "next")
-            e.op(f"store {P_WORK}, {obuf}, {sdram}, r0, {nr}, {ow * oc}", pop="prev",
-                 push="prev" if s + 2 < steps else "", queue="store")
+            low.store_rows(obuf, sdram, nr, rows.out_pitch(ow) * oc, ow * oc, e.scratch(2),
+                           pop="prev", push="prev" if s + 2 < steps else "")
 
         def toggle():
             e.op(f"sub {ibuf}, {isum}, {ibuf}")
@@ -582,7 +582,8 @@ class _ConvWeightStream:
         x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
         work = e.work.snapshot()
         low._reset()
-        rows = low.conv_rows(n, copied=True)
+        low._to_dram = {y}
+        rows = low.conv_rows(n, copied=True, wide=low.wide_ok(n))
         red = conv_tiles(kh, kw * c, cfg.rows)
         loops = kw * c >= LOOP_TILES * cfg.rows
         low._begin(self.u, " (streamed weights)")
@@ -595,8 +596,8 @@ class _ConvWeightStream:
             e.marker(pop="prev")  # the padding reads the input
             xp, hp, img = low._padded_rows(n, x, rows)
             low._dead = {x}
-            low._reuse_input(n, xp)
-            low.out(y)
+            low._reuse_input(n, xp, rows)
+            low.conv_out(n, rows)
             g, pieces, bufs = column_groups(low, blob, oc, red, n.name)
         except TooBig as err:
             raise CompileError(str(err)) from None
@@ -619,7 +620,8 @@ class _ConvWeightStream:
                                   split=rows.split(nr, ow, oc, (xo, ao)), breg=wo)
 
             for b in range(bn):
-                low.conv_groups(n, rows, xp + b * img, (yreg, b * oh * ow * oc), group, spare)
+                low.conv_groups(n, rows, xp + b * img, (yreg, b * rows.out_bytes(oh, ow, oc)),
+                                group, spare)
             if push:
                 e.push_after_last_compute("prev")
 
