@@ -155,19 +155,25 @@ def candidates(geom, acc_rows: int, copied: bool, phased: bool = True,
     return out
 
 
-def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0) -> float:
-    """Predicted cycles of mapping ``m`` (:func:`host.compiler.cost.conv_cycles`)."""
-    oh, ow = geom[1], geom[2]
-    plan = []
-    for _, nr in groups(oh, m.per):
+def plan(m: ConvRows, sizes, ow: int) -> list[tuple]:
+    """:func:`host.compiler.cost.conv_cycles`'s plan of mapping ``m`` for groups of
+    ``sizes`` output rows."""
+    out = []
+    for nr in sizes:
         if m.kind == "rows":
-            plan.append((ow, nr, nr * ow, 1, nr * ow))
+            out.append((ow, nr, nr * ow, 1, nr * ow))
         else:
             rows = m.gemm_rows(nr, ow)
             vreqs = 1 if m.pitch == ow or m.wide else nr
-            plan.append((rows, 1, rows, vreqs, nr * ow))
+            out.append((rows, 1, rows, vreqs, nr * ow))
+    return out
+
+
+def predict(m: ConvRows, geom, tiles: int, oc: int, config, copy_bytes: int = 0) -> float:
+    """Predicted cycles of mapping ``m`` (:func:`host.compiler.cost.conv_cycles`)."""
+    oh, ow = geom[1], geom[2]
     plain = geom[6] + geom[7] + geom[8]  # W + PL + PR: the rows as they come
-    return conv_cycles(config, plan, tiles, oc,
+    return conv_cycles(config, plan(m, [nr for _, nr in groups(oh, m.per)], ow), tiles, oc,
                        copy_bytes if m.phases > 1 or m.wp != plain else 0)
 
 

@@ -233,3 +233,19 @@ def m_tiled_cycles(config: NPUConfig, sizes: list[int], k: int, n: int,
         prev = store[t - 1] if t else 0
         total += max(gemm_tile_cycles(config, m, k, n), nxt, prev)
     return float(total)
+
+
+BAND_DMA_LATENCY = 21  # a load's and a store's latency (docs/isa.md, the cycle rules)
+BAND_FIXED = 30  # per band: the pad columns' fix-up vclip and the cfg writes
+
+
+def band_cycles(config: NPUConfig, plan, tiles: int, oc: int, first_load: int,
+                last_store: int) -> float:
+    """Predicted cycles of a convolution streamed in bands of output rows
+    (``plan`` as :func:`conv_cycles`, a group per band): its array and vector
+    work, each band's fixed work, and the first band's load (``first_load``
+    bytes) and the last band's store (``last_store`` bytes), which no compute
+    overlaps (the other transfers run behind the bands' compute)."""
+    bus = config.bus_bytes
+    exposed = -(-first_load // bus) + -(-last_store // bus) + BAND_DMA_LATENCY
+    return conv_cycles(config, plan, tiles, oc) + len(plan) * BAND_FIXED + exposed

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from firmware.isa import QTAB_ENTRY_BYTES
 
 from ..ir import QConv, QGemm
+from . import convrows
+from .cost import band_cycles
 from .depthwise import engine_rows, on_engine
 from .lower import (
     ALIGN,
@@ -175,9 +177,9 @@ def stream_unit(low, u, why: CompileError) -> dict:
 
         if n.group != 1 and not on_engine(n, low.config):  # channel-diagonal depthwise
             return fastest(low, tiled2d.ways(low, u, n))
-        ways = (_ConvWeightStream(low, u, n), _ConvStream(low, u, n)) if n.group == 1 \
-            else (_ConvStream(low, u, n),)
-        return fastest(low, [*tiled2d.ways(low, u, n), *(w.emit for w in ways)])
+        bands = lambda: _fewer_band_cycles(low, u, n)  # noqa: E731
+        ways = (_ConvWeightStream(low, u, n).emit, bands) if n.group == 1 else (bands,)
+        return fastest(low, [*tiled2d.ways(low, u, n), *ways])
     except NotStreamable:
         raise
     except CompileError as err:
@@ -277,6 +279,27 @@ class _GemmStream:
         return _Stats(m * k * nn, steps).finish(low, e, work)
 
 
+def _fewer_band_cycles(low, u, n: QConv) -> dict:
+    """Emit ``n`` streamed in bands: as few as fit, or one more if
+    :func:`.cost.band_cycles` predicts that faster (shorter bands expose less of
+    the first load and the last store, and add each band's fixed work)."""
+    e = low.e
+    start = e.checkpoint()
+    options, refusal = [], None
+    for more in (0, 1):
+        way = _ConvStream(low, u, n, more)
+        try:
+            way.emit()
+        except CompileError as err:
+            refusal = err
+        else:
+            options.append(way)
+        e.rollback(start)
+    if not options:
+        raise refusal
+    return min(options, key=lambda w: w.predicted).emit()
+
+
 class _ConvStream:
     """A convolution whose image streams in bands of output rows, each loaded with
     its input halo into one of two band buffers (see the module docstring).
@@ -290,9 +313,11 @@ class _ConvStream:
     band; pad rows below it by the bands that reach them.
     """
 
-    def __init__(self, low, u, n: QConv):
+    def __init__(self, low, u, n: QConv, more: int = 0):
         self.low, self.u, self.n = low, u, n
         self.e, self.cfg = low.e, low.config
+        self.more = more  # bands beyond the fewest that fit
+        self.predicted = 0.0  # cycles band_cycles predicts (set by emit)
 
     def _geometry(self):
         low, n = self.low, self.n
@@ -318,7 +343,11 @@ class _ConvStream:
         work = e.work.snapshot()
         low._reset()
         # A band's rows share their pad columns (one or more output rows per gemm).
-        rows = low.conv_rows(n, copied=True, phased=False, wide=True)  # bands go to DRAM
+        # A strided 1x1 convolution without padding may load only the rows it reads
+        # (every SH-th: the mapping by phase); other bands keep their rows in order.
+        pointwise = kh == 1 and sh > 1 and not any(n.pads)
+        rows = low.conv_rows(n, copied=True, phased=pointwise, wide=True)  # bands go to DRAM
+        skip = rows.phases  # input rows from one buffer row to the next
         wp, lead = rows.wp, pl + rows.skew  # row pitch, pixels before a row's first
         # Buffer offset of band row 0: the pad fix-up starts at the end of a row above.
         row0 = (wp - w - lead) * c
@@ -330,19 +359,23 @@ class _ConvStream:
         except TooBig as err:
             raise CompileError(f"{err} (not built: streaming convolution weights)") from None
 
+        def held(r):  # buffer rows of a band of r output rows
+            return -(-((r - 1) * sh + kh) // skip)
+
         def set_bytes(r):  # one buffer set: a band of input rows and its output rows
-            hb = (r - 1) * sh + kh
-            return align(row0 + hb * wp * c + lead * c) + align(rows.out_bytes(r, ow, oc))
+            return align(row0 + held(r) * wp * c + lead * c) + align(rows.out_bytes(r, ow, oc))
 
         fits = [r for r in range(1, min(oh, rows.per, MAX_ROWS) + 1)
                 if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
         if not fits:
             raise CompileError(f"one output row of {n.name} needs {2 * set_bytes(1)} bytes "
                                f"of scratchpad (double-buffered), {max(0, room)} are left")
-        steps = ceil_div(oh, max(fits))
+        steps = ceil_div(oh, max(fits)) + self.more
+        if steps > oh or (self.more and ceil_div(oh, steps) == ceil_div(oh, steps - 1)):
+            raise CompileError(f"{steps} bands of {oh} output rows")
         rb = ceil_div(oh, steps)  # bands as equal as they can be
-        hb = (rb - 1) * sh + kh
-        inb = align(row0 + hb * wp * c + lead * c)
+        hb = (rb - 1) * sh + kh  # input rows a band spans
+        inb = align(row0 + held(rb) * wp * c + lead * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
         fill = n.pad_value
 
@@ -353,13 +386,18 @@ class _ConvStream:
 
         if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
             raise CompileError(f"top padding of {pt} rows spans more than two bands")
+        _, lo, hi, _ = band(0)
+        self.predicted = band_cycles(
+            self.cfg, convrows.plan(rows, [band(s)[3] for s in range(steps)], ow),
+            len(conv_tiles(kh, n.weight.shape[3] * c, self.cfg.rows)), oc,
+            -(-(hi - lo) // skip) * wp * c, band(steps - 1)[3] * ow * oc)
         low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows)")
         ibuf, isum, ldram, sdram, stride, obuf, xq = pipe_regs(e, 7, n.name)
         e.op(f"li {ibuf}, {sets[0]}")
         e.op(f"li {isum}, {sets[0] + sets[1]}")
         e.op(f"addi {ldram}, r2, {low.place.arena[x] + (-pt) * w * c}")
         e.op(f"addi {sdram}, r2, {low.place.arena[y]}")
-        e.op(f"li {stride}, {w * c}")
+        e.op(f"li {stride}, {skip * w * c}")
         low._load_blob(blob, "")  # resident: a tag hit after the first run
         primed = steps >= 3  # every compute pops its output buffer's store token
         if primed:  # the first two take theirs from stores of one byte (rewritten later)
@@ -378,11 +416,11 @@ class _ConvStream:
             wide_hi = hi if (hi < h or wp == w) else hi - 1
             parts = []
             if wide_hi > lo:
-                parts.append((lo, wide_hi - lo, wp * c))
+                parts.append((lo, -(-(wide_hi - lo) // skip), wp * c))
             if wide_hi < hi:
                 parts.append((hi - 1, 1, w * c))
             for i, (r, rows, nbytes) in enumerate(parts):
-                d_off = row0 + (r - nominal) * wp * c + lead * c
+                d_off = row0 + (r - nominal) // skip * wp * c + lead * c
                 s_off = (r - nominal) * w * c
                 d, imm = ibuf, d_off
                 t1, t2 = e.scratch(2)
@@ -393,7 +431,7 @@ class _ConvStream:
                 if s_off:
                     e.op(f"addi {t2}, {ldram}, {s_off}")
                     src = t2
-                strd = stride if rows > 1 and nbytes != w * c else "r0"
+                strd = stride if rows > 1 and (nbytes != w * c or skip > 1) else "r0"
                 e.op(f"load {P_WORK}, {d}, {src}, {strd}, {rows}, {nbytes}, off={imm}",
                      pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
                      queue="load")
@@ -404,7 +442,7 @@ class _ConvStream:
             e.pop_next_compute("prev")
             if primed or s >= 2:
                 e.pop_next_compute("next")
-            if hi < nominal + hb:  # pad rows below the image
+            if hi < nominal + hb and not pointwise:  # pad rows below the image
                 e.op(f"addi {obuf}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
                 self._fill(obuf, nominal + hb - hi, wp * c, reg=True)
             if wp != w:  # the pad columns the wide rows' extra bytes landed in
