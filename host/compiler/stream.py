@@ -286,7 +286,7 @@ def _fewer_band_cycles(low, u, n: QConv) -> dict:
     e = low.e
     start = e.checkpoint()
     options, refusal = [], None
-    for more in (0, 1):
+    for more in (0, 1) if n.group == 1 else (0,):  # the prediction knows the array
         way = _ConvStream(low, u, n, more)
         try:
             way.emit()
@@ -345,8 +345,9 @@ class _ConvStream:
         # A band's rows share their pad columns (one or more output rows per gemm).
         # A strided 1x1 convolution without padding may load only the rows it reads
         # (every SH-th: the mapping by phase); other bands keep their rows in order.
-        pointwise = kh == 1 and sh > 1 and not any(n.pads)
-        rows = low.conv_rows(n, copied=True, phased=pointwise, wide=True)  # bands go to DRAM
+        dense = n.group == 1  # not on the depthwise engine (its rows are its own)
+        pointwise = dense and kh == 1 and sh > 1 and not any(n.pads)
+        rows = low.conv_rows(n, copied=True, phased=pointwise, wide=dense)  # bands go to DRAM
         skip = rows.phases  # input rows from one buffer row to the next
         wp, lead = rows.wp, pl + rows.skew  # row pitch, pixels before a row's first
         # Buffer offset of band row 0: the pad fix-up starts at the end of a row above.
