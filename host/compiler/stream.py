@@ -282,9 +282,11 @@ class _GemmStream:
 def _fewer_band_cycles(low, u, n: QConv) -> dict:
     """Emit ``n`` streamed in bands: as few as fit, or one more if
     :func:`.cost.band_cycles` predicts that faster (shorter bands expose less of
-    the first load and the last store, and add each band's fixed work)."""
+    the first load and the last store, and add each band's fixed work), its
+    instructions priced at ``low.instruction_price`` cycles each."""
     e = low.e
     start = e.checkpoint()
+    len_at = len(e.lines)
     options, refusal = [], None
     for more in (0, 1) if n.group == 1 else (0,):  # the prediction knows the array
         way = _ConvStream(low, u, n, more)
@@ -293,11 +295,13 @@ def _fewer_band_cycles(low, u, n: QConv) -> dict:
         except CompileError as err:
             refusal = err
         else:
-            options.append(way)
+            size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
+                       and not ln.endswith(":"))
+            options.append((way.predicted + low.instruction_price * size, way))
         e.rollback(start)
     if not options:
         raise refusal
-    return min(options, key=lambda w: w.predicted).emit()
+    return min(options, key=lambda o: o[0])[1].emit()
 
 
 class _ConvStream:
