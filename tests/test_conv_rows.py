@@ -138,6 +138,12 @@ def _golden_cycles(graph, config, rows: convrows.ConvRows | None, monkeypatch) -
 
     if rows is not None:
         monkeypatch.setattr(Lowering, "conv_rows", forced)
+    return _warm_cycles(graph, config, monkeypatch)
+
+
+def _warm_cycles(graph, config, monkeypatch) -> int:
+    """Compile ``graph`` (then undo ``monkeypatch``) and return the golden model's
+    cycles of its second run on a zero input, checked against the reference."""
     model = compile_model(graph, config)
     monkeypatch.undo()
     s = Session(NPUDriver(GoldenDevice(config)), model, check=True)
@@ -172,13 +178,7 @@ def _band_cycles(graph, more: int | None, monkeypatch) -> int:
     if more is not None:
         monkeypatch.setattr(stream, "_fewer_band_cycles",
                             lambda low, u, n: stream._ConvStream(low, u, n, more).emit())
-    model = compile_model(graph, DEFAULT)
-    monkeypatch.undo()
-    s = Session(NPUDriver(GoldenDevice(DEFAULT)), model, check=True)
-    s.load()
-    x = {"x": np.zeros(graph.tensors["x"].shape, dtype=np.int8)}
-    s.run(x)
-    return s.run(x).cycles
+    return _warm_cycles(graph, DEFAULT, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["stem_c3", "long_pad1"])
