@@ -80,15 +80,16 @@ def test_layer_equals_the_reference(name, seed):
 
 def test_stride_1_runs_one_gemm_per_tile_over_the_padded_width(seed):
     """16x16 output rows, padded to 17 pixels (the right pad of a row is the left
-    pad of the next): one gemm of 15 * 17 + 16 rows per reduction tile, and one
-    vreq of them all per column tile (the output only goes to DRAM: its rows are
-    written 17 pixels apart and stored as overlapping rows, the last alone)."""
+    pad of the next), in 2 bands of 8: one gemm of 7 * 17 + 16 rows per reduction
+    tile, and one vreq of them all per column tile (the output only goes to DRAM:
+    its rows are written 17 pixels apart and stored as overlapping rows, the last
+    alone)."""
     model = run_checked(conv_layer(seed, *LAYERS["long_pad1"]), DEFAULT,
                         np.random.default_rng(seed))
-    assert set(gemm_rows(model)) == {15 * 17 + 16}
-    assert re.search(r"vreqb? p1, r\d+, r\d+, 271, 8", model.source)
+    assert set(gemm_rows(model)) == {7 * 17 + 16}
+    assert re.search(r"vreqb? p1, r\d+, r\d+, 135, 8", model.source)
     assert not re.search(r"vreqb? p1, r\d+, r\d+, 16, 8", model.source)
-    assert re.search(r"store p1, r\d+, r\d+, r\d+, 15, 272", model.source)
+    assert re.search(r"store p1, r\d+, r\d+, r\d+, 7, 272", model.source)
 
 
 def test_stride_2_reads_its_rows_by_phase(seed):
@@ -165,6 +166,21 @@ def test_a_strided_pointwise_band_loads_only_the_rows_it_reads(seed):
     assert re.search(r"li (r\d+), 1024\n(.*\n)*.*load p1, r\d+, r\d+, \1, 8, 512",
                      model.source)
     assert set(gemm_rows(model)) == {8 * 16}
+
+
+def test_a_strided_band_holds_its_rows_by_phase(seed):
+    """ResNet-8's 16 -> 32 3x3 stride-2 layer (32x32 in, padding (0, 0, 1, 1)):
+    streamed in 2 bands, each holding its even input rows, then its odd ones
+    (loads with a DRAM stride of two rows; the bottom pad row filled in the
+    last band), so an output row is 17 GEMM rows: one gemm of 7 * 17 + 16 rows
+    per reduction tile. Faster than the layer whole (loads and stores overlap)."""
+    model = run_checked(conv_layer(seed, *LAYERS["phased_stride2_bands"]), DEFAULT,
+                        np.random.default_rng(seed))
+    (unit,) = model.units
+    assert "streamed image: 2 bands of 8" in unit.instructions[1]
+    assert re.search(r"li (r\d+), 1024\n(.*\n)*.*load p1, r\d+, r\d+, \1, 9, 544",
+                     model.source)
+    assert set(gemm_rows(model)) == {7 * 17 + 16}
 
 
 def _band_cycles(graph, more: int | None, monkeypatch) -> int:

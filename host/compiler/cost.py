@@ -249,3 +249,16 @@ def band_cycles(config: NPUConfig, plan, tiles: int, oc: int, first_load: int,
     bus = config.bus_bytes
     exposed = -(-first_load // bus) + -(-last_store // bus) + BAND_DMA_LATENCY
     return conv_cycles(config, plan, tiles, oc) + len(plan) * BAND_FIXED + exposed
+
+
+WHOLE_TRANSFER_LATENCY = 11  # a load's or a store's latency and gap (docs/isa.md)
+
+
+def whole_conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, work: dict) -> float:
+    """Predicted cycles of a convolution emitted whole (``plan`` as
+    :func:`conv_cycles`): its array and vector work, and its loads and stores
+    (``work``), which no compute overlaps (they come before and after it)."""
+    read, write = warm_dram_bytes(work)
+    dma = -(-(read + write) // config.bus_bytes)
+    return conv_cycles(config, plan, tiles, oc) + dma + \
+        (work["loads"] + work["stores"]) * WHOLE_TRANSFER_LATENCY

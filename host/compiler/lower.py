@@ -47,6 +47,8 @@ from firmware.isa import QTAB_ENTRY_BYTES
 from ..ir import ArgMax, Clip, Graph, If, MaxPool, Node, QAdd, QAvgPool, QConv, QGemm, Requant
 from .convrows import ConvRows, groups
 from .convrows import choose as choose_rows
+from .convrows import plan as plan_rows
+from .cost import whole_conv_cycles
 from .emit import Emitter
 from .layout import Layout
 from .plan import ALIASES, CompileError, UnitInfo
@@ -370,6 +372,7 @@ class Lowering:
         self._blob_at: dict[str, tuple[str, int]] = {}
         self._tile: tuple[int, int] | None = None  # (rows M, rows of this tile)
         self._to_dram: set[str] = set()  # the current node's outputs only stored after it
+        self._conv_plan = None  # (conv_cycles plan, tiles, OC) of the last convolution
         # Outputs held at a row pitch wider than their rows: (rows, pitch bytes, row bytes).
         self._wide: dict[str, tuple[int, int, int]] = {}
 
@@ -428,6 +431,8 @@ class Lowering:
         stats["scratchpad_bytes"] = self._top
         stats["m_tiles"] = 1
         stats["work"] = e.work.since(work)
+        if len(u.nodes) == 1 and self._conv_plan is not None:  # a convolution alone
+            stats["cycles"] = whole_conv_cycles(self.config, *self._conv_plan, stats["work"])
         return stats
 
     def _input_to_pad(self, u: UnitInfo):
@@ -1013,6 +1018,9 @@ class Lowering:
         free = [r for r in LOOP_REGS if r not in e.result_regs.values()]
         xq = free[0] if free and kw * c >= LOOP_TILES * cfg.rows else None
         spare = [r for r in PIPE_REGS if r not in e.result_regs.values() and r != xq]
+
+        sizes = [nr for _, nr in groups(oh, rows.per)] * bn
+        self._conv_plan = (plan_rows(rows, sizes, ow), len(conv_tiles(kh, kw * c, cfg.rows)), oc)
 
         def group(nr, x_at, y_at):
             chain = self.conv_chain(n, part, rows, hp, nr, ow, x_at, (wo, xo, ao), xq)

@@ -211,13 +211,18 @@ def fastest(low, ways, predict=None) -> dict:
                 continue
             size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
                        and not ln.endswith(":"))
-            cycles = predict(stats) if predict else model.predict(stats["work"])
-            options.append((cycles, size, way))
+            options.append((stats, size, way))
             e.rollback(start)
     finally:
         low.choosing -= 1
     if not options:
         raise refusal
+    # Ways that all carry a prediction of their own (``stats["cycles"]``: a
+    # convolution whole or in bands, cost.conv_cycles) compare by it.
+    own = all("cycles" in stats for stats, _, _ in options)
+    rank = (lambda stats: stats["cycles"]) if own else predict or \
+        (lambda stats: model.predict(stats["work"]))
+    options = [(rank(stats), size, way) for stats, size, way in options]
     if not low.choosing:
         low.choices.append([(cycles, size) for cycles, size, _ in options])
     price = low.instruction_price
@@ -347,12 +352,14 @@ class _ConvStream:
         work = e.work.snapshot()
         low._reset()
         # A band's rows share their pad columns (one or more output rows per gemm).
-        # A strided 1x1 convolution without padding may load only the rows it reads
-        # (every SH-th: the mapping by phase); other bands keep their rows in order.
+        # With a row stride and no pad rows above, a band may hold its rows by phase
+        # (a block of every SH-th row per phase a kernel row reads: one output row
+        # is one buffer row of each block); depthwise bands keep their rows in order.
         dense = n.group == 1  # not on the depthwise engine (its rows are its own)
-        pointwise = dense and kh == 1 and sh > 1 and not any(n.pads)
-        rows = low.conv_rows(n, copied=True, phased=pointwise, wide=dense)  # bands go to DRAM
-        skip = rows.phases  # input rows from one buffer row to the next
+        rows = low.conv_rows(n, copied=True, phased=dense and sh > 1 and pt == 0,
+                             wide=dense)  # bands go to DRAM
+        skip = rows.phases  # input rows from one row of a block to the next
+        used = min(kh, skip)  # blocks
         wp, lead = rows.wp, pl + rows.skew  # row pitch, pixels before a row's first
         # Buffer offset of band row 0: the pad fix-up starts at the end of a row above.
         row0 = (wp - w - lead) * c
@@ -365,7 +372,7 @@ class _ConvStream:
             raise CompileError(f"{err} (not built: streaming convolution weights)") from None
 
         def held(r):  # buffer rows of a band of r output rows
-            return -(-((r - 1) * sh + kh) // skip)
+            return used * -(-((r - 1) * sh + kh) // skip)
 
         def set_bytes(r):  # one buffer set: a band of input rows and its output rows
             return align(row0 + held(r) * wp * c + lead * c) + align(rows.out_bytes(r, ow, oc))
@@ -380,6 +387,7 @@ class _ConvStream:
             raise CompileError(f"{steps} bands of {oh} output rows")
         rb = ceil_div(oh, steps)  # bands as equal as they can be
         hb = (rb - 1) * sh + kh  # input rows a band spans
+        q = -(-hb // skip)  # rows of a block
         inb = align(row0 + held(rb) * wp * c + lead * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
         fill = n.pad_value
@@ -389,13 +397,19 @@ class _ConvStream:
             lo, hi = max(0, nominal), min(h, nominal + hb)
             return nominal, lo, hi, min(rb, oh - s * rb)
 
+        def block_rows(s, f):  # rows block f holds, up to its last real row, real rows
+            nominal, lo, hi, _ = band(s)
+            return (len(range(nominal + f, nominal + hb, skip)),
+                    len(range(nominal + f, hi, skip)), len(range(max(lo, nominal + f), hi, skip)))
+
         if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
             raise CompileError(f"top padding of {pt} rows spans more than two bands")
         _, lo, hi, _ = band(0)
         self.predicted = band_cycles(
             self.cfg, convrows.plan(rows, [band(s)[3] for s in range(steps)], ow),
             len(conv_tiles(kh, n.weight.shape[3] * c, self.cfg.rows)), oc,
-            -(-(hi - lo) // skip) * wp * c, band(steps - 1)[3] * ow * oc)
+            sum(block_rows(0, f)[2] for f in range(used)) * wp * c,
+            band(steps - 1)[3] * ow * oc)
         low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows)")
         ibuf, isum, ldram, sdram, stride, obuf, xq = pipe_regs(e, 7, n.name)
         e.op(f"li {ibuf}, {sets[0]}")
@@ -418,14 +432,18 @@ class _ConvStream:
 
         def load(s, pop):
             nominal, lo, hi, _ = band(s)
-            wide_hi = hi if (hi < h or wp == w) else hi - 1
-            parts = []
-            if wide_hi > lo:
-                parts.append((lo, -(-(wide_hi - lo) // skip), wp * c))
-            if wide_hi < hi:
-                parts.append((hi - 1, 1, w * c))
-            for i, (r, rows, nbytes) in enumerate(parts):
-                d_off = row0 + (r - nominal) // skip * wp * c + lead * c
+            parts = []  # (first input row, its buffer row, rows, bytes per row)
+            for f in range(used):
+                first = nominal + f + max(0, -(-(lo - nominal - f) // skip)) * skip
+                real = [r for r in range(first, hi, skip)]
+                wide = [r for r in real if r != h - 1 or wp == w]
+                at = f * q + (first - nominal - f) // skip
+                if wide:
+                    parts.append((first, at, len(wide), wp * c))
+                if len(wide) < len(real):  # the image's last row: no read past it
+                    parts.append((h - 1, at + len(wide), 1, w * c))
+            for i, (r, at, rows, nbytes) in enumerate(parts):
+                d_off = row0 + at * wp * c + lead * c
                 s_off = (r - nominal) * w * c
                 d, imm = ibuf, d_off
                 t1, t2 = e.scratch(2)
@@ -447,14 +465,16 @@ class _ConvStream:
             e.pop_next_compute("prev")
             if primed or s >= 2:
                 e.pop_next_compute("next")
-            if hi < nominal + hb and not pointwise:  # pad rows below the image
-                e.op(f"addi {obuf}, {ibuf}, {row0 + (hi - nominal) * wp * c}")
-                self._fill(obuf, nominal + hb - hi, wp * c, reg=True)
+            for f in range(used):  # pad rows below the image
+                need, end, _ = block_rows(s, f)
+                if need > end and nominal + hb > h:
+                    e.op(f"addi {obuf}, {ibuf}, {row0 + (f * q + end) * wp * c}")
+                    self._fill(obuf, need - end, wp * c, reg=True)
             if wp != w:  # the pad columns the wide rows' extra bytes landed in
                 for name, v in (("clip_lo", fill), ("clip_hi", fill),
                                 ("in_stride", wp * c), ("out_stride", wp * c)):
                     e.set_cfg(name, v)
-                e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {hb + 1}, "
+                e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {held(rb) + 1}, "
                           f"{(wp - w) * c}")
             e.set_cfg("gemm_stride", n.strides[1] * c)
             e.set_cfg("out_stride", oc)
@@ -492,7 +512,10 @@ class _ConvStream:
         pipeline(e, steps, load, compute, toggle, advance, same)
         e.op(f"region.end {self.u.id}")
         macs = oh * ow * oc * n.weight.shape[1] * kh * n.weight.shape[3]
-        return _Stats(macs, steps).finish(low, e, work)
+        stats = _Stats(macs, steps).finish(low, e, work)
+        if n.group == 1 and steps > 1:  # one band overlaps nothing: as whole
+            stats["cycles"] = self.predicted
+        return stats
 
     def _fill(self, at, rows: int, row_bytes: int, reg: bool = False):
         """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``at``
