@@ -746,7 +746,7 @@ class Lowering:
         sp = self.at(name)
         if name in self._wide:
             rows, pitch, row_bytes = self._wide[name]
-            at, dram, *temps = self.e.scratch(4)
+            at, dram, *temps = self.e.scratch(5)
             self.e.point(at, sp)
             self.e.point(dram, ("r2", self.place.arena[name] + start))
             self.store_rows(at, dram, rows, pitch, row_bytes, temps, pop="prev", push=push)
@@ -765,33 +765,37 @@ class Lowering:
         ``sp`` densely to DRAM at register ``dram``: all but the last as rows of
         ``pitch`` bytes with a DRAM stride of ``row_bytes`` (each row's extra bytes
         land on the next row, which the DMA writes after them), then the last
-        alone (two ``temps`` registers). The first transfer pops ``pop``, the last
-        pushes ``push``."""
+        alone (three ``temps`` registers; transfers of at most ``MAX_ROWS`` rows).
+        The first transfer pops ``pop``, the last pushes ``push``."""
         e = self.e
         if rows == 1 or pitch == row_bytes:
             e.op(f"store {P_WORK}, {sp}, {dram}, r0, {rows}, {row_bytes}", pop=pop,
                  push=push, queue="store")
             return
-        if rows - 1 > MAX_ROWS or pitch > MAX_ROW_BYTES:
-            raise CompileError(f"{rows} output rows of {pitch} bytes exceed one store")
-        ta, tb = temps  # read at dispatch: free again after each store
-        e.op(f"li {ta}, {row_bytes}")
-        e.op(f"store {P_WORK}, {sp}, {dram}, {ta}, {rows - 1}, {pitch}", pop=pop,
-             queue="store")
-        e.op(f"addi {ta}, {sp}, {(rows - 1) * pitch}")
-        e.op(f"addi {tb}, {dram}, {(rows - 1) * row_bytes}")
-        e.op(f"store {P_WORK}, {ta}, {tb}, r0, 1, {row_bytes}", push=push, queue="store")
+        stride, ta, tb = temps  # read at dispatch: free again after each store
+        e.op(f"li {stride}, {row_bytes}")
+        pieces = [(r, min(MAX_ROWS, rows - 1 - r), pitch) for r in range(0, rows - 1, MAX_ROWS)]
+        pieces.append((rows - 1, 1, row_bytes))
+        for i, (r, count, nbytes) in enumerate(pieces):
+            at, to = sp, dram
+            if r:
+                at, to = ta, tb
+                e.op(f"addi {ta}, {sp}, {r * pitch}")
+                e.op(f"addi {tb}, {dram}, {r * row_bytes}")
+            e.op(f"store {P_WORK}, {at}, {to}, {stride if count > 1 else 'r0'}, {count}, "
+                 f"{nbytes}", pop=pop if i == 0 else "",
+                 push=push if i == len(pieces) - 1 else "", queue="store")
 
     def conv_out(self, n: QConv, rows: ConvRows) -> int:
         """Offset of ``n``'s output buffer (allocated the first time), at the row
         pitch of mapping ``rows``."""
         y = self.root(n.outputs[0])
-        _, oc, oh, ow = self.tensor[y].shape
+        bn, oc, oh, ow = self.tensor[y].shape
         if not rows.wide:
             return self.out(y)
-        if y not in self.sp:
-            self.sp[y] = self.alloc(rows.out_bytes(oh, ow, oc), y)
-        self._wide[y] = (oh, rows.out_pitch(ow) * oc, ow * oc)
+        if y not in self.sp:  # the images one after the other, every row at the pitch
+            self.sp[y] = self.alloc(rows.out_bytes(bn * oh, ow, oc), y)
+        self._wide[y] = (bn * oh, rows.out_pitch(ow) * oc, ow * oc)
         return self.sp[y]
 
     # ---- operators --------------------------------------------------------------------
@@ -1028,7 +1032,8 @@ class Lowering:
                                cols, split=rows.split(nr, ow, oc, (xo, ao)), breg=wo)
 
         for b in range(bn):
-            self.conv_groups(n, rows, xp + b * img, y_off + b * oh * ow * oc, group, spare)
+            self.conv_groups(n, rows, xp + b * img, y_off + b * oh * rows.out_pitch(ow) * oc,
+                             group, spare)
         return bn * oh * ow * oc * c * kh * kw
 
     def conv_groups(self, n: QConv, rows: ConvRows, x_at, y_at, emit, spare: list[str]):
@@ -1069,16 +1074,15 @@ class Lowering:
         x, y = self.root(n.inputs[0]), self.root(n.outputs[0])
         if x not in self.sp:  # loaded straight into its padded buffer
             return
-        _, oc, oh, ow = self.tensor[y].shape
+        bn, oc, oh, ow = self.tensor[y].shape
         if xp != self.at(x) and x in self._dead and y not in self.sp \
-                and rows.out_bytes(oh, ow, oc) <= self.tensor[x].size:
+                and rows.out_bytes(bn * oh, ow, oc) <= self.tensor[x].size:
             self.sp[y] = self.sp[x]
 
     def wide_ok(self, n: QConv) -> bool:
-        """Whether ``n``'s output may be written at a long mapping's pitch: one
-        image, whole, and nothing on chip reads it (it is only stored)."""
-        y = self.root(n.outputs[0])
-        return self._tile is None and self.tensor[y].shape[0] == 1 and y in self._to_dram
+        """Whether ``n``'s output may be written at a long mapping's pitch: whole
+        (not M tiled), and nothing on chip reads it (it is only stored)."""
+        return self._tile is None and self.root(n.outputs[0]) in self._to_dram
 
     def conv_rows(self, n: QConv, copied: bool, phased: bool = True,
                   wide: bool = False) -> ConvRows:
@@ -1098,6 +1102,8 @@ class Lowering:
         # or of widened rows fills one with the rows its kernel rows read.
         copy = 0 if any(n.pads) else bn * h * w * c * min(kh, sh) // sh
         rows = choose_rows(geom, tiles, oc, self.config, copied, phased, copy, wide)
+        if rows is not None and rows.wide and rows.pitch * oc > MAX_ROW_BYTES:  # too wide
+            rows = choose_rows(geom, tiles, oc, self.config, copied, phased, copy)
         if rows is None:
             raise CompileError(f"an output row of {ow} positions exceeds the "
                                f"{self.config.acc_rows} accumulator rows", n.name)

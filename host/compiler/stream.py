@@ -491,7 +491,7 @@ class _ConvStream:
                                   chain, cols, split=rows.split(nr, ow, oc, (xo, ao)),
                                   breg=wo)
             e.marker(push="prev,next" if push else "next")
-            low.store_rows(obuf, sdram, nr, rows.out_pitch(ow) * oc, ow * oc, e.scratch(2),
+            low.store_rows(obuf, sdram, nr, rows.out_pitch(ow) * oc, ow * oc, e.scratch(3),
                            pop="prev", push="prev" if s + 2 < steps else "")
 
         def toggle():
@@ -686,8 +686,8 @@ class _ConvWeightStream:
                                   split=rows.split(nr, ow, oc, (xo, ao)), breg=wo)
 
             for b in range(bn):
-                low.conv_groups(n, rows, xp + b * img, (yreg, b * rows.out_bytes(oh, ow, oc)),
-                                group, spare)
+                low.conv_groups(n, rows, xp + b * img,
+                                (yreg, b * oh * rows.out_pitch(ow) * oc), group, spare)
             if push:
                 e.push_after_last_compute("prev")
 
