@@ -18,8 +18,8 @@ or copied on chip) shares one run of ``max(PL, PR)`` pad columns between the
 right of a row and the left of the next, widens its rows to whole column
 strides where needed, and with a row stride ``sh > 1`` may store its rows by
 phase (``row % sh``: ``phases > 1``), so that one output row is one padded row
-of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw`` (not in a
-streamed image band, whose rows are in order).
+of its phase and ``pitch = Wp / sw`` instead of ``sh * Wp / sw`` (a streamed
+image band too, when no pad rows lie above the image).
 
 :func:`choose` keeps the mapping :func:`host.compiler.cost.conv_cycles` predicts
 fastest.

@@ -319,7 +319,10 @@ class _ConvStream:
     row and the first bytes of the next one), so one transfer moves a band; a
     ``vclip`` to the pad value then rewrites the pad columns those extra bytes
     landed in. Pad rows above the image are written once, before the first
-    band; pad rows below it by the bands that reach them.
+    band; pad rows below it by the bands that reach them. By phase (a row stride
+    and no pad rows above), the buffer holds a block of every ``SH``-th input row
+    per phase a kernel row reads, each block loaded with a DRAM stride of ``SH``
+    rows.
     """
 
     def __init__(self, low, u, n: QConv, more: int = 0):
