@@ -154,33 +154,24 @@ def _warm_cycles(graph, config, monkeypatch) -> int:
     return s.run(x).cycles
 
 
-def test_a_strided_pointwise_band_loads_only_the_rows_it_reads(seed):
-    """ResNet-8's 16 -> 32 shortcut (1x1, stride 2, 32x32 in): streamed in bands
-    whose loads take every other input row (a DRAM stride of two rows), one gemm of
-    the band's 8 x 16 output pixels per reduction tile; the loads and stores of
-    the bands overlap their compute."""
-    model = run_checked(conv_layer(seed, *LAYERS["pointwise_stride2_bands"]), DEFAULT,
+@pytest.mark.parametrize("name, load, rows", [
+    ("pointwise_stride2_bands", (8, 512), 8 * 16),
+    ("phased_stride2_bands", (9, 544), 7 * 17 + 16),
+])
+def test_a_strided_band_holds_its_rows_by_phase(name, load, rows, seed):
+    """ResNet-8's 16 -> 32 stride-2 layers on 32x32: streamed in 2 bands of 8
+    output rows, each band holding its even input rows (then, for the 3x3 layer
+    with padding (0, 0, 1, 1), its odd ones, the bottom pad row filled in the
+    last band), loaded with a DRAM stride of two rows: the 1x1 shortcut loads
+    only the rows it reads, and an output row of the 3x3 layer is 17 GEMM rows.
+    Faster than the layers whole (their loads and stores overlap)."""
+    model = run_checked(conv_layer(seed, *LAYERS[name]), DEFAULT,
                         np.random.default_rng(seed))
     (unit,) = model.units
     assert "streamed image: 2 bands of 8" in unit.instructions[1]
-    assert re.search(r"li (r\d+), 1024\n(.*\n)*.*load p1, r\d+, r\d+, \1, 8, 512",
+    assert re.search(r"li (r\d+), 1024\n(.*\n)*.*load p1, r\d+, r\d+, \1, %d, %d" % load,
                      model.source)
-    assert set(gemm_rows(model)) == {8 * 16}
-
-
-def test_a_strided_band_holds_its_rows_by_phase(seed):
-    """ResNet-8's 16 -> 32 3x3 stride-2 layer (32x32 in, padding (0, 0, 1, 1)):
-    streamed in 2 bands, each holding its even input rows, then its odd ones
-    (loads with a DRAM stride of two rows; the bottom pad row filled in the
-    last band), so an output row is 17 GEMM rows: one gemm of 7 * 17 + 16 rows
-    per reduction tile. Faster than the layer whole (loads and stores overlap)."""
-    model = run_checked(conv_layer(seed, *LAYERS["phased_stride2_bands"]), DEFAULT,
-                        np.random.default_rng(seed))
-    (unit,) = model.units
-    assert "streamed image: 2 bands of 8" in unit.instructions[1]
-    assert re.search(r"li (r\d+), 1024\n(.*\n)*.*load p1, r\d+, r\d+, \1, 9, 544",
-                     model.source)
-    assert set(gemm_rows(model)) == {7 * 17 + 16}
+    assert set(gemm_rows(model)) == {rows}
 
 
 def _band_cycles(graph, more: int | None, monkeypatch) -> int:
