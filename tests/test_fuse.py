@@ -49,16 +49,19 @@ def test_fused_plan_is_faster_and_exact(name):
     assert _golden_cycles(name, fused) < _golden_cycles(name, per_layer)
 
 
-def test_ds_cnn_runs_as_one_unit():
+def test_ds_cnn_runs_as_two_units():
     """Its activations are 8 KB each, and a merged unit hands a dead intermediate's
-    buffer to the next layer: all eleven layers fit one unit, nothing but the input
-    and the logits crosses DRAM."""
+    buffer to the next layer: the ten layers after the first fit one unit. The
+    first convolution stays alone: there its output rows leave for DRAM at the
+    GEMM pitch, one vreq per column tile, which the cost model predicts faster
+    than its merge (the golden model agrees: 76,169 cycles against 76,406)."""
     graph = simplify(_graph("ds_cnn"))[0]
     plan = fuse_units(graph, CONFIG)
-    assert plan.units == [[n for u in initial_units(graph) for n in u]]
+    layers = [n for u in initial_units(graph) for n in u]
+    assert plan.units == [layers[:1], layers[1:]]
     assert sum(plan.predicted) < plan.per_layer and plan.refused == []
     model = compile_model(graph, CONFIG, plan.units, simplified=True)
-    assert model.units[0].resources["scratchpad_bytes"] < model.config.sp_bytes // 2
+    assert model.units[1].resources["scratchpad_bytes"] < model.config.sp_bytes // 2
 
 
 def test_prediction_follows_the_golden_timeline():
