@@ -41,7 +41,7 @@ BUNDLED = {
     ("mlp", "default"): "3232fc40825f80ae",
     ("mlp", "small"): "e376b19b4e4004a5",
     ("cnn", "default"): "9680b148b74a586d",
-    ("cnn", "small"): "bea9cb775b9fb5ca",
+    ("cnn", "small"): "356d142f601ca8b3",
     ("moe", "default"): "7603894d286cce33",
     ("moe", "small"): "a2e68f0b8b12c44d",
     ("early_exit", "default"): "4d7e2610c5cd1473",
