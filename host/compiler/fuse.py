@@ -123,7 +123,10 @@ def fuse_units(graph: Graph, config: NPUConfig, *, weight_budget: int | None = N
             fa, fb = predicted[tuple(plan[a])], predicted[tuple(plan[b])]
             gain = fa.cycles + fb.cycles - fig.cycles
             grown = fig.instructions - fa.instructions - fb.instructions
-            if gain > 0 and size + grown <= budget and (best is None or gain > best[0]):
+            # Over the budget already (the per-layer plan's units), a merge that
+            # shrinks the program still helps.
+            fits = size + grown <= budget or grown <= 0
+            if gain > 0 and fits and (best is None or gain > best[0]):
                 best = (gain, merged_plan)
         if best is None:
             break
