@@ -169,8 +169,9 @@ def test_a_strided_band_holds_its_rows_by_phase(name, load, rows, seed):
                         np.random.default_rng(seed))
     (unit,) = model.units
     assert "streamed image: 2 bands of 8" in unit.instructions[1]
-    assert re.search(r"li (r\d+), 1024\n(.*\n)*.*load p1, r\d+, r\d+, \1, %d, %d" % load,
-                     model.source)
+    load_rows, load_bytes = load
+    strided_load = rf"load p1, r\d+, r\d+, \1, {load_rows}, {load_bytes}"
+    assert re.search(rf"li (r\d+), 1024\n(.*\n)*.*{strided_load}", model.source)
     assert set(gemm_rows(model)) == {rows}
 
 
