@@ -663,7 +663,8 @@ class Lowering:
         back to :meth:`alloc`. Their last readers are on the compute queue, which
         runs in order, so a later compute instruction may write there; the
         unit's loads were all issued before its first node."""
-        gone = [self.sp.pop(r) for r in dead if r in self.sp]
+        # in name order: a set's order varies by process, and so would the program
+        gone = [self.sp.pop(r) for r in sorted(dead) if r in self.sp]
         gone += [self._padded_at.pop(k) for k in list(self._padded_at) if k[0] in dead]
         live = set(self.sp.values()) | set(self._padded_at.values())
         self._free += [(at, self._sizes[at]) for at in dict.fromkeys(gone) if at not in live]
