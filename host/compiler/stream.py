@@ -473,12 +473,7 @@ class _ConvStream:
                 if need > end and nominal + hb > h:
                     e.op(f"addi {obuf}, {ibuf}, {row0 + (f * q + end) * wp * c}")
                     self._fill(obuf, need - end, wp * c, reg=True)
-            if wp != w:  # the pad columns the wide rows' extra bytes landed in
-                for name, v in (("clip_lo", fill), ("clip_hi", fill),
-                                ("in_stride", wp * c), ("out_stride", wp * c)):
-                    e.set_cfg(name, v)
-                e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {held(rb) + 1}, "
-                          f"{(wp - w) * c}")
+            refill_pad_columns(e, ibuf, held(rb) + 1, w, wp, c, fill)
             e.set_cfg("gemm_stride", n.strides[1] * c)
             e.set_cfg("out_stride", oc)
             low._requant_cfg(n.requant)
@@ -588,6 +583,17 @@ def column_steps(e, pieces, g: int, nn: int, cols: int, regs, at, compute):
             min(g * cols, nn - pieces[s + 1][0] * cols) == g * cols
 
     pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
+
+
+def refill_pad_columns(e, buf: str, rows: int, w: int, wp: int, c: int, fill: int):
+    """Write the pad value over the pad columns (``wp - w`` per row of ``wp * c``
+    bytes) of ``rows`` rows at ``buf``: the wide rows' extra bytes land there."""
+    if wp == w:
+        return
+    for name, v in (("clip_lo", fill), ("clip_hi", fill),
+                    ("in_stride", wp * c), ("out_stride", wp * c)):
+        e.set_cfg(name, v)
+    e.compute(f"vclip {P_WORK}, {buf}, {P_WORK}, {buf}, {rows}, {(wp - w) * c}")
 
 
 def load_bytes(e, dst: str, src: str, nbytes: int, pop: str):

@@ -44,7 +44,7 @@ from .lower import (
     ceil_div,
     conv_tiles,
 )
-from .stream import _Stats, column_pieces, pipe_regs, pipeline, transfers
+from .stream import _Stats, column_pieces, pipe_regs, pipeline, refill_pad_columns, transfers
 
 
 def ways(low, u, n: QConv) -> list:
@@ -320,12 +320,7 @@ class ConvTiles:
             t = e.scratch(1)[0]
             e.op(f"addi {t}, {ibuf}, {p.row0 + (hi - nominal) * wp * c}")
             self._fill(t, nominal + p.hb - hi, wp * c)
-        if wp != self.w:  # the pad columns the wide rows' extra bytes landed in
-            for name, v in (("clip_lo", fill), ("clip_hi", fill),
-                            ("in_stride", wp * c), ("out_stride", wp * c)):
-                e.set_cfg(name, v)
-            e.compute(f"vclip {P_WORK}, {ibuf}, {P_WORK}, {ibuf}, {p.hb + 1}, "
-                      f"{(wp - self.w) * c}")
+        refill_pad_columns(e, ibuf, p.hb + 1, self.w, wp, c, fill)
         e.set_cfg("gemm_stride", n.strides[1] * c)
         e.set_cfg("out_stride", p.gc)
         self.low._requant_cfg(n.requant)
