@@ -141,6 +141,7 @@ def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS) -> tuple[dict, o
     except CompileError as err:
         row.update(status="does not compile", reason=str(err).splitlines()[0])
         return row, None
+    row.update(placement(compiled.graph))  # the compiler's layout ops (FoldRows) too
     row.update(golden_figures(name, graph, compiled, config))
     per_layer = compile_model(graph, config, fuse=False)
     row.update(units=len(compiled.units), per_layer_units=len(per_layer.units),

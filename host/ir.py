@@ -579,6 +579,44 @@ class Dequantize(Node):
 
 
 @dataclass(eq=False)
+class FoldRows(Node):
+    """Layout op on the CPU: an NCHW image's rows folded into its channels,
+    ``factor`` rows at a time, after ``top`` and ``bottom`` rows of ``fill``.
+
+    Output ``(N, factor * C, (top + H + bottom) / factor, W)``: channel
+    ``p * C + c`` of row ``i`` is row ``i * factor + p - top`` of channel ``c``.
+    The compiler inserts it where a convolution with a row stride runs faster on
+    the folded rows (:mod:`host.compiler.foldrows`): the host writes the input
+    in the order the array reads it, and the values do not change.
+    """
+
+    factor: int = 2
+    top: int = 0
+    bottom: int = 0
+    fill: int = 0
+    op: ClassVar[str] = "FoldRows"
+
+    def check(self):
+        if self.device != "cpu":
+            self._fail("FoldRows runs on the CPU")
+        if self.factor < 2 or min(self.top, self.bottom) < 0:
+            self._fail(f"factor {self.factor} must be at least 2 and the added rows "
+                       f"({self.top}, {self.bottom}) non-negative")
+        _check_int8(self, fill=self.fill)
+
+    def infer(self, ins):
+        (x,) = ins
+        self._need(x, "int8")
+        if len(x.shape) != 4:
+            self._fail(f"input {x.name!r} {x.shape} is not NCHW")
+        n, c, h, w = x.shape
+        rows = self.top + h + self.bottom
+        if rows % self.factor:
+            self._fail(f"{rows} rows do not fold by {self.factor}")
+        return [((n, self.factor * c, rows // self.factor, w), "int8")]
+
+
+@dataclass(eq=False)
 class CpuOp(Node):
     """An ONNX node the NPU cannot run, executed on the CPU (import's CPU fallback).
 
@@ -610,7 +648,7 @@ class CpuOp(Node):
 
 
 OPS = {c.op: c for c in (QGemm, QConv, QAdd, Clip, MaxPool, QAvgPool, Flatten, Reshape, ArgMax,
-                         Equal, If, Quantize, Dequantize, CpuOp)}
+                         Equal, If, Quantize, Dequantize, FoldRows, CpuOp)}
 """Every IR operator class by name."""
 
 

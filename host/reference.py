@@ -26,6 +26,7 @@ from .ir import (
     Dequantize,
     Equal,
     Flatten,
+    FoldRows,
     Graph,
     If,
     MaxPool,
@@ -153,6 +154,8 @@ def _eval(node: Node, xs: list, scope: ChainMap) -> list[np.ndarray]:
         inner = scope.new_child()
         _run_graph(branch, inner)
         return [inner[o] for o in branch.outputs]
+    if isinstance(node, FoldRows):
+        return [fold_rows(xs[0], node.factor, node.top, node.bottom, node.fill)]
     if isinstance(node, Quantize):
         # ONNX QuantizeLinear: float32 division, round half to even, saturate.
         q = np.rint(xs[0].astype(np.float32) / np.float32(node.scale))
@@ -175,6 +178,15 @@ def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, pad_value: int,
     win = win.reshape(n, group, cg, oh, ow, kh, kw)
     wg = w.astype(np.int64).reshape(group, oc // group, cg, kh, kw)
     return np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, oc, oh, ow)
+
+
+def fold_rows(x: np.ndarray, factor: int, top: int, bottom: int, fill: int) -> np.ndarray:
+    """NCHW ``x`` with ``top`` and ``bottom`` rows of ``fill`` added, its rows folded
+    into channels ``factor`` at a time (:class:`host.ir.FoldRows`)."""
+    n, c, h, w = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (0, 0)), constant_values=fill)
+    folded = xp.reshape(n, c, -1, factor, w).transpose(0, 3, 1, 2, 4)
+    return np.ascontiguousarray(folded.reshape(n, factor * c, -1, w))
 
 
 def window_sum(x: np.ndarray, kernel, strides, pads, zero_point: int) -> np.ndarray:

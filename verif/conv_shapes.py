@@ -34,16 +34,18 @@ LAYERS = {
 }
 
 
-def conv_layer(seed: int, c: int, h: int, w: int, oc: int, k: int, strides, pads,
+def conv_layer(seed: int, c: int, h: int, w: int, oc: int, k, strides, pads,
                batch: int = 1) -> Graph:
-    """One convolution (``k x k``, per-tensor scales, ReLU) of a ``batch x c x h x w``
-    input with a nonzero zero point (the pad value is a real value)."""
+    """One convolution (``k x k``, or ``kh x kw`` for a pair ``k``; per-tensor
+    scales, ReLU) of a ``batch x c x h x w`` input with a nonzero zero point (the
+    pad value is a real value)."""
+    kh, kw = (k, k) if isinstance(k, int) else k
     rng = np.random.default_rng(seed)
     b = GraphBuilder("conv")
     x = b.input("x", (batch, c, h, w), scale=0.05, zp=int(rng.integers(-20, 20)))
-    y = b.qconv(x, rng.integers(-128, 128, (oc, c, k, k), dtype=np.int8),
+    y = b.qconv(x, rng.integers(-128, 128, (oc, c, kh, kw), dtype=np.int8),
                 rng.integers(-2000, 2000, oc), pads=pads, strides=strides,
-                w_scale=1.0 / (40.0 * np.sqrt(c * k * k)), out_scale=0.05, out_zp=-3,
+                w_scale=1.0 / (40.0 * np.sqrt(c * kh * kw)), out_scale=0.05, out_zp=-3,
                 relu=True)
     b.output(y, "y")
     return b.build()

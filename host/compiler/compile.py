@@ -16,6 +16,7 @@ from ..ir import ArgMax, Equal, Graph, If, Node, QAvgPool, QConv, QGemm, Subgrap
 from .depthwise import avgpool_blob, grouped_blob
 from .emit import RESULT_REGS, SEGMENT, Emitter
 from .estimate import check_fits
+from .foldrows import fold_rows
 from .fuse import fuse_units
 from .gemv import gemv_blob, takes_gemv
 from .layout import Layout
@@ -112,6 +113,7 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     log: list[str] = []
     if not simplified:
         graph, log = simplify(graph)
+    graph = fold_rows(graph, config, log)
     check_supported(graph)
     check_fits(graph, config)  # before lowering: refuse hopeless work in linear time
     reloc = relocatable or unit_store is not None
