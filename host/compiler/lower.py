@@ -269,6 +269,7 @@ class Lowering:
             NotStreamable,
             stream_unit,
             streamable,
+            with_prologue,
         )
 
         checkpoint = self.e.checkpoint()
@@ -282,11 +283,12 @@ class Lowering:
             except CompileError:
                 self.e.rollback(checkpoint)
         u = viewed
-        blob = self.place.blobs.get(u.nodes[0].name)
         if streamable(u, self.config) and isinstance(u.nodes[0], QConv):
             return self._conv_unit(u)
-        if streamable(u, self.config) and isinstance(u.nodes[0], QGemm) and not blob.slot \
-                and len(blob.data) > STREAM_BYTES:
+        gemm = self.place.blobs.get(u.nodes[-1].name)
+        if (streamable(u, self.config) and isinstance(u.nodes[0], QGemm)
+                or with_prologue(u, self.config)) and not gemm.slot \
+                and len(gemm.data) > STREAM_BYTES:
             try:
                 return stream_unit(self, u, CompileError("weights stream"))
             except CompileError:

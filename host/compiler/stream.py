@@ -158,16 +158,31 @@ def streamable(u, config, fits: bool = True) -> bool:
         n.group == 1 or on_engine(n, config) or not fits and n.is_depthwise))
 
 
+def with_prologue(u, config) -> bool:
+    """A GEMM after a chain of depthwise convolutions on the depthwise engine, each
+    reading the one before (MobileNet's depthwise + pointwise pairs): the chain runs
+    whole on chip while the GEMM's first weight steps load, then its weights stream
+    (:class:`_GemmStream`)."""
+    *prologue, n = u.nodes
+    if not prologue or not isinstance(n, QGemm) or u.outputs != [n.outputs[0]]:
+        return False
+    feeds = [m.inputs[0] for m in u.nodes[1:]]
+    return all(isinstance(m, QConv) and m.is_depthwise and on_engine(m, config)
+               and m.outputs[0] == f for m, f in zip(prologue, feeds, strict=True))
+
+
 def stream_unit(low, u, why: CompileError) -> dict:
-    """Emit unit ``u`` (one GEMM or convolution) as streamed steps; raise
-    ``CompileError`` (saying ``why`` it had to stream) when even one step does
-    not fit."""
-    n = u.nodes[0]
+    """Emit unit ``u`` (one GEMM or convolution, or a GEMM :func:`with_prologue`)
+    as streamed steps; raise ``CompileError`` (saying ``why`` it had to stream)
+    when even one step does not fit."""
+    n = u.nodes[-1]
     try:
         if isinstance(n, QGemm):
             from .gemv import GemvBlob, emit_streamed  # it builds on this module
 
             if isinstance(low.place.blobs[n.name], GemvBlob):
+                if len(u.nodes) > 1:
+                    raise NotStreamable("a GEMV streams alone")
                 return emit_streamed(low, u, n)
             return _GemmStream(low, u, n).emit()
         # The image stream's refusal (the last) says more when neither fits. A
@@ -231,12 +246,32 @@ def fastest(low, ways, predict=None) -> dict:
 
 class _GemmStream:
     """A GEMM whose weights stream through two buffers, a group of output-column
-    tiles per step (see the module docstring)."""
+    tiles per step (see the module docstring), after the unit's other nodes (a
+    chain :func:`with_prologue`), which run whole on chip first."""
 
     def __init__(self, low, u, n: QGemm):
         self.low, self.u, self.n = low, u, n
         self.e, self.cfg = low.e, low.config
         self.blob = low.place.blobs[n.name]
+
+    def _prologue(self):
+        """Load the unit's input and the prologue's constants (one token), run the
+        prologue; return its MACs. Nothing is released: the weight steps' loads,
+        which run ahead of the compute, must not land in buffers the prologue
+        still reads."""
+        low, e = self.low, self.e
+        prologue = self.u.nodes[:-1]
+        items = [(low._load_tensor, t) for t in self.u.inputs]
+        items += [(low._load_blob, low.place.blobs[m.name]) for m in prologue
+                  if m.name in low.place.blobs]
+        for i, (load, what) in enumerate(items):
+            load(what, "next" if i == len(items) - 1 else "")
+        e.pop_next_compute()
+        macs = 0
+        for m in prologue:
+            low._dead, low._to_dram = set(), set()
+            macs += low.node(m)
+        return macs
 
     def emit(self) -> dict:
         low, e, cfg, n, blob = self.low, self.e, self.cfg, self.n, self.blob
@@ -259,7 +294,11 @@ class _GemmStream:
         steps = len(pieces)
         low._begin(self.u, f" (streamed weights: {steps} steps of {g} column tiles)")
         ibuf, isum, ldram, yreg = pipe_regs(e, 4, n.name)
-        low._load_tensor(x, "")
+        if len(self.u.nodes) > 1:
+            macs = self._prologue()
+        else:
+            low._load_tensor(x, "")
+            macs = 0
         if m > 1:
             e.set_cfg("gemm_stride", k)
             e.set_cfg("out_stride", nn)
@@ -281,7 +320,7 @@ class _GemmStream:
         e.push_after_last_compute("next")
         low._store_tensor(y)
         e.op(f"region.end {self.u.id}")
-        return _Stats(m * k * nn, steps).finish(low, e, work)
+        return _Stats(macs + m * k * nn, steps).finish(low, e, work)
 
 
 def _fewer_band_cycles(low, u, n: QConv) -> dict:
