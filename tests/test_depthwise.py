@@ -315,3 +315,32 @@ def test_fused_depthwise_separable_block_keeps_intermediates_on_chip(seed):
     r = s.run({"x": rng.integers(-128, 128, (1, 16, 6, 5), dtype=np.int8)})
     assert r.checked and len(model.regions) == 1
     assert r.counters["dram_write_bytes"] == 24  # the pooled output alone
+
+
+@pytest.mark.parametrize("stride", [(1, 1), (1, 2)])
+def test_depthwise_reads_a_convolution_output_at_its_gemm_pitch(stride, seed):
+    """A convolution whose only reader on chip is the depthwise engine keeps its
+    output at the long mapping's pitch (one requantization per column tile); the
+    engine reads those rows as they are, the pixels past each row's end unread."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("pitch")
+    x = b.input("x", (1, 4, 13, 12), scale=0.05, zp=-7)
+    h = b.qconv(x, rng.integers(-128, 128, (16, 4, 3, 3), dtype=np.int8),
+                rng.integers(-999, 999, 16).astype(np.int32), strides=stride,
+                pads=(1, 1, 1, 1), w_scale=0.01, out_scale=0.4, out_zp=-9, relu=True)
+    h = b.qconv(h, rng.integers(-128, 128, (16, 1, 3, 3), dtype=np.int8),
+                rng.integers(-999, 999, 16).astype(np.int32), pads=(1, 1, 1, 1),
+                w_scale=0.01, out_scale=0.4, relu=True, group=16)
+    b.output(h, "y")
+    graph, _ = simplify(b.build())
+    unit = [n.name for n in graph.nodes if n.device == "npu"]
+    model = compile_model(graph, CONFIGS["default"], [unit], simplified=True)
+    _, _, oh, ow = graph.tensors[graph.nodes[-1].inputs[0]].shape
+    strides = [int(line.split()[-1]) for line in model.source.splitlines()
+               if line.strip().startswith("cfg.in_stride")]
+    assert any(s > ow * 16 for s in strides)  # rows at the pitch, wider than the image
+    s = Session(NPUDriver(GoldenDevice(CONFIGS["default"])), model, check=True)
+    s.load()
+    for _ in range(2):
+        r = s.run({"x": rng.integers(-128, 128, (1, 4, 13, 12), dtype=np.int8)})
+        assert r.checked

@@ -272,12 +272,14 @@ def _engine_conv(low, n: QConv) -> int:
     x, y = low.at(n.inputs[0]), low.out(n.outputs[0])
     part, wsp, blob = low._weights(n)
     per = min(oh, cfg.acc_rows // ow)  # output rows per pass through the accumulator
+    # An input written at a long convolution's pitch (low._wide) is read as it is.
+    pitch = low._wide.get(low.root(n.inputs[0]), (0, w * c))[1]
     for b in range(bn):
         for r0 in range(0, oh, per):
             nr = min(per, oh - r0)
             low.e.comment(f"{n.name}: image {b}, output rows {r0}..{r0 + nr - 1}")
-            engine_rows(low, n, part, wsp, blob, x + b * h * w * c, w * c, h, r0, nr,
-                        y + (b * oh + r0) * ow * c, n.pads)
+            engine_rows(low, n, part, wsp, blob, x + b * h * pitch, pitch, h, r0, nr,
+                        y + (b * oh + r0) * ow * c, n.pads, width=w)
     return bn * oh * ow * c * kh * kw
 
 
@@ -296,16 +298,17 @@ def _strips(nr: int, tallest: int) -> list[int]:
 
 
 def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: int,
-                h_in: int, r0: int, nr: int, y, pads=(0, 0, 0, 0)):
+                h_in: int, r0: int, nr: int, y, pads=(0, 0, 0, 0), width: int = 0):
     """Output rows ``r0 .. r0+nr-1`` of the depthwise convolution ``n`` on the
     depthwise engine: per channel group its taps, pad value and biases, strips of
     output rows (as many as the engine's rows allow; the engine reads the pad value
     around the input and adds the biases), then the requantization of every row of
     the group.
 
-    ``x`` is input row 0 (``h_in`` rows of ``row_bytes``), ``y`` output row ``r0``
-    (dense): offsets in the working partition, or ``(register, offset)``. ``pads``
-    (top, left, bottom, right) are the convolution's, around those ``h_in`` rows.
+    ``x`` is input row 0 (``h_in`` rows ``row_bytes`` apart, of ``width`` pixels:
+    by default all of them), ``y`` output row ``r0`` (dense): offsets in the
+    working partition, or ``(register, offset)``. ``pads`` (top, left, bottom,
+    right) are the convolution's, around those ``h_in`` rows.
     """
     cfg, e = low.config, low.e
     _, c, _, w = low.tensor[n.inputs[0]].shape
@@ -317,7 +320,7 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
                            f"{cfg.acc_rows} accumulator rows", n.name)
     pad_t, pad_l = pads[0], pads[1]
     cols_in = (ow - 1) * s + kw
-    pr = max(0, cols_in - pad_l - row_bytes // c)  # pad columns the window reaches
+    pr = max(0, cols_in - pad_l - (width or row_bytes // c))  # pad columns it reaches
     e.set_cfg("gemm_stride", c)  # pixel to pixel
     e.set_cfg("in_stride", row_bytes)  # row to row
     e.set_cfg("out_stride", c)

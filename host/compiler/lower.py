@@ -374,6 +374,7 @@ class Lowering:
         self._blob_at: dict[str, tuple[str, int]] = {}
         self._tile: tuple[int, int] | None = None  # (rows M, rows of this tile)
         self._to_dram: set[str] = set()  # the current node's outputs only stored after it
+        self._later: list[Node] = []  # the nodes of a whole unit after the current one
         self._conv_plan = None  # (conv_cycles plan, tiles, OC) of the last convolution
         # Outputs held at a row pitch wider than their rows: (rows, pitch bytes, row bytes).
         self._wide: dict[str, tuple[int, int, int]] = {}
@@ -419,6 +420,7 @@ class Lowering:
             later = {self.root(t) for m in u.nodes[i + 1:] for t in m.inputs}
             self._dead = {self.root(t) for t in n.inputs} - later - stored
             self._to_dram = {self.root(o) for o in n.outputs} & stored - later
+            self._later = u.nodes[i + 1:]
             stats["macs"] += self.node(n)
             self._release(self._dead)
             for o in n.outputs:
@@ -1084,8 +1086,15 @@ class Lowering:
 
     def wide_ok(self, n: QConv) -> bool:
         """Whether ``n``'s output may be written at a long mapping's pitch: whole
-        (not M tiled), and nothing on chip reads it (it is only stored)."""
-        return self._tile is None and self.root(n.outputs[0]) in self._to_dram
+        (not M tiled), and only stored, or read on chip by depthwise convolutions
+        on the depthwise engine alone (which read rows at any pitch)."""
+        from .depthwise import on_engine  # it builds on this module
+
+        y = self.root(n.outputs[0])
+        readers = [m for m in self._later if y in {self.root(t) for t in m.inputs}]
+        return self._tile is None and (bool(readers) or y in self._to_dram) and all(
+            isinstance(m, QConv) and m.is_depthwise and on_engine(m, self.config)
+            for m in readers)
 
     def conv_rows(self, n: QConv, copied: bool, phased: bool = True,
                   wide: bool = False) -> ConvRows:
