@@ -152,8 +152,9 @@ def test_depthwise_code_does_not_grow_with_the_image(seed):
     rng = np.random.default_rng(seed)
     # (both outputs within a store's offset immediate)
     sizes = {h: len(compile_model(_depthwise_graph(rng, 8, h, 6, 3, 1, 1),
-                                  CONFIGS["default"]).program) for h in (4, 40)}
-    assert sizes[4] == sizes[40], sizes
+                                  CONFIGS["default"]).program) for h in (4, 20, 40)}
+    # An image of one dwconv strip is shorter code; taller ones loop the middle strips.
+    assert sizes[4] <= sizes[20] == sizes[40], sizes
 
 
 @pytest.mark.parametrize("c, side, stride", [(8, 64, 1), (16, 64, 2), (32, 40, 1)],

@@ -285,10 +285,11 @@ def _engine_conv(low, n: QConv) -> int:
 
 def _strips(nr: int, tallest: int) -> list[int]:
     """Heights of the dwconv strips of ``nr`` output rows: at most ``tallest`` each,
-    two at least (first and last apart, so that the code does not depend on the
-    image's height), the middle ones equal."""
-    if nr == 1:
-        return [1]
+    one where that holds them all (each strip reads ``kh - s`` rows of the one
+    before again), else the first and last apart (so that the code does not depend
+    on the image's height), the middle ones equal."""
+    if nr <= tallest:
+        return [nr]
     count = max(2, -(-nr // tallest))
     while True:
         hs = -(-nr // count)
