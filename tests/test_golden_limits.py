@@ -43,12 +43,10 @@ def driver():
 
 def test_wait_times_out_on_an_endless_program():
     drv = driver()
-    t0 = time.perf_counter()
     drv.write("CYCLE_BUDGET", 0)
     drv.start()
     with pytest.raises(DeviceError, match="no interrupt within 20000 cycles"):
         drv.wait(timeout_cycles=20_000)
-    assert time.perf_counter() - t0 < 1.0
     assert drv.status() & STATUS_BUSY  # still running, as on the RTL
     with pytest.raises(DeviceError, match="no interrupt within 5000 cycles"):
         drv.wait(timeout_cycles=5_000)  # a later wait continues it
@@ -61,9 +59,7 @@ def test_wait_times_out_on_an_endless_program():
 
 def test_cycle_budget_stops_an_endless_program():
     drv = driver()
-    t0 = time.perf_counter()
     st = drv.run(cycle_budget=30_000)
-    assert time.perf_counter() - t0 < 1.0
     assert st.error == ErrorCode.TIMEOUT and 1 <= st.pc <= 2, st
     with pytest.raises(DeviceError, match="TIMEOUT"):
         st.check()
