@@ -220,6 +220,7 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
     proto = _load_proto(model)
     _check_references(proto.graph, set())
     _check_model(proto)
+    _check_divisors(proto.graph)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise ModelError("the model does not import the default ONNX opset",
@@ -252,6 +253,31 @@ def _check_model(proto: onnx.ModelProto):
                 err.locate(n.name, k, n.op_type, n.domain, err.fix)
                 break
         raise err from None
+
+
+# Attributes every standard operator that has them needs positive, and that onnx's
+# C++ shape inference divides by without checking: a zero stride there is a
+# floating-point exception that kills the process, not an error it raises.
+POSITIVE_ATTRIBUTES = ("strides", "dilations", "kernel_shape", "group", "blocksize")
+_STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft")
+
+
+def _check_divisors(g: onnx.GraphProto):
+    """Refuse a node whose :data:`POSITIVE_ATTRIBUTES` are not positive (in every
+    subgraph too), before anything hands the model to onnx or onnxruntime."""
+    for k, n in enumerate(g.node):
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _check_divisors(a.g)
+            if n.domain not in _STANDARD_DOMAINS or a.name not in POSITIVE_ATTRIBUTES:
+                continue
+            values = list(a.ints) if a.type == onnx.AttributeProto.INTS else [a.i]
+            if a.type not in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS) or \
+                    any(v < 1 for v in values):
+                raise ModelError(f"attribute {a.name} is {values}: it must be positive "
+                                 "integers", fix="export the model with positive values "
+                                 f"(or without {a.name}, for its default)").locate(n.name or f"{n.op_type}#{k}", k,
+                                                    n.op_type, n.domain)
 
 
 def _load_proto(model) -> onnx.ModelProto:

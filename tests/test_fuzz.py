@@ -269,6 +269,44 @@ def random_model(draw) -> bytes:
     return model.SerializeToString()
 
 
+CPU_OPS = {  # float operators only the CPU fallback runs, with their integer attributes
+    "Conv": ("strides", "dilations", "kernel_shape", "group", "pads"),
+    "ConvTranspose": ("strides", "dilations", "kernel_shape", "group", "output_padding"),
+    "MaxPool": ("strides", "dilations", "kernel_shape", "pads"),
+    "AveragePool": ("strides", "kernel_shape", "pads"),
+    "LpPool": ("strides", "kernel_shape", "p"),
+    "SpaceToDepth": ("blocksize",),
+    "DepthToSpace": ("blocksize",),
+}
+ODD_INTS = [-1, 0, 0, 1, 1, 2, 3, 9]
+
+
+@st.composite
+def cpu_op_model(draw) -> bytes:
+    """One float operator on an 8x8 image with hostile integer attributes: what the
+    CPU fallback hands to onnx's shape inference and onnxruntime (a zero stride
+    there was a floating-point exception that killed the process)."""
+    op = draw(st.sampled_from(sorted(CPU_OPS)))
+    attrs = {}
+    for name in draw(st.lists(st.sampled_from(CPU_OPS[op]), unique=True, max_size=3)):
+        size = {"pads": 4, "group": 0, "blocksize": 0, "p": 0}.get(name, 2)
+        value = [draw(st.sampled_from(ODD_INTS)) for _ in range(size)]
+        attrs[name] = value if size else value[0] if value else draw(st.sampled_from(ODD_INTS))
+    if op.endswith("Pool") and "kernel_shape" not in attrs:
+        attrs["kernel_shape"] = [2, 2]
+    inputs, inits = ["x"], []
+    if op.startswith("Conv"):
+        w = np.ones((1, 1, 3, 3), np.float32)
+        inits.append(numpy_helper.from_array(w, "w"))
+        inputs.append("w")
+    node = helper.make_node(op, inputs, ["y"], name="n0", **attrs)
+    graph = helper.make_graph(
+        [node], "cpu_op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]
+                             ).SerializeToString()
+
+
 def matching_inputs(model: Path, npz: Path, fallback: bool, seed: int) -> list[str] | None:
     """``--inputs`` with two random samples of every graph input, when the model
     imports and its inputs are small; else None."""
@@ -292,7 +330,8 @@ def test_fuzz_onnx_models(sandbox, seed, regress, record_property):
     warm_up(sandbox)
 
     @fuzz(seed, regress, examples=40)
-    @given(data=st.one_of(mutated_model(), random_model()), fallback=st.booleans(),
+    @given(data=st.one_of(mutated_model(), random_model(), cpu_op_model()),
+           fallback=st.booleans(),
            feed=st.booleans(), input_seed=st.integers(0, 1 << 16))
     def prop(data, fallback, feed, input_seed):
         with hermetic(sandbox) as case:
@@ -550,6 +589,29 @@ def test_a_weight_scale_that_is_not_positive_is_named(sandbox, scale):
         warnings.simplefilter("error", RuntimeWarning)
         code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache"])
     assert code == ExitCode.BAD_MODEL and f"weight scale {scale} must be positive" in err, err
+
+
+@pytest.mark.parametrize("op, attr", [("Conv", "strides"), ("MaxPool", "strides"),
+                                      ("AveragePool", "strides"), ("Conv", "dilations"),
+                                      ("Conv", "group")])
+def test_an_attribute_onnx_divides_by_is_a_bad_model(sandbox, op, attr):
+    """Found by the model fuzzing: a float Conv or pooling with a zero stride, run
+    by the CPU fallback, reached onnx's C++ shape inference, which divided by it (a
+    floating-point exception: the process died without a word). It is refused on
+    import, naming the node and the attribute."""
+    attrs = {"kernel_shape": [2, 2], attr: [1, 0] if attr != "group" else 0}
+    inputs = ["x", "w"] if op == "Conv" else ["x"]
+    inits = [numpy_helper.from_array(np.ones((1, 1, 2, 2), np.float32), "w")]
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], name="n0", **attrs)], "zero",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 7, 7])],
+        inits if op == "Conv" else [])
+    path = sandbox / "zero.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
+    assert code == ExitCode.BAD_MODEL, err
+    assert f"node 'n0' (#0, {op}, domain ai.onnx): attribute {attr} is" in err, err
 
 
 def test_an_empty_input_is_a_bad_model(sandbox):
