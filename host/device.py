@@ -143,7 +143,7 @@ class GoldenDevice(Device):
         self.machine.dram[addr:addr + len(data)] = np.frombuffer(bytes(data), dtype=np.uint8)
 
     def _check_mem(self, addr, size):
-        if addr < 0 or addr + size > len(self.machine.dram):
+        if addr < 0 or size < 0 or addr + size > len(self.machine.dram):
             raise ValueError(f"DRAM [{addr:#x}, +{size}) outside {len(self.machine.dram)} bytes")
 
     def wait_irq(self, timeout_cycles: int) -> bool:

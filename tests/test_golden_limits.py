@@ -178,3 +178,15 @@ def test_run_limits_refuse_nonsense():
     with pytest.raises(ValueError):
         RunLimits(timeout_s=float("nan"))
     assert RunLimits(0, 0).resolve(1e9) == RunLimits(0, 0)
+
+
+
+@pytest.mark.parametrize("addr, size", [(0, -5), (-1, 4), (1 << 22, 1), ((1 << 22) - 4, 8)])
+def test_memory_outside_the_dram_is_refused(addr, size):
+    """``read_mem(0, -5)`` returned all 4 MB (a negative size sliced from the end)."""
+    dev = GoldenDevice(CONFIGS["default"])
+    with pytest.raises(ValueError, match="outside"):
+        dev.read_mem(addr, size)
+    if size >= 0:
+        with pytest.raises(ValueError, match="outside"):
+            dev.write_mem(addr, bytes(size))
