@@ -127,11 +127,13 @@ def test_a_damaged_project_cache_is_moved_aside_and_the_run_succeeds(tmp_path, c
 # ---- a wrong program in the cache ---------------------------------------------------------------
 
 
-def poison(path):
-    """Replace every stored program by a wrong one with a valid digest: the output
-    requantization multiplier of each unit becomes 1 (all outputs at the zero point)."""
+def poison(path, where: str = "1"):
+    """Replace every stored program (``where``: those the SQL condition selects) by a
+    wrong one with a valid digest: the output requantization multiplier of each unit
+    becomes 1 (all outputs at the zero point)."""
     with sqlite3.connect(path) as db:
-        rows = db.execute("SELECT rowid, blob FROM compiled WHERE kind='program'").fetchall()
+        rows = db.execute("SELECT rowid, blob FROM compiled WHERE kind='program' AND "
+                          + where).fetchall()
         assert rows
         for rowid, blob in rows:
             model = pickle.loads(blob)
@@ -162,6 +164,28 @@ def test_a_poisoned_entry_is_evicted_and_the_run_is_right(flags, tmp_path, capsy
     assert npu(RUN + ["--cache", str(path)]) == ExitCode.OK
     out = capsys.readouterr().out
     assert "cache-evicted" not in out and predictions(out) == predictions(good)
+
+
+BATCH = ["run", "mlp", "--adaptive", "--batch", "4", "--digits", "16", "--inline-compile"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-check"]])
+def test_a_poisoned_batch_variant_is_evicted_and_compiled_anew(flags, tmp_path, capsys):
+    """A batch variant the cache serves is validated like one compiled here; a wrong
+    one is evicted (its entry and the units it links), never served again."""
+    path = tmp_path / "c.sqlite"
+    assert npu(BATCH + ["--cache", str(path)]) == ExitCode.OK
+    good = predictions(capsys.readouterr().out)
+    poison(path, "specialization='batch4'")
+    assert npu(BATCH + ["--cache", str(path)] + flags) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "batch4 (cache hit)" in out and "cache-evicted" in out, out
+    assert "batch4 (compiled)" in out, out  # compiled anew, not served again
+    assert predictions(out) == good
+    assert npu(BATCH + ["--cache", str(path)]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "batch4 (cache hit)" in out and "cache-evicted" not in out, out
+    assert predictions(out) == good
 
 
 def predictions(out: str) -> list[str]:

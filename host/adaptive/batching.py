@@ -16,7 +16,8 @@ profiles the batch sizes it is asked to serve. Once a size has come
 Each variant carries a guard (count and shapes of the inputs); a failure runs the
 inputs one by one on the generic plan. Its first ``validate_runs`` batches are
 checked input by input against the reference (always, with ``check``); a
-mismatch drops it.
+mismatch drops it. A variant the compile cache served is trusted no more: on a
+mismatch its entry is evicted, and the next batch of its size compiles it anew.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ class BatchServer:
         self.variants: dict[int, BatchVariant | RoutedVariant | None] = {}
         self.routes: dict[tuple, float] = {}  # branch path -> decayed count (routed)
         self._checks_left: dict[int, int] = {}
+        # batch size -> the cache key (graph, units, specialization) its variant was
+        # served from, when it was a cache hit
+        self._served: dict[int, tuple[Graph, list[Subgraph], str]] = {}
 
     def use(self, variant: BatchVariant | RoutedVariant) -> None:
         """Serve batches of its size with ``variant`` from now on, trusted (no
@@ -144,19 +148,27 @@ class BatchServer:
                 self.variants[B] = None
                 self.log.emit("specialize-refused", (), f"batch{B}: {e}")
             return
+        units, spec = [Subgraph(u.id, list(u.nodes)) for u in plan.units], f"batch{B}"
         try:
-            model, hit = self.cache.get_or_compile(
-                bg, [Subgraph(u.id, list(u.nodes)) for u in plan.units], self.hw,
-                specialization=f"batch{B}")
+            model, hit = self.cache.get_or_compile(bg, units, self.hw, specialization=spec)
         except CompileError as e:
             self.variants[B] = None
             self.log.emit("specialize-refused", (), f"batch{B}: {e}")
             return
+        self._remember(B, hit, bg, units, spec)
         self.variants[B] = BatchVariant(model, B, plan.graph, self._plan_ids())
         self._checks_left[B] = self.config.validate_runs
         self.log.emit("specialized", tuple(u.id for u in model.units),
                       f"batch{B} ({'cache hit' if hit else 'compiled'}): {B} inputs per run, "
                       f"{len(model.program)} instructions" + (f"; rebuilt: {why}" if why else ""))
+
+    def _remember(self, B: int, hit: bool, graph: Graph, units: list[Subgraph],
+                  spec: str) -> None:
+        """Note where the batch-``B`` variant came from (a cache hit: its key)."""
+        if hit:
+            self._served[B] = (graph, units, spec)
+        else:
+            self._served.pop(B, None)
 
     def _cover_set(self) -> list:
         """The fewest branches that took ``route_cover`` of the routed inputs seen
@@ -177,12 +189,13 @@ class BatchServer:
 
     def _place_bet(self, B: int, bet: list, reason: str) -> None:
         hits = []
+        spec = f"route{B}:" + ";".join(lf.describe() for lf in bet)
 
         def compile_fn(g, units):
-            model, hit = self.cache.get_or_compile(
-                g, units, self.hw, specialization=f"route{B}:" + ";".join(
-                    lf.describe() for lf in bet))  # (the batched graph differs per bet too)
+            # (the batched graph differs per bet too)
+            model, hit = self.cache.get_or_compile(g, units, self.hw, specialization=spec)
             hits.append(hit)
+            self._remember(B, hit, g, units, spec)
             return model
 
         try:
@@ -208,9 +221,9 @@ class BatchServer:
         for o, x in zip(outs, inputs_list, strict=True):
             bad = None if o is None else mismatch(o, run_reference(self.graph, x))
             if bad:
-                self.variants[B] = None
                 self.log.rollbacks += 1
                 self.log.emit("rollback", (), f"{v.name} failed validation: {bad}")
+                self._drop(B, bad)
                 return None
         if left:
             self._checks_left[B] = left - 1
@@ -218,6 +231,20 @@ class BatchServer:
                 self.log.emit("specialize-validated", (), f"{v.name}: "
                               f"{self.config.validate_runs} batches equal the reference")
         return True
+
+    def _drop(self, B: int, why: str) -> None:
+        """Drop the batch-``B`` variant after a mismatch: refused from now on when it
+        was compiled here; evicted from the cache, and compiled anew by the next
+        batch of its size, when the cache served it."""
+        served = self._served.pop(B, None)
+        if served is None:
+            self.variants[B] = None
+            return
+        graph, units, spec = served
+        self.cache.evict(graph, units, self.hw, specialization=spec)
+        del self.variants[B]
+        self.log.emit("cache-evicted", (), f"{spec}: the stored program differs from the "
+                      f"reference ({why}): recompiled at the next batch of {B}")
 
     def _run_variant(self, v: BatchVariant, inputs_list) -> list[AdaptiveInference]:
         t0 = time.perf_counter()

@@ -780,9 +780,11 @@ class CompileCache:
             self.unit_compiles += 1
         self._write(_UNITS, row)
 
-    def _evict_units(self, graph: Graph, plan: list | None, config: NPUConfig) -> int:
-        """Remove the stored units a plan links (its program failed validation)."""
-        store = _UnitStore(self, profile_key(config), "", record=True)
+    def _evict_units(self, graph: Graph, plan: list | None, config: NPUConfig,
+                     variant: str = "") -> int:
+        """Remove the stored units a plan links (its program failed validation);
+        ``variant``: the specialization they were stored under."""
+        store = _UnitStore(self, profile_key(config), variant, record=True)
         units = initial_units(graph) if plan is None else list(plan)
         try:
             compile_model(graph, config, units, simplified=True, unit_store=store)
@@ -848,11 +850,10 @@ class CompileCache:
 
     def evict(self, graph: Graph, plan: list | None, config: NPUConfig,
               specialization: str = "") -> bool:
-        """Remove one entry (a program that failed validation) and, for the generic
-        plan, the compiled units it links; True when there was a plan entry."""
+        """Remove one entry (a program that failed validation) and the compiled units
+        it links; True when there was a plan entry."""
         key = self.key(graph, plan, config, specialization)
-        if not specialization:
-            self._evict_units(graph, plan, config)
+        self._evict_units(graph, plan, config, specialization)
         with self._lock:
             cur = self._conn().execute(
                 f"DELETE FROM {_TABLE} WHERE graph=? AND names=? AND plan=? AND profile=? "
