@@ -8,6 +8,8 @@ register map.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 from firmware import isa
@@ -272,10 +274,23 @@ class NPUDriver:
 
     # ---- memory --------------------------------------------------------------------------------
     def write_mem(self, addr: int, data) -> None:
-        self.device.write_mem(addr, bytes(memoryview(data).cast("B")))
+        data = bytes(memoryview(data).cast("B"))
+        with _memory_of_the_device():
+            self.device.write_mem(addr, data)
 
     def read_mem(self, addr: int, size: int) -> bytes:
-        return self.device.read_mem(addr, size)
+        with _memory_of_the_device():
+            return self.device.read_mem(addr, size)
+
+
+@contextlib.contextmanager
+def _memory_of_the_device():
+    """A device refuses (ValueError) a range beyond its DRAM: for the host that is a
+    model whose constants and tensors need more memory than the device has."""
+    try:
+        yield
+    except ValueError as err:
+        raise DeviceError(f"{err}: the model needs more DRAM than this device has") from None
 
 
 def _changed_runs(held: list[int] | None, words: list[int]) -> list[tuple[int, int]]:

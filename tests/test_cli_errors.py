@@ -75,6 +75,27 @@ def infinite_scale(tmp_path):
     return tmp_path / "inf.onnx"
 
 
+def beyond_the_dram(tmp_path, width=1000, layers=5):
+    """Int8 layers whose weights together (5 MB) exceed the device's 4 MB of DRAM,
+    each within what one DMA transfer and one instruction bank take."""
+    rng = np.random.default_rng(0)
+    nh = onnx.numpy_helper
+    inits = [nh.from_array(np.float32(0.1), "s"), nh.from_array(np.int8(0), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["t0"], name="q")]
+    for i in range(layers):
+        inits.append(nh.from_array(rng.integers(-8, 8, (width, width)).astype(np.int8), f"w{i}"))
+        nodes.append(helper.make_node("QLinearMatMul", [f"t{i}", "s", "z", f"w{i}", "s", "z",
+                                                         "s", "z"], [f"t{i + 1}"], name=f"mm{i}"))
+    nodes.append(helper.make_node("DequantizeLinear", [f"t{layers}", "s", "z"], ["y"], name="dq"))
+    graph = helper.make_graph(
+        nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "wide.onnx")
+    np.savez(tmp_path / "wide.npz", x=rng.normal(size=(2, 1, width)).astype(np.float32))
+    return ["run", str(tmp_path / "wide.onnx"), "--inputs", str(tmp_path / "wide.npz")]
+
+
 def mlp_samples(n=3):
     return np.random.default_rng(0).uniform(0, 16, (n, 64)).astype(np.float32)
 
@@ -126,6 +147,9 @@ CASES = {
                                      "is a directory"),
     "output .const": (lambda t: ["compile", "mlp", "-o", str(t / "prog.const")],
                       ExitCode.USAGE, "PROGRAM.const"),
+    # an internal ValueError from the device's memory check before
+    "beyond the DRAM": (beyond_the_dram, ExitCode.UNSUPPORTED,
+                        "the model needs more DRAM than this device has"),
     "serial port": (lambda t: ["info", "--backend", "serial", "--port", str(t / "ttyNONE")],
                     ExitCode.DEVICE, "cannot open the serial port"),
 }
