@@ -469,9 +469,14 @@ def compile_cmd(opts) -> int:
         if program == consts:  # the constants would overwrite the program
             raise UsageError(f"-o {opts.output}: the constants go to PROGRAM.const; name "
                              "the program otherwise (e.g. prog.bin)")
+        from .adaptive.saved import write_whole
+
         for path, data in ((program, model.program.to_bytes()), (consts, model.const_image())):
             try:
-                path.write_bytes(data)
+                if path.exists() and not path.is_file():  # a device or a pipe: as it is
+                    path.write_bytes(data)
+                else:  # whole: a kill or a full disk leaves the old file, not half of one
+                    write_whole(path, lambda f, data=data: f.write(data))
             except OSError as err:
                 raise UsageError(f"-o {opts.output}: cannot write {path} "
                                  f"({err.strerror or err})") from None

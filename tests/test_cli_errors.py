@@ -230,3 +230,69 @@ def test_adaptive_options_without_adaptive_are_refused(flags, capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only with --adaptive" in err and flags[0] in err, err
     assert not (tmp_path / "c.sqlite").exists()  # nothing was opened or made
+
+
+# ---- failures on a device, on every backend ----------------------------------------------------
+
+BACKENDS = ["golden", pytest.param("verilator", marks=pytest.mark.rtl)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bus_error_is_one_line_and_the_device_code(backend, monkeypatch, capsys):
+    """Every DRAM transfer of the NPU answers SLVERR: the run ends in the NPU's
+    BUS_ERROR status, which ``npu`` reports in one line with exit code 5."""
+    from host.device import RESP_SLVERR
+
+    def run_with_faults(device, opts):
+        device.set_bus_faults([(0, 1 << 22, RESP_SLVERR)])
+        return cli.run_on_device(device, opts)
+
+    monkeypatch.setitem(cli.COMMANDS, "run", run_with_faults)
+    assert npu(["run", "mlp", "--digits", "2", "--backend", backend]) == ExitCode.DEVICE
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    line, = err.splitlines()
+    assert line.startswith("npu: device error: ") and "BUS_ERROR" in line, line
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flags, code, start", [
+    (["--cycle-budget", "100"], ExitCode.LIMIT,
+     "npu: the run stopped at its cycle budget of 100 cycles"),
+    (["--inputs", "nan.npz"], ExitCode.USAGE, "npu: --inputs nan.npz: 'input' contains NaN"),
+])
+def test_limits_and_bad_inputs_on_every_backend(backend, flags, code, start, tmp_path,
+                                                monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    np.savez("nan.npz", input=np.full((2, 64), np.nan, np.float32))
+    assert npu(["run", "mlp", "--backend", backend, *flags]) == code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    line, = err.splitlines()
+    assert line.startswith(start), line
+
+
+def test_compile_output_is_written_whole(tmp_path, monkeypatch, capsys):
+    """``npu compile -o``: a disk that fills mid-write leaves the old program and
+    constants and no temporary; a link to a program is written through."""
+    import errno
+    import os
+
+    program, consts = tmp_path / "prog.bin", tmp_path / "prog.const"
+    program.write_bytes(b"old program")
+    consts.write_bytes(b"old constants")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(os, "fsync", full)
+        assert npu(["compile", "mlp", "-o", str(program)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"npu: -o {program}: cannot write {program} (No space left "
+                                "on device)"], err
+    assert program.read_bytes() == b"old program" and consts.read_bytes() == b"old constants"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prog.bin", "prog.const"]
+    (tmp_path / "link.bin").symlink_to(program)
+    assert npu(["compile", "mlp", "-o", str(tmp_path / "link.bin")]) == ExitCode.OK
+    assert (tmp_path / "link.bin").is_symlink() and program.read_bytes() != b"old program"

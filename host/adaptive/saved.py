@@ -104,18 +104,30 @@ def legacy_path(kind: str, model_file: Path, config: NPUConfig) -> Path:
 
 
 def save_json(data: dict, path: Path) -> Path:
-    """Write ``data`` to ``path`` whole: a crash leaves the old file or the new one.
+    """Write ``data`` to ``path`` whole (see :func:`write_whole`)."""
+    return write_whole(path, lambda f: f.write(json.dumps(data, indent=1).encode()))
 
-    The temporary is ``.NAME.PID@HOST.XXXXXXXX.tmp`` beside ``path``; a writer killed
-    before its rename leaves one, which :func:`sweep_temporaries` (run first) removes.
+
+def write_whole(path: Path, write) -> Path:
+    """Write a file whole: ``write(f)`` fills a temporary beside ``path`` (a binary
+    file), which is synced and renamed over ``path``. A crash leaves the old file
+    or the new one; a failure (an exception of ``write`` or of the disk) leaves the
+    old one and no temporary.
+
+    The temporary is ``.NAME.PID@HOST.XXXXXXXX.tmp``; a writer killed before its
+    rename leaves one, which :func:`sweep_temporaries` (run first) removes. A
+    symbolic link is followed (its target is replaced, the link stays).
     """
+    path = Path(path).resolve() if Path(path).is_symlink() else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_temporaries(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{_writer()}.",
                                suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
+        # the mode the file has, or a new file's (mkstemp's is 0600)
+        os.fchmod(fd, path.stat().st_mode & 0o7777 if path.is_file() else _NEW_FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -125,6 +137,13 @@ def save_json(data: dict, path: Path) -> Path:
     return path
 
 
+def _new_file_mode() -> int:
+    umask = os.umask(0o022)  # read it (at import, before any thread starts)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_NEW_FILE_MODE = _new_file_mode()
 _TEMPORARY = re.compile(r"\..+\.(\d+)@([A-Za-z0-9-]+)\.[a-z0-9_]+\.tmp")
 
 
