@@ -637,9 +637,13 @@ class _Importer:
             inputs.append((t.name, _onnx_type(t), t.shape))
         model = single_node_model(proto, inputs, [TensorProto.UNDEFINED] * len(proto.output),
                                   self.opsets, inits)
-        return [(et, shape, _ir_type(et, o, where)[0])
-                for o, (et, shape) in zip(proto.output, infer_outputs(model, where),
-                                          strict=True)]
+        outputs = list(zip(proto.output, infer_outputs(model, where), strict=True))
+        for o, (_, shape) in outputs:
+            if 0 in shape:  # nothing downstream (the NPU, the report) computes on it
+                raise ModelError(f"output {o!r} is empty: shape {list(shape)}", where,
+                                 fix="check the node's attributes against its input's "
+                                 "shape (a kernel larger than the padded input?)")
+        return [(et, shape, _ir_type(et, o, where)[0]) for o, (et, shape) in outputs]
 
     def const(self, node, v, what: str) -> np.ndarray:
         """A constant input (scale, zero point, weight, shape...)."""

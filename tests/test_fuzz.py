@@ -614,6 +614,20 @@ def test_an_attribute_onnx_divides_by_is_a_bad_model(sandbox, op, attr):
     assert f"node 'n0' (#0, {op}, domain ai.onnx): attribute {attr} is" in err, err
 
 
+def test_an_empty_output_is_a_bad_model(sandbox):
+    """Found by the model fuzzing: an AveragePool whose kernel is wider than its
+    input, run by the CPU fallback, gave an empty output, and the report's argmax
+    of it was an internal error; an empty CPU result is refused on import."""
+    graph = helper.make_graph(
+        [helper.make_node("AveragePool", ["x"], ["y"], name="n0", kernel_shape=[1, 9])],
+        "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])])
+    path = sandbox / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
+    assert code == ExitCode.BAD_MODEL and "output 'y' is empty: shape [1, 1, 8, 0]" in err, err
+
+
 def test_an_empty_input_is_a_bad_model(sandbox):
     """Found by the model fuzzing: the MLP declared with 0 rows, fed an empty array by
     ``--inputs``, reached the compiler, which wrote a GEMM of 0 rows (an internal
