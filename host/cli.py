@@ -290,6 +290,9 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     state = None if opts.fresh or opts.no_cache else load_state(model_file, drv.config)
     cache = CompileCache(None if opts.no_cache else (opts.cache or default_cache_path()),
                          fresh=opts.fresh)
+    if cache.read_only:
+        console.print(f"note: the compile cache {cache.path} is read-only: read as it is, "
+                      "what this run compiles is not kept", highlight=False, soft_wrap=True)
     rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
                                                     async_compile=not opts.inline_compile),
                          cache=cache, state=state, on_event=lambda e: console.print(
@@ -509,6 +512,7 @@ def precompile_cmd(opts) -> int:
     table = Table("model", "plans", "compiled", "cached already", "refused", "units compiled",
                   title=f"precompiled for the {opts.profile} profile")
     with CompileCache(path) as cache:
+        _refuse_read_only(cache, "precompile")
         try:
             done = _precompile_models(cache, names, config, jobs, opts, console, table)
         except KeyboardInterrupt:
@@ -564,10 +568,17 @@ def cache_cmd(opts) -> int:
     with CompileCache(path) as cache:
         if opts.action == "info":
             return cache_info(cache)
+        _refuse_read_only(cache, f"cache {opts.action}")
         if opts.action == "clear":
             print(f"removed {cache.clear()} entries from {path}")
             return ExitCode.OK
         return cache_verify(cache, opts.model or bundled_quantized())
+
+
+def _refuse_read_only(cache, command: str) -> None:
+    if cache.read_only:
+        raise UsageError(f"compile cache {cache.path}: is read-only, and npu {command} "
+                         "writes it; pass another --cache PATH")
 
 
 def cache_info(cache) -> int:

@@ -67,18 +67,18 @@ def a_text_file(tmp_path):
     return p, "not an sqlite database"
 
 
-def a_read_only_cache(tmp_path):
+def an_empty_read_only_file(tmp_path):
     p = tmp_path / "ro.sqlite"
-    CompileCache(p).close()
+    p.write_bytes(b"")
     p.chmod(0o444)
-    return p, "read-only"
+    return p, "is empty and read-only"
 
 
 def the_working_directory(tmp_path):
     return tmp_path, "is a directory"
 
 
-BAD_PATHS = [a_directory, a_foreign_database, a_text_file, a_read_only_cache,
+BAD_PATHS = [a_directory, a_foreign_database, a_text_file, an_empty_read_only_file,
              the_working_directory]
 
 
@@ -100,6 +100,41 @@ def test_a_path_that_is_not_a_usable_cache_is_refused_untouched(make, command, t
     assert len(err.splitlines()) == 1 and why in err and str(path) in err, err
     assert snapshot(path) == before
     assert sorted(os.listdir(path.parent)) == others  # nothing renamed or added beside it
+
+
+# ---- this project's cache, read-only ----------------------------------------------------------
+
+
+def test_a_read_only_cache_is_read_as_it_is(tmp_path, capsys):
+    """A cache on a read-only file or directory (one shared, or on read-only media)
+    serves what it holds, is never written (no lock or log file beside it), and a
+    wrong program in it is evicted from the run's view only; the commands that
+    write a cache refuse it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = shared / "c.sqlite"
+    assert npu(RUN + ["--cache", str(path)]) == ExitCode.OK
+    good = predictions(capsys.readouterr().out)
+    poison(path)
+    path.chmod(0o444)
+    shared.chmod(0o555)
+    try:
+        before, listing = snapshot(path), sorted(os.listdir(shared))
+        for _ in range(2):  # the eviction never reaches the file: twice the same
+            assert npu(RUN + ["--cache", str(path)]) == ExitCode.OK
+            out = capsys.readouterr().out
+            assert f"compile cache {path} is read-only" in out and "cache-evicted" in out, out
+            assert predictions(out) == good
+        assert npu(["cache", "info", "--cache", str(path)]) == ExitCode.OK
+        assert "entries: 1 (1 programs" in capsys.readouterr().out
+        for argv in (["cache", "clear"], ["cache", "verify", "--model", "mlp"],
+                     ["precompile", "--profile", "default", "--model", "mlp"]):
+            assert npu(argv + ["--cache", str(path)]) == ExitCode.USAGE
+            err = capsys.readouterr().err
+            assert len(err.splitlines()) == 1 and "is read-only" in err, err
+        assert snapshot(path) == before and sorted(os.listdir(shared)) == listing
+    finally:
+        shared.chmod(0o755)
 
 
 # ---- this project's cache, damaged -------------------------------------------------------------

@@ -150,10 +150,11 @@ def _refuse(path: Path, why: str):
                          "or --no-cache")
 
 
-def _refuse_unless_usable(path: Path) -> None:
+def _refuse_unless_usable(path: Path) -> bool:
     """Raise :class:`CacheFileError` unless ``path`` is absent, empty, or this project's
-    cache, writable. Looks only at the file header: nothing is opened for writing,
-    so a refused path is left exactly as it was (bytes and times)."""
+    cache; return whether that cache is read-only (the file or its directory). Looks
+    only at the file header: nothing is opened for writing, so a refused path is
+    left exactly as it was (bytes and times)."""
     if path.is_dir():
         _refuse(path, "is a directory")
     if path.exists() and not path.is_file():
@@ -166,21 +167,23 @@ def _refuse_unless_usable(path: Path) -> None:
             _refuse(path, f"cannot create its directory ({err.strerror})")
         if not _writable(parent):
             _refuse(path, f"its directory {parent} is not writable")
-        return
-    if not _writable(path) or not _writable(parent):
-        # sqlite needs the file and its directory (the WAL and lock files) writable.
-        _refuse(path, "is read-only (the file or its directory)")
+        return False
+    # sqlite writes the file and, beside it, the WAL and lock files
+    read_only = not _writable(path) or not _writable(parent)
     header = _file_header(path)
     if not header:
-        return  # an empty file: sqlite makes it a new database
+        if read_only:
+            _refuse(path, "is empty and read-only (the file or its directory)")
+        return False  # an empty file: sqlite makes it a new database
     if not header.startswith(_SQLITE_MAGIC):
         _refuse(path, "is not an sqlite database (not an npu compile cache)")
     app_id = int.from_bytes(header[_APPLICATION_ID_OFFSET:_APPLICATION_ID_OFFSET + 4], "big")
     if app_id == 0 and _is_unmarked_cache(path):
-        return  # a cache written before caches were marked: it gets the mark on open
+        return read_only  # written before caches were marked: it gets the mark on open
     if app_id != APPLICATION_ID:
         _refuse(path, f"is another application's sqlite database (application_id "
                 f"{app_id:#x}, an npu compile cache has {APPLICATION_ID:#x})")
+    return read_only
 
 
 def _is_unmarked_cache(path: Path) -> bool:
@@ -438,7 +441,8 @@ class CompileCache:
     path : the sqlite file (created with its directory), or None for an in-memory
         cache private to this object (tests). :func:`default_cache_path` is the
         usual file. A path that is not this project's cache raises
-        :class:`CacheFileError` and is left as it was.
+        :class:`CacheFileError` and is left as it was. This project's cache on a
+        read-only file or directory is opened read-only (:attr:`read_only`).
     fresh : serve nothing stored: every lookup misses, and what is compiled
         replaces the entry (``npu run --fresh``).
 
@@ -454,6 +458,9 @@ class CompileCache:
         counted as misses.
     negative_hits : hits on stored refusals.
     evicted : entries removed by :meth:`evict`.
+    read_only : the file cannot be written: it is read as it is (never locked,
+        its write-ahead log unread), what this object stores stays in its memory,
+        and what it evicts or drops is hidden from its lookups only.
 
     The object may be used from several threads; other processes open their own
     (a pickled cache reopens its file in the receiving process).
@@ -466,6 +473,9 @@ class CompileCache:
         self.evicted = 0
         self.unit_hits = self.unit_compiles = 0
         self._held_rows: dict | None = None  # see hold_writes
+        self.read_only = False
+        self._kept: dict = {}  # (table, key) -> (table, row) stored by a read-only cache
+        self._hidden: set = set()  # (table, key) a read-only cache evicted or dropped
         self._lock = threading.RLock()
         self._orphans: list = []
         self._db = self._connect()
@@ -478,7 +488,13 @@ class CompileCache:
             db.execute(_SCHEMA)
             db.execute(_UNIT_SCHEMA)
             return db
-        _refuse_unless_usable(self.path)
+        if _refuse_unless_usable(self.path):
+            self.read_only = True
+            try:
+                return self._open_read_only()
+            except sqlite3.DatabaseError as err:
+                _refuse(self.path, f"is read-only and cannot be read as a compile cache "
+                        f"({err})")
         try:
             return self._open_file()
         except sqlite3.DatabaseError as err:
@@ -513,6 +529,23 @@ class CompileCache:
                                 self.path, table)
                     db.execute(f"DROP TABLE {table}")
                     db.execute(schema)
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """The file as it is: no lock, no write-ahead log, no file created beside it."""
+        db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                             check_same_thread=False, isolation_level=None)
+        try:
+            status = db.execute("PRAGMA quick_check").fetchone()[0]
+            if status != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {status}")
+            for table, columns in ((_TABLE, _COLUMNS), (_UNITS, _UNIT_COLUMNS)):
+                cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({table})"))
+                if cols != columns:
+                    raise sqlite3.DatabaseError(f"table {table} has another format")
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -646,6 +679,8 @@ class CompileCache:
             return _MISS
         columns = _KEYS[table]
         row = self._held(table, key)
+        if row is None and (table, tuple(key)) in self._hidden:
+            return _MISS
         if row is None:
             with self._lock:
                 row = self._conn().execute(
@@ -664,9 +699,14 @@ class CompileCache:
             log.warning("dropping a stale compile-cache entry (%s)", err)
             with self._lock:
                 self.stale += 1
-                self._conn().execute(
-                    f"DELETE FROM {table} WHERE "
-                    + " AND ".join(f"{c}=?" for c in (*columns, "digest")), (*key, digest))
+                if self.read_only:
+                    self._kept.pop((table, tuple(key)), None)
+                    self._hidden.add((table, tuple(key)))
+                else:
+                    self._conn().execute(
+                        f"DELETE FROM {table} WHERE "
+                        + " AND ".join(f"{c}=?" for c in (*columns, "digest")),
+                        (*key, digest))
             return _MISS
 
     @staticmethod
@@ -712,6 +752,10 @@ class CompileCache:
     def write_rows(self, rows: list[tuple[str, tuple]]) -> None:
         """Store entries another process held (:meth:`take_held`), in one transaction."""
         with self._lock:
+            if self.read_only:
+                for table, row in rows:
+                    self._keep(table, row)
+                return
             db = self._conn()
             db.execute("BEGIN")
             try:
@@ -723,10 +767,10 @@ class CompileCache:
             db.execute("COMMIT")
 
     def _held(self, table: str, key: tuple):
-        """A held entry as the file's query returns it (version, kind, digest, blob)."""
-        if not self._held_rows:
-            return None
-        found = self._held_rows.get((table, tuple(key)))
+        """A held entry (or one a read-only cache kept) as the file's query returns it
+        (version, kind, digest, blob)."""
+        found = (self._held_rows or {}).get((table, tuple(key))) or \
+            self._kept.get((table, tuple(key)))
         if found is None:
             return None
         row = found[1]
@@ -739,7 +783,29 @@ class CompileCache:
             if self._held_rows is not None:
                 self._held_rows[(table, tuple(row[:n]))] = (table, row)
                 return
+            if self.read_only:
+                self._keep(table, row)
+                return
             self._insert(self._conn(), table, row)
+
+    def _keep(self, table: str, row: tuple) -> None:
+        key = (table, tuple(row[:len(_KEYS[table])]))
+        self._kept[key] = (table, row)
+        self._hidden.discard(key)
+
+    def _delete(self, table: str, key: tuple) -> int:
+        """Remove one entry (for a read-only cache: from what it shows); how many."""
+        key = tuple(key)
+        if self.read_only:
+            kept = self._kept.pop((table, key), None) is not None
+            stored = (table, key) not in self._hidden and self._conn().execute(
+                f"SELECT 1 FROM {table} WHERE "
+                + " AND ".join(f"{c}=?" for c in _KEYS[table]), key).fetchone() is not None
+            self._hidden.add((table, key))
+            return int(kept or stored)
+        return self._conn().execute(
+            f"DELETE FROM {table} WHERE " + " AND ".join(f"{c}=?" for c in _KEYS[table]),
+            key).rowcount
 
     @staticmethod
     def _insert(db, table: str, row: tuple) -> None:
@@ -791,11 +857,7 @@ class CompileCache:
         except CompileError:
             pass
         with self._lock:
-            n = 0
-            for key in store.seen:
-                n += self._conn().execute(f"DELETE FROM {_UNITS} WHERE unit=? AND profile=? "
-                                          "AND variant=?", key).rowcount
-            return n
+            return sum(self._delete(_UNITS, key) for key in store.seen)
 
     # ---- inspection ------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -855,15 +917,15 @@ class CompileCache:
         key = self.key(graph, plan, config, specialization)
         self._evict_units(graph, plan, config, specialization)
         with self._lock:
-            cur = self._conn().execute(
-                f"DELETE FROM {_TABLE} WHERE graph=? AND names=? AND plan=? AND profile=? "
-                "AND specialization=?", key)
-            self.evicted += cur.rowcount
-            return cur.rowcount > 0
+            n = self._delete(_TABLE, key)
+            self.evicted += n
+            return n > 0
 
     def clear(self) -> int:
         """Remove every entry, plans and units (the counters are kept); returns how
         many plan entries there were."""
+        if self.read_only:
+            _refuse(self.path, "is read-only: it cannot be cleared")
         with self._lock:
             self._conn().execute(f"DELETE FROM {_UNITS}")
             return self._conn().execute(f"DELETE FROM {_TABLE}").rowcount
