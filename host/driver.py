@@ -9,7 +9,6 @@ register map.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 
 from firmware import isa

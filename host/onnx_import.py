@@ -274,10 +274,10 @@ def _check_divisors(g: onnx.GraphProto):
             values = list(a.ints) if a.type == onnx.AttributeProto.INTS else [a.i]
             if a.type not in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS) or \
                     any(v < 1 for v in values):
-                raise ModelError(f"attribute {a.name} is {values}: it must be positive "
+                err = ModelError(f"attribute {a.name} is {values}: it must be positive "
                                  "integers", fix="export the model with positive values "
-                                 f"(or without {a.name}, for its default)").locate(n.name or f"{n.op_type}#{k}", k,
-                                                    n.op_type, n.domain)
+                                 f"(or without {a.name}, for its default)")
+                raise err.locate(n.name or f"{n.op_type}#{k}", k, n.op_type, n.domain)
 
 
 def _load_proto(model) -> onnx.ModelProto:

@@ -17,7 +17,7 @@ import pytest
 
 from firmware import asm
 from host import cli
-from host.adaptive.cache import APPLICATION_ID, CompileCache
+from host.adaptive.cache import APPLICATION_ID
 from host.cli import ExitCode
 
 RUN = ["run", "mlp", "--adaptive", "--digits", "4", "--inline-compile"]
