@@ -90,6 +90,7 @@ class BatchServer:
         validation runs): what a benchmark's fixed choice does."""
         self.variants[variant.batch] = variant
         self._checks_left[variant.batch] = 0
+        self._served.pop(variant.batch, None)  # not the cache's: never evicted
 
     def report(self) -> dict:
         """The batch sizes asked for and the variant each has (JSON-ready)."""
