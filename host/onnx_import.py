@@ -220,7 +220,7 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
     proto = _load_proto(model)
     _check_references(proto.graph, set())
     _check_model(proto)
-    _check_divisors(proto.graph)
+    _check_attributes(proto.graph)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise ModelError("the model does not import the default ONNX opset",
@@ -262,22 +262,42 @@ POSITIVE_ATTRIBUTES = ("strides", "dilations", "kernel_shape", "group", "blocksi
 _STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft")
 
 
-def _check_divisors(g: onnx.GraphProto):
-    """Refuse a node whose :data:`POSITIVE_ATTRIBUTES` are not positive (in every
-    subgraph too), before anything hands the model to onnx or onnxruntime."""
+# Pooling whose padding reaches a whole window: the window averages nothing (NaN in
+# onnx's reference evaluator); onnxruntime refuses it ("Pad should be smaller than
+# kernel").
+_POOLS = ("AveragePool", "MaxPool", "LpPool")
+
+
+def _check_attributes(g: onnx.GraphProto):
+    """Refuse a node whose :data:`POSITIVE_ATTRIBUTES` are not positive, or a pooling
+    whose padding is not smaller than its kernel (in every subgraph too), before
+    anything hands the model to onnx or onnxruntime."""
     for k, n in enumerate(g.node):
+        attrs = {}
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                _check_divisors(a.g)
+                _check_attributes(a.g)
+            values = list(a.ints) if a.type == onnx.AttributeProto.INTS else [a.i]
+            attrs[a.name] = values
             if n.domain not in _STANDARD_DOMAINS or a.name not in POSITIVE_ATTRIBUTES:
                 continue
-            values = list(a.ints) if a.type == onnx.AttributeProto.INTS else [a.i]
             if a.type not in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS) or \
                     any(v < 1 for v in values):
-                err = ModelError(f"attribute {a.name} is {values}: it must be positive "
-                                 "integers", fix="export the model with positive values "
-                                 f"(or without {a.name}, for its default)")
-                raise err.locate(n.name or f"{n.op_type}#{k}", k, n.op_type, n.domain)
+                _refuse_attribute(n, k, f"attribute {a.name} is {values}: it must be "
+                                  "positive integers", "export the model with positive "
+                                  f"values (or without {a.name}, for its default)")
+        kernel, pads = attrs.get("kernel_shape", []), attrs.get("pads", [])
+        if n.op_type in _POOLS and n.domain in _STANDARD_DOMAINS and \
+                len(pads) == 2 * len(kernel) and any(
+                    p >= kernel[i % len(kernel)] for i, p in enumerate(pads)):
+            _refuse_attribute(n, k, f"pads {pads} reach a whole {kernel} window: each must "
+                              "be smaller than the kernel", "export the model with less "
+                              "padding")
+
+
+def _refuse_attribute(n: onnx.NodeProto, k: int, reason: str, fix: str):
+    raise ModelError(reason, fix=fix).locate(n.name or f"{n.op_type}#{k}", k, n.op_type,
+                                             n.domain)
 
 
 def _load_proto(model) -> onnx.ModelProto:

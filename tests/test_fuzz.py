@@ -614,6 +614,23 @@ def test_an_attribute_onnx_divides_by_is_a_bad_model(sandbox, op, attr):
     assert f"node 'n0' (#0, {op}, domain ai.onnx): attribute {attr} is" in err, err
 
 
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_pooling_padded_over_a_whole_window_is_a_bad_model(sandbox, op):
+    """Found by the model fuzzing (``--regress``): an AveragePool padded by 2 after a
+    2x2 kernel averaged windows of padding alone, NaN in onnx's reference evaluator
+    (with a RuntimeWarning on stderr), and the NaN then failed the comparison with
+    the reference; onnxruntime refuses such padding, and so does the import."""
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], name="n0", kernel_shape=[2, 2],
+                          pads=[0, 0, 0, 2])],
+        "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])])
+    path = sandbox / "padded.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
+    assert code == ExitCode.BAD_MODEL and "pads [0, 0, 0, 2] reach a whole [2, 2]" in err, err
+
+
 def test_an_empty_output_is_a_bad_model(sandbox):
     """Found by the model fuzzing: an AveragePool whose kernel is wider than its
     input, run by the CPU fallback, gave an empty output, and the report's argmax
