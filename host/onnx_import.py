@@ -1202,6 +1202,9 @@ class _Importer:
         n = p.w.q.shape[0] if p.kind == "conv" else p.w.q.shape[-1]
         ints = np.broadcast_to(np.asarray(ints).reshape(-1) if np.size(ints) > 1
                                else np.asarray(ints).reshape(()), (n,))
+        if not np.isfinite(ints).all():  # a NaN or infinite bias value or bias scale
+            raise ModelError("the bias is NaN or infinite (its values or its scale)",
+                             p.root.name)
         if ints.min() < -(1 << 31) or ints.max() >= 1 << 31:
             raise ModelError("bias leaves int32 at the accumulator scale", p.root.name,
                              fix=_REQUANTIZE)

@@ -645,6 +645,23 @@ def test_an_empty_output_is_a_bad_model(sandbox):
     assert code == ExitCode.BAD_MODEL and "output 'y' is empty: shape [1, 1, 8, 0]" in err, err
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_bias_scale_that_is_not_finite_is_named(sandbox, value):
+    """Found by the model fuzzing: a NaN bias scale made a NaN bias, whose cast to
+    int32 printed a RuntimeWarning before the import refused the model for another
+    reason; the line names the bias, with no warning."""
+    model = onnx.load(str(cli.MODELS / "moe.onnx"))
+    init = next(i for i in model.graph.initializer if i.name == "gate_B_quantized_scale")
+    init.CopyFrom(numpy_helper.from_array(np.float32(value), init.name))
+    path = sandbox / "moe_b.onnx"
+    path.write_bytes(model.SerializeToString())
+    argv = ["run", str(path), "--digits", "2", "--no-cache"]
+    code, out, err = npu(argv)
+    assert_clean(argv, code, out, err)
+    assert code == ExitCode.BAD_MODEL and "node 'gate'" in err, err
+    assert "the bias is NaN or infinite" in err, err
+
+
 def test_an_empty_input_is_a_bad_model(sandbox):
     """Found by the model fuzzing: the MLP declared with 0 rows, fed an empty array by
     ``--inputs``, reached the compiler, which wrote a GEMM of 0 rows (an internal
