@@ -138,7 +138,7 @@ def write_whole(path: Path, write) -> Path:
 
 
 def _new_file_mode() -> int:
-    umask = os.umask(0o022)  # read it (at import, before any thread starts)
+    umask = os.umask(0o022)  # the only way to read it: set and restore, once at import
     os.umask(umask)
     return 0o666 & ~umask
 
