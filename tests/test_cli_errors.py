@@ -296,3 +296,11 @@ def test_compile_output_is_written_whole(tmp_path, monkeypatch, capsys):
     (tmp_path / "link.bin").symlink_to(program)
     assert npu(["compile", "mlp", "-o", str(tmp_path / "link.bin")]) == ExitCode.OK
     assert (tmp_path / "link.bin").is_symlink() and program.read_bytes() != b"old program"
+
+
+def test_a_directory_named_like_a_bundled_model_does_not_shadow_it(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlp").mkdir()
+    assert npu(["run", "mlp", "--digits", "2"]) == ExitCode.OK
+    assert "2/2 results equal the reference" in capsys.readouterr().out
