@@ -560,16 +560,23 @@ def test_a_tab_separates_the_mnemonic():
     assert asm.assemble("li\tr1, 5\n\tend").words == asm.assemble("li r1, 5\nend").words
 
 
+def bundled_with(sandbox: Path, model: str, name: str, value) -> Path:
+    """A bundled model with its initializer ``name`` replaced by ``value``, saved in
+    the sandbox."""
+    proto = onnx.load(str(cli.MODELS / f"{model}.onnx"))
+    init = next(i for i in proto.graph.initializer if i.name == name)
+    init.CopyFrom(numpy_helper.from_array(value, init.name))
+    path = sandbox / f"{model}_{name}.onnx"
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
 @pytest.mark.parametrize("k", [2**32, 2**32 + 1, 1 - 2**32, -2**63])
 def test_a_branch_constant_beyond_32_bits_equals_no_index(sandbox, k):
     """Found by the model fuzzing: ``Equal(ArgMax(x), k)`` with a ``k`` whose low 32
     bits are an index took the branch on the NPU (its registers are 32 bits wide),
     where the reference compares all 64."""
-    model = onnx.load(str(cli.MODELS / "early_exit.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == "is_exit_k")
-    init.CopyFrom(numpy_helper.from_array(np.int64(k), init.name))
-    path = sandbox / "early_exit_k.onnx"
-    path.write_bytes(model.SerializeToString())
+    path = bundled_with(sandbox, "early_exit", "is_exit_k", np.int64(k))
     argv = ["run", str(path), "--digits", "8", "--no-cache"]
     code, out, err = npu(argv)
     assert code == ExitCode.OK and "8/8 results equal the reference" in out, err
@@ -580,15 +587,22 @@ def test_a_weight_scale_that_is_not_positive_is_named(sandbox, scale):
     """Found by the model fuzzing: a zero or NaN weight scale divided by zero in the
     bias (a RuntimeWarning on stderr) and was refused as a bias or requantization
     problem; it is the weight scale's, and the line says so."""
-    model = onnx.load(str(cli.MODELS / "mlp.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == "fc1_W_scale")
-    init.CopyFrom(numpy_helper.from_array(np.float32(scale), init.name))
-    path = sandbox / "mlp_w.onnx"
-    path.write_bytes(model.SerializeToString())
+    path = bundled_with(sandbox, "mlp", "fc1_W_scale", np.float32(scale))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache"])
     assert code == ExitCode.BAD_MODEL and f"weight scale {scale} must be positive" in err, err
+
+
+def run_one_float_node(sandbox: Path, node, inits=()) -> tuple[int, str, str]:
+    """``npu run --cpu-fallback`` of a model of ``node`` alone on an 8x8 float image."""
+    graph = helper.make_graph(
+        [node], "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])],
+        list(inits))
+    path = sandbox / "one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
 
 
 @pytest.mark.parametrize("op, attr", [("Conv", "strides"), ("MaxPool", "strides"),
@@ -602,14 +616,9 @@ def test_an_attribute_onnx_divides_by_is_a_bad_model(sandbox, op, attr):
     attrs = {"kernel_shape": [2, 2], attr: [1, 0] if attr != "group" else 0}
     inputs = ["x", "w"] if op == "Conv" else ["x"]
     inits = [numpy_helper.from_array(np.ones((1, 1, 2, 2), np.float32), "w")]
-    graph = helper.make_graph(
-        [helper.make_node(op, inputs, ["y"], name="n0", **attrs)], "zero",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 7, 7])],
+    code, out, err = run_one_float_node(
+        sandbox, helper.make_node(op, inputs, ["y"], name="n0", **attrs),
         inits if op == "Conv" else [])
-    path = sandbox / "zero.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
     assert code == ExitCode.BAD_MODEL, err
     assert f"node 'n0' (#0, {op}, domain ai.onnx): attribute {attr} is" in err, err
 
@@ -620,14 +629,8 @@ def test_pooling_padded_over_a_whole_window_is_a_bad_model(sandbox, op):
     2x2 kernel averaged windows of padding alone, NaN in onnx's reference evaluator
     (with a RuntimeWarning on stderr), and the NaN then failed the comparison with
     the reference; onnxruntime refuses such padding, and so does the import."""
-    graph = helper.make_graph(
-        [helper.make_node(op, ["x"], ["y"], name="n0", kernel_shape=[2, 2],
-                          pads=[0, 0, 0, 2])],
-        "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])])
-    path = sandbox / "padded.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
+    code, out, err = run_one_float_node(sandbox, helper.make_node(
+        op, ["x"], ["y"], name="n0", kernel_shape=[2, 2], pads=[0, 0, 0, 2]))
     assert code == ExitCode.BAD_MODEL and "pads [0, 0, 0, 2] reach a whole [2, 2]" in err, err
 
 
@@ -635,13 +638,8 @@ def test_an_empty_output_is_a_bad_model(sandbox):
     """Found by the model fuzzing: an AveragePool whose kernel is wider than its
     input, run by the CPU fallback, gave an empty output, and the report's argmax
     of it was an internal error; an empty CPU result is refused on import."""
-    graph = helper.make_graph(
-        [helper.make_node("AveragePool", ["x"], ["y"], name="n0", kernel_shape=[1, 9])],
-        "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])])
-    path = sandbox / "wide.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    code, out, err = npu(["run", str(path), "--digits", "2", "--no-cache", "--cpu-fallback"])
+    code, out, err = run_one_float_node(sandbox, helper.make_node(
+        "AveragePool", ["x"], ["y"], name="n0", kernel_shape=[1, 9]))
     assert code == ExitCode.BAD_MODEL and "output 'y' is empty: shape [1, 1, 8, 0]" in err, err
 
 
@@ -650,11 +648,7 @@ def test_a_bias_scale_that_is_not_finite_is_named(sandbox, value):
     """Found by the model fuzzing: a NaN bias scale made a NaN bias, whose cast to
     int32 printed a RuntimeWarning before the import refused the model for another
     reason; the line names the bias, with no warning."""
-    model = onnx.load(str(cli.MODELS / "moe.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == "gate_B_quantized_scale")
-    init.CopyFrom(numpy_helper.from_array(np.float32(value), init.name))
-    path = sandbox / "moe_b.onnx"
-    path.write_bytes(model.SerializeToString())
+    path = bundled_with(sandbox, "moe", "gate_B_quantized_scale", np.float32(value))
     argv = ["run", str(path), "--digits", "2", "--no-cache"]
     code, out, err = npu(argv)
     assert_clean(argv, code, out, err)
