@@ -91,6 +91,8 @@ class NPUDriver:
         self._imem: list[list[int] | None] = [None, None]
         self.imem_words_written = 0
         self.imem_words_whole = 0  # what writing every program whole would have cost
+        self.reg_writes = 0  # CSR writes so far (what the host port carries)
+        self._tables: dict[tuple[int, int], list] = {}  # (bank, set) -> table written
         self.addr = addresses(self.config)
         self._counters = counter_names(self.config)
         self.write("IRQ_ENABLE", field_mask("IRQ_ENABLE", "done")
@@ -101,6 +103,7 @@ class NPUDriver:
         return self.device.read_reg(self.addr[name])
 
     def write(self, name: str, value: int) -> None:
+        self.reg_writes += 1
         self.device.write_reg(self.addr[name], value & 0xFFFF_FFFF)
 
     def status(self) -> int:
@@ -155,11 +158,13 @@ class NPUDriver:
         """Forget what the banks hold (the next ``changed_only`` write is whole): for
         whoever writes the instruction memory by other means, or resets the NPU."""
         self._imem = [None, None]
+        self._tables.clear()
 
-    def set_partitions(self, table, pt_set: int = 0) -> None:
+    def set_partitions(self, table, pt_set: int = 0, *, changed_only: bool = False) -> None:
         """Write one partition table ``[(base, size), ...]`` of the shadow bank.
 
-        Unlisted partitions are disabled (size 0).
+        Unlisted partitions are disabled (size 0). ``changed_only``: write nothing
+        when this driver last wrote the same table there.
         """
         table = [(int(b), int(s)) for b, s in table]
         if len(table) > self.config.partitions:
@@ -169,11 +174,15 @@ class NPUDriver:
             raise ValueError(f"pt_set={pt_set}: the NPU has {self.config.pt_sets} sets")
         bank = self.shadow_bank
         table += [(0, 0)] * (self.config.partitions - len(table))
+        if changed_only and self._tables.get((bank, pt_set)) == table:
+            return
+        self._tables.pop((bank, pt_set), None)  # unknown until the write is through
         for p, (base, size) in enumerate(table):
             self.write("PT_SELECT", pack_fields("PT_SELECT", partition=p, set=pt_set, bank=bank))
             self.write("PT_BASE", base)
             self.write("PT_SIZE", size)
         self._check_not_refused("partition table")
+        self._tables[(bank, pt_set)] = table
 
     def _check_not_refused(self, what: str):
         if self.status() & STATUS_REFUSED:

@@ -8,6 +8,10 @@ of branches) on the host and its NPU segments on the device, reading back only
 the tensors the host needs. With ``check=True`` every result is compared with
 the reference interpreter and a mismatch raises :class:`MismatchError`.
 
+A program larger than an instruction bank (``CompiledModel.pages``) runs page by
+page, each page staged in the shadow bank while the one before it runs
+(:class:`~host.pager.Pager`).
+
 Every NPU run is bounded by the driver's :class:`~host.limits.RunLimits`,
 resolved against the running plan's cost-model estimate: a program that does not
 end raises :class:`~host.limits.LimitExceeded` instead of running on.
@@ -27,6 +31,7 @@ from .compiler.lower import scope_tensors
 from .driver import STATUS_SWAP_PENDING, NPUDriver
 from .ir import Equal, Graph, If, Node
 from .limits import LimitExceeded, RunLimits, estimate_cycles, wait_cycles
+from .pager import Pager
 from .reference import eval_node, run_reference, to_external, to_internal
 
 PAGE = 4096
@@ -48,6 +53,10 @@ class Inference:
     trace : the region-trace records of its runs (one per unit that ran).
     checked : True when compared with the reference interpreter (and equal).
     scalars : the NPU's scalar results (ArgMax tensors that drove its branches).
+    host_writes : CSR writes the host made for it (starts, acknowledgements, trace
+        pops, the pages a paged program stages).
+    page_runs : runs of a paged program's pages (0: the program fits a bank).
+    late_pages : of them, runs that had ended before the host staged the next page.
     """
 
     outputs: dict
@@ -56,6 +65,9 @@ class Inference:
     trace: list[TraceRecord] = field(default_factory=list)
     checked: bool = False
     scalars: dict = field(default_factory=dict)
+    host_writes: int = 0
+    page_runs: int = 0
+    late_pages: int = 0
 
 
 class Session:
@@ -81,6 +93,7 @@ class Session:
         self.arena_base = arena_base if arena_base is not None else -(-end // PAGE) * PAGE
         self.version = 0
         self.index = _GraphIndex(model.graph)
+        self.pager: Pager | None = None
 
     # ---- program management --------------------------------------------------------
     def load(self, invalidate_tags: bool = True) -> None:
@@ -103,11 +116,16 @@ class Session:
             self.driver.write_mem(self.const_base, model.const_image())
             invalidate_tags = True
         self.version += 1
-        self.driver.write_program(model.program, version=self.version, changed_only=True)
-        self.driver.set_partitions(model.partitions)
-        if invalidate_tags:
-            self.driver.invalidate_tags()
-        self.driver.swap(wait=wait)
+        if model.pages:
+            self.pager = Pager(self.driver, model)
+            self.pager.install(self.version, invalidate_tags)
+        else:
+            self.pager = None
+            self.driver.write_program(model.program, version=self.version, changed_only=True)
+            self.driver.set_partitions(model.partitions)
+            if invalidate_tags:
+                self.driver.invalidate_tags()
+            self.driver.swap(wait=wait)
         self.model = model
         self.index = _GraphIndex(model.graph)
         return self.version
@@ -122,6 +140,10 @@ class Session:
         if model.place.const_bytes and model.const_image() != self.model.const_image():
             raise ValueError("a staged plan must share the running plan's constants "
                              "(install() rewrites them between runs)")
+        if model.pages or self.pager is not None:
+            raise ValueError("a program larger than an instruction bank pages through "
+                             "the shadow bank: no plan can be staged there (install() "
+                             "changes plans between runs)")
         self.version += 1
         self.driver.write_program(model.program, version=self.version, changed_only=True)
         self.driver.set_partitions(model.partitions)
@@ -167,11 +189,17 @@ class Session:
         """
         before = self.driver.counters()
         self.driver.read_trace()  # drop records of earlier, unrelated runs
+        writes = self.driver.reg_writes
+        paging = (self.pager.runs, self.pager.late) if self.pager else (0, 0)
         ex = _Executor(self, inputs, while_running)
         outputs = ex.run()
         after = self.driver.counters()
         delta = {k: _sub(after[k], before[k]) for k in after}
-        result = Inference(outputs, delta["cycles"], delta, ex.trace, scalars=ex.scalars)
+        result = Inference(outputs, delta["cycles"], delta, ex.trace, scalars=ex.scalars,
+                           host_writes=self.driver.reg_writes - writes)
+        if self.pager:
+            result.page_runs = self.pager.runs - paging[0]
+            result.late_pages = self.pager.late - paging[1]
         if self.check:
             expected = run_reference(self.model.graph, inputs)
             for name, want in expected.items():
@@ -249,11 +277,27 @@ class _Executor:
                 data = m.layouts[r].to_device(self.env[r]).astype(np.int8)
                 drv.write_mem(self.s.arena_base + off, data)
                 self.written.add(r)
+        pager = self.s.pager
+        if pager is None:
+            during = self.while_running if k == self.last_segment else None
+            self._run(k, during, m.result_regs)
+            return
+        for i in pager.pages_of(k):
+            if pager.active != i:
+                raise RuntimeError(f"page {pager.active} is active where page {i} runs")
+            self._run(k, pager.stage_next,
+                      {t: m.result_regs[t] for t in m.pages[i].results})
+            pager.check_landed()
+
+    def _run(self, k: int, during, result_regs: dict[str, int]):
+        """One run (segment ``k``): start, call ``during`` while it runs, wait, read
+        its trace and its scalar results."""
+        drv, m = self.s.driver, self.m
         lim = self.s.limits()
         drv.write("CYCLE_BUDGET", lim.cycle_budget)
         drv.start(args=(self.s.const_base, self.s.arena_base, k))
-        if k == self.last_segment and self.while_running is not None:
-            self.while_running()
+        if during is not None:
+            during()
         status = drv.wait(timeout_cycles=wait_cycles(lim.cycle_budget), timeout_s=lim.timeout_s)
         if status.error == ErrorCode.TIMEOUT:
             raise LimitExceeded(f"the run stopped at its cycle budget of {lim.cycle_budget} "
@@ -262,8 +306,10 @@ class _Executor:
                                 option="--cycle-budget")
         status.check()
         self.trace += drv.read_trace()
+        if not result_regs:
+            return
         regs = drv.regs()
-        for t, r in m.result_regs.items():
+        for t, r in result_regs.items():
             v = regs[r] - (1 << 32) if regs[r] >= 1 << 31 else regs[r]
             self.env[t] = np.full(self.tensors[t].shape, v, dtype=np.int64)
             self.scalars[t] = v

@@ -41,6 +41,7 @@ from .plan import (
     simplify,
     stages,
 )
+from .pages import Page, choose_breaks, is_instruction, link_pages
 from .program import CompiledModel
 from .units import Chunk, UnitCode, UnitStore, assemble_unit, link_program, relocatable, stand_in
 
@@ -82,7 +83,7 @@ def _packed(n: Node, key: tuple, pack) -> Blob:
 def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
                   fuse: bool = True, simplified: bool = False,
                   weight_budget: int | None = None, relocatable: bool = False,
-                  unit_store: UnitStore | None = None) -> CompiledModel:
+                  unit_store: UnitStore | None = None, paging: bool = False) -> CompiledModel:
     """Compile ``graph`` for ``config`` into one program.
 
     Parameters
@@ -105,6 +106,10 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     unit_store : compile each unit on its own into relocatable code kept in this
         store, taking the units it already holds, and link them; the program equals
         the one ``relocatable`` lowers in place.
+    paging : a program that does not fit one instruction bank, even with its
+        instructions priced, is split into pages that each do
+        (:mod:`host.compiler.pages`, ``CompiledModel.pages``) instead of raising
+        :class:`ProgramTooLong`; the runtime pages them through the shadow bank.
 
     Raises :class:`~host.compiler.plan.CompileError` (a ``ModelError``) naming the
     node or unit that does not fit, and ``UnsupportedOpError`` for NPU-placed
@@ -120,7 +125,7 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     if units is not None or not fuse:
         plan = initial_units(graph) if units is None else units
         return _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
-                         reloc).run()
+                         reloc, paging).run()
     with blobs_remembered():
         try:
             fused = fuse_units(graph, config, weight_budget=weight_budget)
@@ -130,13 +135,13 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
         if fused is not None:
             try:
                 model = _Compiler(graph, config, _records(fused.units), log, weight_budget,
-                                  unit_store, reloc).run()
+                                  unit_store, reloc, paging).run()
                 model.fusion = fused.log()
                 return model
             except CompileError as err:  # the linked program outgrew the estimate
                 note = [f"the fused plan does not compile ({err}): per-layer plan"]
         model = _Compiler(graph, config, _records(initial_units(graph)), log, weight_budget,
-                          unit_store, reloc).run()
+                          unit_store, reloc, paging).run()
         model.fusion = note
         return model
 
@@ -205,9 +210,10 @@ def prices_to_fit(choices, length: int, depth: int) -> list[float]:
 
 class _Compiler:
     def __init__(self, graph, config, subs, log, weight_budget, unit_store=None,
-                 relocatable=False):
+                 relocatable=False, paging=False):
         self.g, self.config, self.subs, self.log = graph, config, subs, log
-        self.store, self.reloc = unit_store, relocatable
+        self.store, self.reloc, self.paging = unit_store, relocatable, paging
+        self._paged = False  # emitting pages: see _emit_pages
         self.price = 0.0  # cycles an instruction is priced at (see run)
         self.weight_budget = config.sp_bytes // 2 if weight_budget is None else weight_budget
         self.tensors = scope_tensors(graph)
@@ -277,20 +283,30 @@ class _Compiler:
         self._chunks: list[Chunk] = []
         npu_stages = sorted({s for s in self.top_stage.values() if s % 2})
         seg_labels = [f"segment_{k}" for k in range(len(npu_stages))]
-        if len(npu_stages) > 1:
+        self._items: list[list[tuple[int, Node]]] = []  # paged: per segment (line, node)
+        self._stage_ends: list[int] = []
+        self._page_starts: list[tuple[int, int]] = []  # paged: (line, segment)
+        if len(npu_stages) > 1 and not self._paged:  # a page is one segment's run
             e.comment("entry: r3 selects the NPU segment (the host runs CPU nodes between)")
             for k in range(1, len(npu_stages)):
                 e.op(f"br.eq {SEGMENT}, {e.reg(k)}, {seg_labels[k]}")
         for k, s in enumerate(npu_stages):
+            self._items.append([])
+            self._page_starts.append((len(e.lines), k))
             e.label(seg_labels[k])
             e.run_start()
             self._emit_scope(self.g, lambda n, s=s: self.top_stage[n.name] == s)
             e.op("end")
+            self._stage_ends.append(len(e.lines))
         missing = [u.id for u in self.units if u.id not in self.emitted]
         if missing:
             raise CompileError(f"units {missing} are not reachable in program order")
         source = e.text()
-        if self.store is not None:
+        if self._paged:
+            program, self._page_ranges = link_pages(
+                e.lines, [a for a, _ in self._page_starts],
+                self._chunks if self.store is not None else None)
+        elif self.store is not None:
             program = link_program(e.lines, self._chunks)
         else:
             try:
@@ -307,14 +323,17 @@ class _Compiler:
         # cycles, the least that makes it fit.
         depth = self.config.imem_depth
         source, program = self._emit(place, 0.0)
+        pages: list[Page] = []
         if len(program) > depth:
             for price in prices_to_fit(self.low.choices, len(program), depth):
                 source, program = self._emit(place, price)
                 if len(program) <= depth:
                     break
             else:
-                raise ProgramTooLong(f"the program has {len(program)} instructions; an "
-                                     f"instruction bank holds {depth}")
+                if not self.paging:
+                    raise ProgramTooLong(f"the program has {len(program)} instructions; an "
+                                         f"instruction bank holds {depth}")
+                source, program, pages = self._emit_pages(place)
         spans = self._spans(program)
         for u, sub in zip(self.units, self.subs, strict=True):
             sub.inputs, sub.outputs = list(u.inputs), list(u.outputs)
@@ -323,7 +342,57 @@ class _Compiler:
         parts = [(0, wb), (wb, self.config.sp_bytes - wb)]
         return CompiledModel(self.g, self.config, program, source, self.subs, place, layouts,
                              {t: int(r[1:]) for t, r in self.e.result_regs.items()},
-                             self.top_stage, parts, self.log, spans)
+                             self.top_stage, parts, self.log, spans, pages=pages)
+
+    def _emit_pages(self, place) -> tuple[str, asm.Program, list[Page]]:
+        """The program at full speed (price 0) in pages that each fit a bank.
+
+        Every top-level unit (or ``If``) opens with its own setup, so its code is the
+        same wherever a page breaks; a first pass measures them, the second breaks
+        the segments where :func:`~host.compiler.pages.choose_breaks` says.
+        """
+        self._paged, self._breaks = True, set()
+        self._emit(place, 0.0)
+        room = self.config.imem_depth - 1  # each page ends with ``end``
+        for k, items in enumerate(self._items):
+            lines = self.e.lines
+            bounds = [a for a, _ in items] + [self._stage_ends[k] - 1]
+            bounds[0] = self._page_starts[k][0]  # the segment's label with its first item
+            sizes = [sum(map(is_instruction, lines[a:b])) for a, b in zip(bounds, bounds[1:],
+                                                                          strict=False)]
+            try:
+                found = choose_breaks(sizes, self._live(items), room)
+            except ValueError as err:
+                raise ProgramTooLong(f"segment {k} cannot be split into pages of "
+                                     f"{self.config.imem_depth} instructions: {err}") from None
+            self._breaks.update((k, i) for i in found)
+        source, program = self._emit(place, 0.0)
+        units_of = {u.id: u for u in self.units}
+        pages = []
+        for p, ((a, k), (start, end)) in enumerate(zip(self._page_starts, self._page_ranges,
+                                                       strict=True)):
+            b = self._page_starts[p + 1][0] if p + 1 < len(self._page_starts) else len(
+                self.e.lines)
+            ids = [uid for uid, (x, _) in self._line_spans.items() if a <= x < b]
+            results = tuple(t for uid in ids for t in units_of[uid].results)
+            pages.append(Page(k, start, end, results))
+        return source, program, pages
+
+    def _live(self, items: list[tuple[int, Node]]) -> list[bool]:
+        """Per item of a segment: whether a scalar result made before it is read by a
+        branch at or after it (the registers do not survive a page break)."""
+        made, reads = [], []
+        for _, n in items:
+            names = {n.name}
+            read = set()
+            if isinstance(n, If):
+                names |= {m.name for b in (n.then_graph, n.else_graph) for _, m in b.walk()}
+                read = {self.root(self.prod[n.inputs[0]].inputs[0])}
+            made.append({t for u in self.units if any(m.name in names for m in u.nodes)
+                         for t in u.results})
+            reads.append(read)
+        return [bool(set().union(*made[:i]) & set().union(*reads[i:]))
+                for i in range(len(items))]
 
     def _spans(self, program) -> dict[int, tuple[int, int]]:
         """Unit id -> its instruction indices ``[start, end)`` in the program."""
@@ -471,9 +540,25 @@ class _Compiler:
                 continue
             u = by_node.get(n.name)
             if u is not None and u.id not in self.emitted:
+                self._item_start(g, n)
                 self._emit_unit(u)
             elif isinstance(n, If) and n.device == "npu" and has_npu_work(n):
+                self._item_start(g, n)
                 self._emit_if(n)
+
+    def _item_start(self, g: Graph, n: Node):
+        """Paged: a top-level unit or ``If`` starts; break the page here if chosen,
+        and set up from nothing (the item's code is then the same either way)."""
+        if not self._paged or g is not self.g:
+            return
+        k, items = len(self._items) - 1, self._items[-1]
+        if (k, len(items)) in self._breaks:
+            self.e.op("end")
+            self._page_starts.append((len(self.e.lines), k))
+            self.e.comment(f"page {len(self._page_starts) - 1}: segment {k} continued")
+            self.e.run_start()
+        self.e.begin_unit()
+        items.append((len(self.e.lines), n))
 
     def _emit_unit(self, u: UnitInfo):
         for r in u.inputs:

@@ -36,6 +36,9 @@ class CompiledModel:
     fusion : what fusing decided (merged units, refused merges, predicted cycles);
         empty when the caller gave the plan.
     spans : unit id -> its instruction indices ``[start, end)`` in ``program``.
+    pages : empty when the program fits one instruction bank; else the
+        :class:`~host.compiler.pages.Page` runs it is split into, in the order they
+        run, each assembled at instruction 0 (``program`` is their concatenation).
     """
 
     graph: Graph
@@ -51,6 +54,7 @@ class CompiledModel:
     log: list[str] = field(default_factory=list)
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)
     fusion: list[str] = field(default_factory=list)
+    pages: list = field(default_factory=list)
 
     @property
     def regions(self) -> dict[int, Subgraph]:
@@ -65,6 +69,11 @@ class CompiledModel:
     def instructions(self) -> int:
         return len(self.program)
 
+    def page_words(self, index: int) -> list[int]:
+        """The words of page ``index`` (what goes into a bank)."""
+        page = self.pages[index]
+        return self.program.words[page.start:page.end]
+
     def const_image(self) -> bytes:
         """The constants region: every weight blob at its offset."""
         out = bytearray(self.place.const_bytes)
@@ -78,6 +87,7 @@ class CompiledModel:
         return {
             "instructions": len(self.program),
             "imem_depth": self.config.imem_depth,
+            "pages": len(self.pages),
             "const_bytes": self.place.const_bytes,
             "arena_bytes": self.place.arena_bytes,
             "resident_weight_bytes": self.place.weights_bytes,
