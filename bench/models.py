@@ -25,6 +25,10 @@ reference interpreter. Per model:
   it, so each model's gain from fusion shows;
 * issue 37's target cycles next to each MLPerf model, and whether it is met: only
   when nothing fell back to the CPU (cycles count the NPU alone);
+* the program's instructions and, where it is larger than an instruction bank (on
+  ``small`` most models), the pages it runs in (:mod:`host.pager`), the CSR writes
+  an inference costs the host and the page runs that ended before the host had
+  staged the next page (``late_pages``; 0 means the NPU never waited for code);
 * for a model the compiler cannot map onto the default config, the reason.
 
 ``--rtl`` runs the same models on the Verilator NPU too (the fast simulation
@@ -99,12 +103,13 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
     session = Session(NPUDriver(GoldenDevice(config)), compiled, check=True)
     session.load()
     runs = [session.run(x) for x in model_inputs(name, graph)]
+    warm = runs[1:] or runs
     cycles = _per_inference(runs, "cycles")
     # The units' own MACs, by the regions each run went through: the MACS counter
     # counts every product of a weight tile, which for a depthwise layer's diagonal
     # tiles is cols per MAC of the layer.
     macs = float(np.mean([sum(compiled.regions[t.region].resources["macs"] for t in r.trace)
-                          for r in (runs[1:] or runs)]))
+                          for r in warm]))
     return {
         "inputs": len(runs),
         "checked": all(r.checked for r in runs),
@@ -119,6 +124,13 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
         "busy_compute": round(_per_inference(runs, "busy_compute")),
         "busy_store": round(_per_inference(runs, "busy_store")),
         "stall_cycles": round(_per_inference(runs, "stall_cycles")),
+        # A program larger than a bank runs in pages (host/pager.py): its instructions,
+        # the CSR writes an inference costs the host, and page runs that ended before
+        # the next page was staged.
+        "instructions": compiled.instructions,
+        "pages": len(compiled.pages),
+        "host_writes": round(float(np.mean([r.host_writes for r in warm]))),
+        "late_pages": sum(r.late_pages for r in runs),
     }
 
 
@@ -136,14 +148,14 @@ def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS) -> tuple[dict, o
     row.update(placement(graph))
     try:
         start = time.perf_counter()
-        compiled = compile_model(graph, config)
+        compiled = compile_model(graph, config, paging=True)
         row["compile_seconds"] = round(time.perf_counter() - start, 2)
     except CompileError as err:
         row.update(status="does not compile", reason=str(err).splitlines()[0])
         return row, None
     row.update(placement(compiled.graph))  # the compiler's layout ops (FoldRows) too
     row.update(golden_figures(name, graph, compiled, config))
-    per_layer = compile_model(graph, config, fuse=False)
+    per_layer = compile_model(graph, config, fuse=False, paging=True)
     row.update(units=len(compiled.units), per_layer_units=len(per_layer.units),
                per_layer_cycles=golden_figures(name, graph, per_layer, config)["cycles"],
                fusion=compiled.fusion)
@@ -205,6 +217,12 @@ def print_table(rows: dict[str, dict]) -> None:
                                             "dram_write_bytes")), r["cpu_ops"])
               for name, r in rows.items() if "cycles" in r]
     _print_lines(lines)
+    if any(r.get("pages") for r in rows.values()):
+        print()
+        lines = [("model", "instructions", "pages", "host CSR writes", "late pages")]
+        lines += [(name, _cell(r["instructions"]), _cell(r["pages"]), _cell(r["host_writes"]),
+                   _cell(r["late_pages"])) for name, r in rows.items() if "cycles" in r]
+        _print_lines(lines)
     for name, r in rows.items():
         if "reason" in r:
             print(f"{name}: {r['reason']}")

@@ -248,12 +248,15 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
         return run_adaptive(drv, graph, opts, console)
     batch, labels = load_inputs(graph, opts)  # bad inputs are refused before compiling
     # the "predicted" column
-    model = attach_timeline(compile_model(graph, drv.config, fuse=not opts.per_layer))
+    model = attach_timeline(compile_model(graph, drv.config, fuse=not opts.per_layer,
+                                          paging=True))
     session = Session(drv, model, check=not opts.no_check)
     session.load()
     console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU "
                   f"({drv.config.rows}x{drv.config.cols} array, {drv.config.bus_bytes * 8}-bit "
-                  f"bus): {len(model.program)} instructions, {len(model.units)} units, "
+                  f"bus): {len(model.program)} instructions"
+                  f"{f' in {len(model.pages)} pages' if model.pages else ''}, "
+                  f"{len(model.units)} units, "
                   f"{len(batch)} inputs")
     results = []
     with Progress(console=console, transient=True, disable=len(batch) < 8) as bar:
@@ -285,6 +288,7 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     from .adaptive.cache import CompileCache, default_cache_path
     from .adaptive.report import print_report, stream_figures
     from .adaptive.saved import load_state, model_digest, report_path, save_json, state_path
+    from .compiler.compile import ProgramTooLong
 
     model_file = model_path(opts.model)
     state = None if opts.fresh or opts.no_cache else load_state(model_file, drv.config)
@@ -293,11 +297,18 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     if cache.read_only:
         console.print(f"note: the compile cache {cache.path} is read-only: read as it is, "
                       "what this run compiles is not kept", highlight=False, soft_wrap=True)
-    rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
-                                                    async_compile=not opts.inline_compile),
-                         cache=cache, state=state, on_event=lambda e: console.print(
-                             f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
-    rt.load()
+    try:
+        rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
+                                                        async_compile=not opts.inline_compile),
+                             cache=cache, state=state, on_event=lambda e: console.print(
+                                 f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
+        rt.load()
+    except ProgramTooLong as err:
+        raise UsageError(f"--adaptive hot-swaps plans through the shadow instruction bank, "
+                         f"and {graph.name}'s program does not fit one bank ({err}): it runs "
+                         "only paged through that bank; run it without --adaptive, or with "
+                         "--adaptive on a configuration with deeper banks "
+                         "(--config default)") from None
     batch, labels = phase_inputs(rt.graph, opts) if opts.phases else load_inputs(rt.graph, opts)
     console.print(f"[bold]{graph.name}[/] on the {opts.backend} NPU with the adaptive "
                   f"runtime: {len(batch)} inputs, initial plan {rt.report()['plan']}")

@@ -57,6 +57,8 @@ class Inference:
         pops, the pages a paged program stages).
     page_runs : runs of a paged program's pages (0: the program fits a bank).
     late_pages : of them, runs that had ended before the host staged the next page.
+    page_counters : with ``Session.count_pages``, every counter's delta over each
+        page run, in run order.
     """
 
     outputs: dict
@@ -68,6 +70,7 @@ class Inference:
     host_writes: int = 0
     page_runs: int = 0
     late_pages: int = 0
+    page_counters: list[dict] = field(default_factory=list)
 
 
 class Session:
@@ -80,6 +83,11 @@ class Session:
     check : compare every inference with the reference interpreter.
     const_base, arena_base : DRAM addresses of the constants and the activation
         arena (defaults: constants at 0, the arena on the next page).
+
+    Members
+    -------
+    count_pages : read the counters after every page run of a paged program
+        (``Inference.page_counters``; for comparing backends page by page).
     """
 
     def __init__(self, driver: NPUDriver, model: CompiledModel, *, check: bool = False,
@@ -94,6 +102,7 @@ class Session:
         self.version = 0
         self.index = _GraphIndex(model.graph)
         self.pager: Pager | None = None
+        self.count_pages = False
 
     # ---- program management --------------------------------------------------------
     def load(self, invalidate_tags: bool = True) -> None:
@@ -196,7 +205,8 @@ class Session:
         after = self.driver.counters()
         delta = {k: _sub(after[k], before[k]) for k in after}
         result = Inference(outputs, delta["cycles"], delta, ex.trace, scalars=ex.scalars,
-                           host_writes=self.driver.reg_writes - writes)
+                           host_writes=self.driver.reg_writes - writes,
+                           page_counters=ex.page_counters)
         if self.pager:
             result.page_runs = self.pager.runs - paging[0]
             result.late_pages = self.pager.late - paging[1]
@@ -248,6 +258,7 @@ class _Executor:
             raise ValueError(f"unknown inputs {sorted(extra)}")
         self.written: set[str] = set()
         self.trace: list[TraceRecord] = []
+        self.page_counters: list[dict] = []
         self.scalars: dict[str, int] = {}
         self.prod = session.index.prod
         self.tensors = session.index.tensors
@@ -285,9 +296,13 @@ class _Executor:
         for i in pager.pages_of(k):
             if pager.active != i:
                 raise RuntimeError(f"page {pager.active} is active where page {i} runs")
+            before = drv.counters() if self.s.count_pages else None
             self._run(k, pager.stage_next,
                       {t: m.result_regs[t] for t in m.pages[i].results})
             pager.check_landed()
+            if before is not None:
+                after = drv.counters()
+                self.page_counters.append({c: _sub(after[c], before[c]) for c in after})
 
     def _run(self, k: int, during, result_regs: dict[str, int]):
         """One run (segment ``k``): start, call ``during`` while it runs, wait, read

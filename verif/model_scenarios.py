@@ -23,6 +23,7 @@ from host.driver import NPUDriver
 from host.models import MLPERF_DIR
 from host.onnx_import import load_onnx
 from host.runtime import Session
+from firmware.golden import EXACT_COUNTERS
 from verif.scenarios import assert_same_inference, golden_cycles_exact
 
 
@@ -168,7 +169,7 @@ def _checked_session(graph, device) -> Session:
     """A loaded ``Session(check=True)`` of ``graph`` compiled for ``device``: every
     inference is also compared with the reference interpreter."""
     drv = NPUDriver(device)
-    session = Session(drv, compile_model(graph, drv.config), check=True)
+    session = Session(drv, compile_model(graph, drv.config, paging=True), check=True)
     session.load()
     return session
 
@@ -203,24 +204,54 @@ def bench_models_rtl(device, config, seed):
     counted exactly (:func:`golden_cycles_exact`), the ones the check compared."""
     figures = {}
     count = int(os.environ.get("NPU_INPUTS", "0")) or None
+    watch = getattr(device, "watch_runs", None)
     for name in [m for m in os.environ["NPU_MODELS"].split(",") if m]:
         graph = load_onnx(model_path(name), allow_cpu_fallback=True)
         rtl_session, gold_session = (_checked_session(graph, dev) for dev in
                                      (device, GoldenDevice(config)))
-        cycles = []
+        rtl_session.count_pages = gold_session.count_pages = True
+        if watch is not None:
+            watch(True)
+        cycles, late, gaps = [], 0, []
         for i, inputs in enumerate(model_inputs(name, graph)[:count]):
+            seen = len(device.run_events()) if watch is not None else 0
             rtl, gold, exact = _run_both(rtl_session, gold_session, inputs)
             assert_same_inference(f"{name} input #{i}", rtl, gold, cycles=exact)
+            assert_same_pages(f"{name} input #{i}", rtl, gold, cycles=exact)
             cycles.append((rtl.cycles, gold.cycles, exact))
+            late += rtl.late_pages
+            if watch is not None:
+                gaps += page_gaps(device.run_events()[seen:])
         warm = cycles[1:] or cycles
         figures[name] = {"rtl_cycles_first": cycles[0][0],
                          "rtl_cycles": round(float(np.mean([r for r, _, _ in warm]))),
                          "rtl_cycles_equal_golden": all(r == g for r, g, _ in cycles),
                          # inferences whose cycles the golden model vouched for (compared)
-                         "golden_cycles_exact_runs": sum(e for _, _, e in cycles)}
+                         "golden_cycles_exact_runs": sum(e for _, _, e in cycles),
+                         "rtl_pages": len(rtl_session.model.pages),
+                         "rtl_late_pages": late}
+        if gaps:  # simulated cycles the NPU sat idle between two runs of an inference
+            figures[name]["rtl_run_gap_cycles_max"] = max(gaps)
+            figures[name]["rtl_run_gap_cycles_mean"] = round(float(np.mean(gaps)), 1)
         print(f"{name}: {figures[name]}; outputs, counters and trace equal the golden model")
     with open(os.environ["NPU_BENCH_OUT"], "w") as f:
         json.dump(figures, f)
+
+
+def assert_same_pages(where: str, rtl, gold, cycles: bool) -> None:
+    """A paged inference ran the same pages on both, each with equal exact counters
+    (and cycles, where the golden model counts them exactly)."""
+    assert len(rtl.page_counters) == len(gold.page_counters), \
+        f"{where}: {len(rtl.page_counters)} page runs on the RTL, {len(gold.page_counters)} golden"
+    for p, (a, b) in enumerate(zip(rtl.page_counters, gold.page_counters, strict=True)):
+        for c in EXACT_COUNTERS + (("cycles",) if cycles else ()):
+            assert a[c] == b[c], f"{where}: page run {p}: counter {c}: RTL {a[c]}, golden {b[c]}"
+
+
+def page_gaps(events: list[tuple[int, str]]) -> list[int]:
+    """Cycles between each run's end and the next run's start (``run_events``)."""
+    return [b[0] - a[0] for a, b in zip(events, events[1:], strict=False)
+            if a[1] == "done" and b[1] == "start"]
 
 
 def depthwise_vs_golden(device, config, seed):
