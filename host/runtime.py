@@ -290,40 +290,55 @@ class _Executor:
                 self.written.add(r)
         pager = self.s.pager
         if pager is None:
-            during = self.while_running if k == self.last_segment else None
-            self._run(k, during, m.result_regs)
+            self._start(k)
+            if k == self.last_segment and self.while_running is not None:
+                self.while_running()
+            self._wait()
+            self.trace += drv.read_trace()
+            self._results(m.result_regs)
             return
-        for i in pager.pages_of(k):
+        # Page by page: each next page is staged while the one before it runs, and
+        # started as soon as that run ends (the trace is read while it runs).
+        pages = pager.pages_of(k)
+        before = drv.counters() if self.s.count_pages else None
+        self._start(k)
+        for n, i in enumerate(pages):
             if pager.active != i:
                 raise RuntimeError(f"page {pager.active} is active where page {i} runs")
-            before = drv.counters() if self.s.count_pages else None
-            self._run(k, pager.stage_next,
-                      {t: m.result_regs[t] for t in m.pages[i].results})
+            pager.stage_next()
+            self._wait()
             pager.check_landed()
             if before is not None:
                 after = drv.counters()
                 self.page_counters.append({c: _sub(after[c], before[c]) for c in after})
+                before = after
+            self._results({t: m.result_regs[t] for t in m.pages[i].results})
+            if n + 1 < len(pages):
+                self._start(k)
+            self.trace += drv.read_trace()
 
-    def _run(self, k: int, during, result_regs: dict[str, int]):
-        """One run (segment ``k``): start, call ``during`` while it runs, wait, read
-        its trace and its scalar results."""
-        drv, m = self.s.driver, self.m
+    def _start(self, k: int):
+        """Start a run of segment ``k`` on the active bank."""
+        self.s.driver.write("CYCLE_BUDGET", self.s.limits().cycle_budget)
+        self.s.driver.start(args=(self.s.const_base, self.s.arena_base, k))
+
+    def _wait(self):
+        """Wait for the run to end; raise if it did not end well."""
         lim = self.s.limits()
-        drv.write("CYCLE_BUDGET", lim.cycle_budget)
-        drv.start(args=(self.s.const_base, self.s.arena_base, k))
-        if during is not None:
-            during()
-        status = drv.wait(timeout_cycles=wait_cycles(lim.cycle_budget), timeout_s=lim.timeout_s)
+        status = self.s.driver.wait(timeout_cycles=wait_cycles(lim.cycle_budget),
+                                    timeout_s=lim.timeout_s)
         if status.error == ErrorCode.TIMEOUT:
             raise LimitExceeded(f"the run stopped at its cycle budget of {lim.cycle_budget} "
                                 f"cycles (pc {status.pc}; the program's estimate is "
-                                f"{estimate_cycles(m):.0f} cycles per inference)",
+                                f"{estimate_cycles(self.m):.0f} cycles per inference)",
                                 option="--cycle-budget")
         status.check()
-        self.trace += drv.read_trace()
+
+    def _results(self, result_regs: dict[str, int]):
+        """Read the scalar results the run left in registers."""
         if not result_regs:
             return
-        regs = drv.regs()
+        regs = self.s.driver.regs()
         for t, r in result_regs.items():
             v = regs[r] - (1 << 32) if regs[r] >= 1 << 31 else regs[r]
             self.env[t] = np.full(self.tensors[t].shape, v, dtype=np.int64)
