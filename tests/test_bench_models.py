@@ -36,9 +36,10 @@ def test_a_refused_model_reports_the_compilers_reason():
     from host.models import MLPERF_DIR
 
     path = MLPERF_DIR / "mobilenet_v1_025.onnx"
-    narrow = dataclasses.replace(CONFIGS["default"], imem_depth=1024)  # 1,923 do not fit
+    # units of hundreds of instructions fit no 100-instruction page
+    narrow = dataclasses.replace(CONFIGS["default"], imem_depth=100)
     with pytest.raises(CompileError) as refused:
-        compile_model(load_onnx(path, allow_cpu_fallback=True), narrow)
+        compile_model(load_onnx(path, allow_cpu_fallback=True), narrow, paging=True)
     reason = str(refused.value).splitlines()[0]
     row, compiled = measure("mobilenet_v1_025", narrow)
     assert compiled is None and row["status"] == "does not compile" and row["reason"] == reason
