@@ -10,12 +10,15 @@
   pages stay resident: after the first inference no instruction is rewritten;
 * a paged model leaves no shadow bank for hot swaps: ``Session.stage`` refuses it,
   and so does ``npu run --adaptive``, in one line naming the way out;
-* every MLPerf Tiny model runs on ``small`` as built (``--regress``).
+* every MLPerf Tiny model runs on ``small`` as built (``--regress``), and DS-CNN's
+  two pages run on the Verilator NPU as on the golden model, page run by page run
+  (``--regress``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -28,6 +31,7 @@ from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
 from host.runtime import Session
+from verif.fastsim import run_scenario
 from verif.model_scenarios import model_inputs
 from verif.zoo import MLPERF_NAMES
 
@@ -141,3 +145,16 @@ def test_zoo_runs_on_small_as_built(name):
         r = s.run(x)
         assert r.checked and r.late_pages == 0
         assert r.page_runs == len(s.model.pages)
+
+
+@pytest.mark.rtl
+@pytest.mark.slow
+def test_pages_run_on_the_rtl_as_on_the_golden_model(seed, tmp_path):
+    """DS-CNN on ``small``: 2 pages; each page run's exact counters (and cycles, where
+    the golden model counts them exactly) equal the golden model's, no page is late."""
+    out = tmp_path / "figures.json"
+    run_scenario("verif.model_scenarios:bench_models_rtl", "small", seed=seed,
+                 extra_env={"NPU_MODELS": "ds_cnn", "NPU_INPUTS": "2",
+                            "NPU_BENCH_OUT": str(out)})
+    row = json.loads(out.read_text())["ds_cnn"]
+    assert row["rtl_pages"] == 2 and row["rtl_late_pages"] == 0

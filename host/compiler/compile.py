@@ -41,7 +41,8 @@ from .plan import (
     simplify,
     stages,
 )
-from .pages import Page, choose_breaks, is_instruction, link_pages
+from .cost import CostModel
+from .pages import PAGE_BREAK_CYCLES, Page, choose_breaks, is_instruction, link_pages
 from .program import CompiledModel
 from .units import Chunk, UnitCode, UnitStore, assemble_unit, link_program, relocatable, stand_in
 
@@ -325,15 +326,7 @@ class _Compiler:
         source, program = self._emit(place, 0.0)
         pages: list[Page] = []
         if len(program) > depth:
-            for price in prices_to_fit(self.low.choices, len(program), depth):
-                source, program = self._emit(place, price)
-                if len(program) <= depth:
-                    break
-            else:
-                if not self.paging:
-                    raise ProgramTooLong(f"the program has {len(program)} instructions; an "
-                                         f"instruction bank holds {depth}")
-                source, program, pages = self._emit_pages(place)
+            source, program, pages = self._fit(place, len(program))
         spans = self._spans(program)
         for u, sub in zip(self.units, self.subs, strict=True):
             sub.inputs, sub.outputs = list(u.inputs), list(u.outputs)
@@ -343,6 +336,44 @@ class _Compiler:
         return CompiledModel(self.g, self.config, program, source, self.subs, place, layouts,
                              {t: int(r[1:]) for t, r in self.e.result_regs.items()},
                              self.top_stage, parts, self.log, spans, pages=pages)
+
+    def _fit(self, place, length: int) -> tuple[str, asm.Program, list[Page]]:
+        """A program of ``length`` instructions at full speed outgrows the bank: the
+        cheapest priced program that fits one bank, or (with ``paging``) the full
+        speed program in pages, whichever the cost model predicts faster (a page
+        break costs :data:`~host.compiler.pages.PAGE_BREAK_CYCLES`)."""
+        depth = self.config.imem_depth
+        fitted = None  # (predicted cycles, price)
+        for price in prices_to_fit(self.low.choices, length, depth):
+            source, program = self._emit(place, price)
+            length = len(program)
+            if length <= depth:
+                fitted = (self._predicted(), price)
+                break
+        if fitted is not None and not self.paging:
+            return source, program, []
+        if self.paging:
+            try:
+                paged = self._emit_pages(place)
+            except ProgramTooLong:
+                if fitted is None:
+                    raise
+            else:
+                breaks = len(paged[2]) - len({p.segment for p in paged[2]})
+                if fitted is None or self._predicted() + PAGE_BREAK_CYCLES * breaks < fitted[0]:
+                    return paged
+        if fitted is None:
+            raise ProgramTooLong(f"the program has {length} instructions; an instruction "
+                                 f"bank holds {depth}")
+        self._paged = False
+        source, program = self._emit(place, fitted[1])
+        return source, program, []
+
+    def _predicted(self) -> float:
+        """Cost-model cycles of the units as last emitted."""
+        cost = CostModel(self.config)
+        return sum(cost.predict(s.resources["work"]) for s in self.subs
+                   if "work" in s.resources)
 
     def _emit_pages(self, place) -> tuple[str, asm.Program, list[Page]]:
         """The program at full speed (price 0) in pages that each fit a bank.

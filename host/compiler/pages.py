@@ -20,6 +20,13 @@ from firmware import asm
 from .units import Chunk, link_program
 
 
+PAGE_BREAK_CYCLES = 18
+"""Cycles a page break adds to an inference: the run's queues drain, the next run
+starts and its first unit sets up its cfg. Measured on ``small`` against one deep
+enough bank (``python -m bench.models --config small`` and ``--imem-depth 8192``):
+ResNet-8 32 cycles for 2 breaks, DS-CNN 18 for 1, MobileNetV1-0.25 14 for 3."""
+
+
 class Page(NamedTuple):
     """One page: ``program.words[start:end]`` of a paged model, assembled at
     instruction 0, run for NPU segment ``segment``; ``results`` are the scalar
