@@ -134,9 +134,11 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
     }
 
 
-def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS) -> tuple[dict, object | None]:
+def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS, paging: bool = True
+            ) -> tuple[dict, object | None]:
     """One model's figures on the golden model, and its compiled model (None when
-    the compiler refuses it); ``targets``: cycles per model to compare with."""
+    the compiler refuses it); ``targets``: cycles per model to compare with;
+    ``paging``: a program larger than a bank may run in pages."""
     path = model_path(name)
     work = workload(path)
     peak, bus = config.peak_macs_per_cycle, config.bus_bytes
@@ -148,14 +150,14 @@ def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS) -> tuple[dict, o
     row.update(placement(graph))
     try:
         start = time.perf_counter()
-        compiled = compile_model(graph, config, paging=True)
+        compiled = compile_model(graph, config, paging=paging)
         row["compile_seconds"] = round(time.perf_counter() - start, 2)
     except CompileError as err:
         row.update(status="does not compile", reason=str(err).splitlines()[0])
         return row, None
     row.update(placement(compiled.graph))  # the compiler's layout ops (FoldRows) too
     row.update(golden_figures(name, graph, compiled, config))
-    per_layer = compile_model(graph, config, fuse=False, paging=True)
+    per_layer = compile_model(graph, config, fuse=False, paging=paging)
     row.update(units=len(compiled.units), per_layer_units=len(per_layer.units),
                per_layer_cycles=golden_figures(name, graph, per_layer, config)["cycles"],
                fusion=compiled.fusion)
@@ -242,6 +244,9 @@ def main(argv=None) -> None:
                          "are for it alone)")
     ap.add_argument("--imem-depth", type=int, metavar="N",
                     help="instruction-bank depth instead of the configuration's")
+    ap.add_argument("--no-paging", action="store_true",
+                    help="a program larger than an instruction bank is priced into one "
+                         "bank or refused, never paged")
     ap.add_argument("models", nargs="*", metavar="MODEL",
                     help=f"models to measure (default: all of {', '.join(MODELS)})")
     opts = ap.parse_args(argv)
@@ -256,7 +261,7 @@ def main(argv=None) -> None:
     rows = {}
     for name in names:
         print(f"{name}...", flush=True)
-        rows[name], _ = measure(name, config, targets)
+        rows[name], _ = measure(name, config, targets, paging=not opts.no_paging)
     if opts.rtl:
         runnable = [n for n in names if "cycles" in rows[n]]
         for name, rtl in rtl_figures(runnable, config).items():
