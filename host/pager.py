@@ -46,6 +46,14 @@ class Pager:
         self.driver.swap(wait=True)
         self.active = 0
 
+    def bring(self, page: int) -> None:
+        """Between runs: make ``page`` active (after an inference that stopped
+        part way, whose pages left another one active)."""
+        if self.active != page:
+            self._write(page, None)
+            self.driver.swap(wait=True)
+            self.active = page
+
     def pages_of(self, segment: int) -> list[int]:
         """The pages that run NPU segment ``segment``, in order."""
         return [i for i, p in enumerate(self.model.pages) if p.segment == segment]

@@ -29,6 +29,7 @@ from host.compiler.compile import ProgramTooLong
 from host.compiler.pages import choose_breaks
 from host.device import GoldenDevice
 from host.driver import NPUDriver
+from host.limits import LimitExceeded
 from host.onnx_import import load_onnx
 from host.runtime import Session
 from verif.fastsim import run_scenario
@@ -105,6 +106,18 @@ def test_scalar_results_stay_with_the_branch_that_reads_them():
         assert got.checked and got.scalars == want.scalars
         taken.add(got.scalars["path"])
     assert len(taken) == 2  # both branches ran
+
+
+def test_an_inference_stopped_part_way_leaves_the_next_one_running():
+    graph = load_onnx(model_path("mlp"))
+    s = session(graph, shallow(40), paging=True)
+    inputs = model_inputs("mlp", graph)
+    s.driver.limits = dataclasses.replace(s.driver.limits, cycle_budget=50)
+    with pytest.raises(LimitExceeded):
+        s.run(inputs[0])  # the first page stops at its budget, the second is staged
+    assert s.pager.active == 1
+    s.driver.limits = dataclasses.replace(s.driver.limits, cycle_budget=None)
+    assert s.run(inputs[0]).checked
 
 
 def test_a_paged_program_cannot_be_staged():
