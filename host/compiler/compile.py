@@ -107,10 +107,12 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     unit_store : compile each unit on its own into relocatable code kept in this
         store, taking the units it already holds, and link them; the program equals
         the one ``relocatable`` lowers in place.
-    paging : a program that does not fit one instruction bank, even with its
-        instructions priced, is split into pages that each do
-        (:mod:`host.compiler.pages`, ``CompiledModel.pages``) instead of raising
-        :class:`ProgramTooLong`; the runtime pages them through the shadow bank.
+    paging : a program that does not fit one instruction bank may run at full
+        speed in pages that each do (:mod:`host.compiler.pages`,
+        ``CompiledModel.pages``; the runtime pages them through the shadow bank):
+        where pricing its instructions cannot make it fit, or costs more cycles
+        than the page breaks do. Without it such a program is priced into the
+        bank or raises :class:`ProgramTooLong`.
 
     Raises :class:`~host.compiler.plan.CompileError` (a ``ModelError``) naming the
     node or unit that does not fit, and ``UnsupportedOpError`` for NPU-placed
@@ -398,6 +400,9 @@ class _Compiler:
                                      f"{self.config.imem_depth} instructions: {err}") from None
             self._breaks.update((k, i) for i in found)
         source, program = self._emit(place, 0.0)
+        too_long = [b - a for a, b in self._page_ranges if b - a > self.config.imem_depth]
+        if too_long:  # the breaks moved code: a compiler bug
+            raise RuntimeError(f"pages of {too_long} instructions exceed the bank")
         units_of = {u.id: u for u in self.units}
         pages = []
         for p, ((a, k), (start, end)) in enumerate(zip(self._page_starts, self._page_ranges,
