@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from firmware.golden import EXACT_COUNTERS
 from host.cli import model_path
 from host.compiler import compile_model
 from host.datasets import load_digits_split
@@ -23,7 +24,6 @@ from host.driver import NPUDriver
 from host.models import MLPERF_DIR
 from host.onnx_import import load_onnx
 from host.runtime import Session
-from firmware.golden import EXACT_COUNTERS
 from verif.scenarios import assert_same_inference, golden_cycles_exact
 
 

@@ -13,6 +13,7 @@ from firmware import asm
 from firmware.config import NPUConfig
 
 from ..ir import ArgMax, Equal, Graph, If, Node, QAvgPool, QConv, QGemm, Subgraph
+from .cost import CostModel
 from .depthwise import avgpool_blob, grouped_blob
 from .emit import RESULT_REGS, SEGMENT, Emitter
 from .estimate import check_fits
@@ -31,6 +32,7 @@ from .lower import (
     is_alias,
     scope_tensors,
 )
+from .pages import PAGE_BREAK_CYCLES, Page, choose_breaks, is_instruction, link_pages
 from .plan import (
     CompileError,
     UnitInfo,
@@ -41,8 +43,6 @@ from .plan import (
     simplify,
     stages,
 )
-from .cost import CostModel
-from .pages import PAGE_BREAK_CYCLES, Page, choose_breaks, is_instruction, link_pages
 from .program import CompiledModel
 from .units import Chunk, UnitCode, UnitStore, assemble_unit, link_program, relocatable, stand_in
 

@@ -19,7 +19,6 @@ from firmware import asm
 
 from .units import Chunk, link_program
 
-
 PAGE_BREAK_CYCLES = 18
 """Cycles a page break adds to an inference: the run's queues drain, the next run
 starts and its first unit sets up its cfg. Measured on ``small`` against one deep
