@@ -2,6 +2,7 @@
 
 import os
 import random
+import resource
 
 import pytest
 
@@ -11,6 +12,9 @@ def pytest_addoption(parser):
                      help="run the long regression: slow tests and larger random counts")
     parser.addoption("--seed", type=int, default=None,
                      help="base seed for randomized tests (default: random, printed)")
+    parser.addoption("--cpu-times", type=int, default=None, metavar="N",
+                     help="report CPU seconds (the test's process and the builds and "
+                          "simulations it waited for) per file and for the N costliest tests")
 
 
 def pytest_configure(config):
@@ -92,13 +96,61 @@ def _rtl_tests_are_marked(request, monkeypatch):
     monkeypatch.setattr(sim, "_verilator_root", refuse)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The fuzz tests' case counts (``record_property("fuzz", ...)``; xdist carries
-    them from the workers), so every run says how many cases it tried."""
-    lines = [value for reports in terminalreporter.stats.values() for r in reports
-             for name, value in getattr(r, "user_properties", ()) if name == "fuzz"
-             and getattr(r, "when", "call") == "call"]
+_CPU_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and of the children it waited for (Verilator,
+    the C++ compiler, cocotb's simulator), which wall time on a shared machine is not."""
+    own, children = (resource.getrusage(who) for who in
+                     (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.config.getoption("--cpu-times") is not None:
+        item.stash[_CPU_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if call.when == "teardown" and _CPU_START in item.stash:
+        report.user_properties.append(("cpu", _cpu_seconds() - item.stash[_CPU_START]))
+
+
+def _properties(terminalreporter, name: str, when: str):
+    """(report, value) of every ``name`` user property of the ``when`` reports (xdist
+    carries them from the workers)."""
+    return [(r, value) for reports in terminalreporter.stats.values() for r in reports
+            if getattr(r, "when", None) == when
+            for key, value in getattr(r, "user_properties", ()) if key == name]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The fuzz tests' case counts (``record_property("fuzz", ...)``), so every run
+    says how many cases it tried; with ``--cpu-times N``, where the CPU went."""
+    lines = [value for _, value in _properties(terminalreporter, "fuzz", "call")]
     if lines:
         terminalreporter.section("fuzz cases tried")
         for line in sorted(lines):
             terminalreporter.write_line(line)
+    count = config.getoption("--cpu-times")
+    if count is not None:
+        _report_cpu(terminalreporter, _properties(terminalreporter, "cpu", "teardown"), count)
+
+
+def _report_cpu(terminalreporter, measured, count: int) -> None:
+    per_file: dict[str, float] = {}
+    for report, seconds in measured:
+        path = report.nodeid.split("::")[0]
+        per_file[path] = per_file.get(path, 0.0) + seconds
+    terminalreporter.section("CPU seconds per file (tests, their builds and simulations)")
+    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    terminalreporter.write_line(f"{sum(per_file.values()):8.1f}  all tests")
+    terminalreporter.section(f"CPU seconds of the {count} costliest tests")
+    for report, seconds in sorted(measured, key=lambda rs: -rs[1])[:count]:
+        terminalreporter.write_line(f"{seconds:8.1f}  {report.nodeid}")
