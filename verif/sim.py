@@ -76,6 +76,19 @@ them (thousands of lines on the NPU, which buried ``make demo``'s report).
 # because the wheel's verilated.mk assigns them unconditionally.
 _PCH_VAR = "CFG_CXXFLAGS_PCH_I"
 
+SMALL_DESIGN_BYTES = 1 << 20
+"""Verilog up to this size (every block harness; the NPU is several MB) builds as a
+small design: :data:`SMALL_DESIGN_BUILD_ARGS` and :data:`SMALL_DESIGN_MAKEFLAGS`."""
+
+SMALL_DESIGN_BUILD_ARGS: tuple[str, ...] = ("--output-split", "0")
+"""A small design's model is one C++ file: split, each file would pay for parsing
+Verilator's headers, or for building two precompiled headers (about 5 CPU s a build)."""
+
+SMALL_DESIGN_MAKEFLAGS = "OPT_FAST=-O0"
+"""A small design's model compiles unoptimized: its cocotb runs are bound by Python at
+every clock either way, and -O0 compiles in about half the CPU of -O1. Verilator's
+runtime keeps ``OPT_GLOBAL``, so the compiler cache shares it with the NPU's build."""
+
 
 class CocotbTestFailure(AssertionError):
     """A cocotb simulation failed, crashed or ran no tests.
@@ -385,6 +398,22 @@ def _results_name(module: str, testcase) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-\[\]]", "_", tag) + ".results.xml"
 
 
+def _is_small_design(sources: Sequence[os.PathLike | str]) -> bool:
+    return sum(Path(source).stat().st_size for source in sources) <= SMALL_DESIGN_BYTES
+
+
+@contextlib.contextmanager
+def _makeflags_added(flags: str) -> Iterator[None]:
+    """``MAKEFLAGS`` with ``flags`` after the others (the later assignment wins) while
+    the runner builds: it hands this process's environment to ``make``."""
+    saved = os.environ.get("MAKEFLAGS", "")
+    os.environ["MAKEFLAGS"] = f"{saved} {flags}".strip()
+    try:
+        yield
+    finally:
+        os.environ["MAKEFLAGS"] = saved
+
+
 @contextlib.contextmanager
 def _build_status(toplevel: str, quiet: bool) -> Iterator[None]:
     """A spinner with the elapsed time while a quiet build runs on a terminal
@@ -507,14 +536,17 @@ def run_cocotb(
 
     runner = get_runner("verilator")
     build_log = build_path / "build.log" if quiet else None
-    with _locked(build_path), _build_status(toplevel, quiet):
+    small = _is_small_design(sources)
+    with _locked(build_path), _build_status(toplevel, quiet), \
+            _makeflags_added(SMALL_DESIGN_MAKEFLAGS if small else ""):
         try:
             runner.build(
                 sources=[Path(s).resolve() for s in sources],
                 hdl_toplevel=toplevel,
                 parameters=dict(parameters or {}),
                 defines=dict(defines or {}),
-                build_args=[*DEFAULT_BUILD_ARGS, *build_args],
+                build_args=[*DEFAULT_BUILD_ARGS, *(SMALL_DESIGN_BUILD_ARGS if small else ()),
+                            *build_args],
                 build_dir=build_path,
                 always=False,
                 waves=waves,
