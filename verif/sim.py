@@ -86,8 +86,10 @@ Verilator's headers, or for building two precompiled headers (about 5 CPU s a bu
 
 SMALL_DESIGN_MAKEFLAGS = "OPT_FAST=-O0"
 """A small design's model compiles unoptimized: its cocotb runs are bound by Python at
-every clock either way, and -O0 compiles in about half the CPU of -O1. Verilator's
-runtime keeps ``OPT_GLOBAL``, so the compiler cache shares it with the NPU's build."""
+every clock either way, and -O0 in one file compiles in a third to a half of the CPU of
+-O1 in several (the vector harness, verilated and compiled with the runtime: 21.4
+against 57.0 CPU s). Verilator's runtime keeps ``OPT_GLOBAL``, so the compiler cache
+shares it with the NPU's build."""
 
 
 class CocotbTestFailure(AssertionError):
@@ -151,8 +153,11 @@ def _makeflags(current: str, root: Path) -> str:
         # cocotb builds: their runs are bound by Python at every clock, so the
         # model's C++ at -O1 runs them as fast as at verilated.mk's -Os and
         # compiles in about half the CPU time (the default NPU: 60 against 111
-        # CPU s). The fast library (verif/fastsim) sets its own levels on make's
-        # command line, which override these.
+        # CPU s). Not -O0 for the NPU: its model's evaluation then outweighs
+        # Python (tests/test_fastsim.py's cocotb run 20.3 against 5.6 CPU s), and
+        # make test runs it four times; small designs do build at -O0
+        # (SMALL_DESIGN_MAKEFLAGS). The fast library (verif/fastsim) sets its own
+        # levels on make's command line, which override these.
         extra.append("OPT_FAST=-O1 OPT_GLOBAL=-O1")
     ccache = _ccache()
     if ccache and "OBJCACHE=" not in current:
