@@ -32,6 +32,10 @@ class NPUConfig:
     dw_rows : input rows the depthwise engine (``dwload``/``dwconv``) holds per
         column, 3..16; 0 builds no depthwise engine (its instructions are then
         BAD_OPERAND).
+    acc_ports : read ports of the accumulator buffer, 1 or 2. With 1 the array and
+        the vector unit take turns; with 2 (the buffer held twice, one copy read by
+        each) a ``gemm`` or ``wload`` runs while a ``vreq``/``vreqb`` requantizes
+        other accumulator rows into scratchpad bytes it does not read.
     """
 
     rows: int = 8
@@ -51,6 +55,7 @@ class NPUConfig:
     trace_depth: int = 64
     queue_depth: int = 8
     dw_rows: int = 10
+    acc_ports: int = 2
 
     def __post_init__(self):
         def need(cond, name, why):
@@ -64,6 +69,7 @@ class NPUConfig:
                      "must be 0 (no depthwise engine) or 3..16")
                 continue
             need(isinstance(v, int) and v > 0, f.name, "must be a positive integer")
+        need(self.acc_ports in (1, 2), "acc_ports", "must be 1 or 2")
         need(self.rows <= 256, "rows", "array dimensions are at most 256")
         need(self.cols <= 256, "cols", "array dimensions are at most 256")
         need(self.bus_bytes in (4, 8, 16, 32, 64), "bus_bytes", "must be 4, 8, 16, 32 or 64")
@@ -93,8 +99,11 @@ CONFIGS = {
     "default": NPUConfig(),
     # 1024-deep banks: the FC autoencoder's program (806 instructions) fits one bank, at
     # 5 more DP16KD block RAMs than 512 (docs/compiler.md, "Program size").
+    # One accumulator read port: a second copy of its buffer costs block RAM the board
+    # needs elsewhere (docs/hardware.md, "Accumulator").
     "small": NPUConfig(rows=4, cols=4, sp_bytes=16 * 1024, sp_banks=4, acc_rows=256,
-                       partitions=4, tag_slots=8, imem_depth=1024, trace_depth=32, dw_rows=0),
+                       partitions=4, tag_slots=8, imem_depth=1024, trace_depth=32, dw_rows=0,
+                       acc_ports=1),
 }
 """Named configurations; the FPGA board configs join them with their board tops."""
 

@@ -239,6 +239,13 @@ Parameters (`firmware.golden.CostModel`):
   a depthwise op or a `cfg`, which the vector unit takes); results are ready
   after `m + rows + cols + array_stages + sp_read - 3`. A `swap=1` GEMM waits for the
   last `wload`.
+* Two accumulator read ports (CAPS `acc_ports` = 2): a `wload` or `gemm` after a
+  `vreq` or `vreqb` does not wait for the vector unit where it reads no scratchpad
+  byte the vector op writes and (a `gemm`) writes no accumulator row it reads: its
+  queue could start it a cycle after the vector unit took the vector op (a `gemm`
+  then starts `gemm_intake` later, as after an idle array), and it streams beside the
+  requantization. An instruction the vector unit takes after it (a vector op, a
+  `cfg`, a depthwise op) still waits for the vector unit and the array.
 * Vector ops: one scratchpad window (`bus` bytes) a cycle, `rows * ceil(n / bus)`,
   plus `vector_latency` cycles (`vadd_latency`, `vargmax_latency` for those;
   `vmax` walks `pool_count` windows per output window; `vreq` and `vreqb` one
@@ -284,7 +291,10 @@ Parameters (`firmware.golden.CostModel`):
   op, a store's reads against compute reads (the
   DMA's ports come last in the scratchpad's priority; the model flags such overlaps,
   with a margin of a few cycles); in which no `gemm` without `swap` follows a
-  `wload` (the wload's reads take the array's port first); and in which no dispatch
+  `wload` (the wload's reads take the array's port first); in which no `wload` or
+  `gemm` beside a `vreq`/`vreqb` reads scratchpad banks the vector op reads or
+  writes (the array's port comes first, and the vector op waits for the bank); and
+  in which no dispatch
   waits on a full compute queue whose oldest entry is a `gemm`, a `wload` or a `cfg`
   that waited for the array (the array takes a command before it starts it; the
   model frees the entry at the start). There the run's `cycles` and every trace

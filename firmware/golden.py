@@ -49,7 +49,8 @@ class CostModel:
     Each queue executes in order; the three queues overlap, ordered only by
     dependency tokens. Inside the compute queue, a ``wload`` overlaps streaming
     GEMMs (double buffering) and GEMMs pipeline back to back; the array and the
-    vector unit take turns. The parameters are the RTL's, measured: the programs of
+    vector unit take turns, but for array commands beside a ``vreq``/``vreqb`` on a
+    build with two accumulator read ports. The parameters are the RTL's, measured: the programs of
     ``verif.scenarios.COST_PROGRAMS`` take the model's cycles exactly
     (tests/test_npu.py), and so do the runs :attr:`RunResult.cycles_exact` vouches for.
     """
@@ -705,6 +706,7 @@ class Machine:
         w[:k, :n] = self.sp[base: base + k * n].view(np.int8).reshape(k, n)
         self.w[shadow], self.wdims[shadow] = w, (k, n)
         self._uses(reads=[(base, k * n)])
+        self._time.spans = ((base, base + k * n - 1), None)
         return k
 
     def _op_gemm(self, o):
@@ -724,6 +726,7 @@ class Machine:
         self.acc[acc, :n] = wrap32(out)
         self.counters["macs"] += mrows * k * n
         self._uses(reads=[(rows, k)])
+        self._time.spans = (_span(rows, k), (acc.start, acc.stop - 1))
         return mrows
 
     def _op_dwload(self, o):
@@ -815,6 +818,7 @@ class Machine:
         self._sp_write(rows, y)
         self._uses(writes=[(rows, n)])
         self._time.vector_writes = (rows, n)
+        self._time.spans = (_span(rows, n), (acc.start, acc.stop - 1))
         return self._vec_cycles(mrows, n)
 
     def _op_vreqb(self, o):
@@ -836,6 +840,7 @@ class Machine:
         y = requantize(biased, mul, shift, c[CfgField.QZP], c[CfgField.CLIP_LO],
                        c[CfgField.CLIP_HI])
         self._sp_write(rows, y)
+        self._time.spans = (_span(rows, n), (acc.start, acc.stop - 1))
         if o["col"]:  # the bias words first, then an accumulator row a cycle
             self._uses(reads=[(base, 4 * n)], writes=[(rows, n)])
             return self._vec_cycles(1, 4 * n) + self._vec_cycles(mrows, n)
@@ -947,6 +952,17 @@ class Machine:
         return rows * -(-n // self.config.bus_bytes)
 
 
+def _span(rows, n: int) -> tuple[int, int]:
+    """First and last byte of ``n``-byte rows at ``rows`` (row addresses in order)."""
+    r = np.atleast_1d(rows)
+    return int(r[0]), int(r[-1]) + n - 1
+
+
+def _meet(a, b) -> bool:
+    """Whether two inclusive (first, last) ranges share an element (None: no range)."""
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
 def _compare(cond: Cond, a: int, b: int) -> bool:
     sa, sb = _signed(a), _signed(b)
     return {
@@ -1028,6 +1044,14 @@ class _Timeline:
         self.vector_writes = None  # (row addresses, bytes) of the vector op being timed
         self.load_rows = None  # (sp base, dram, stride, rows, bytes) of the load being timed
         self._start = self._ready = 0  # of the queue instruction being dispatched
+        # Two accumulator read ports: the scratchpad bytes (first, last) a wload or gemm
+        # reads or a vreq/vreqb writes, and its accumulator rows (None for a wload), of
+        # the instruction being timed; and of the vector unit's latest instruction
+        # when it is a vreq/vreqb that an array command may run beside, with its start,
+        # end and scratchpad banks (None otherwise).
+        self.spans = None
+        self.beside = None
+        self.array_free = 0  # when the queue could start the next array command
 
     def _wait(self, t: int, cause: str = "stall_in_seq", dispatching: int = 0):
         """Wait until ``t``; its first ``dispatching`` cycles are not a stall."""
@@ -1097,6 +1121,15 @@ class _Timeline:
         q, m, c = queue.value, ins.mnemonic, self.cost
         start = self._start
         late = False
+        vector_done = self.vector_done
+        banks = self.footprint[0] | self.footprint[1]  # (a vreq's, for _runs_beside)
+        spans = self.spans
+        beside = m in ("gemm", "wload") and self._runs_beside()
+        if beside:
+            # It starts while the vector unit requantizes: its queue moves on as the
+            # vector unit takes the vreq, and the hazard is clear from then on.
+            self.vector_done = max(self._ready, self.accepted)
+            start = max(self.vector_done, self.array_free)
         if m == "gemm":
             # The array takes a command only while the vector unit is idle.
             start = max(start, max(self._ready, self.vector_done) + c.gemm_intake)
@@ -1117,11 +1150,12 @@ class _Timeline:
             # (and a gemm after it waits for the vector unit to be idle again)
             after_array = max(self.array_done, self.wload_done) + c.handoff
             late = after_array >= start  # its completion then reaches the queue later
-            start = max(start, after_array)
+            start = max(start, after_array, vector_done)
             issue = latency = cycles
         elif m in _VECTOR_OPS or m in _DW_OPS:
             # ... and the vector unit only while the array is idle (wloads too).
-            start = max(start, max(self.array_done, self.wload_done) + c.handoff)
+            start = max(start, max(self.array_done, self.wload_done) + c.handoff,
+                        vector_done)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
                                         "vargmax": c.vargmax_latency,
                                         "vqtab": c.vqtab_latency,
@@ -1152,7 +1186,10 @@ class _Timeline:
             token = self.pushed = max(end + slow * c.token, self.pushed + 1)
         self.done[q] = max(self.done[q], retire)
         # (a DMA queue is busy until its transfer's end, then takes the next one)
-        self.busy[q] += latency if q != "compute" else issue if m != "wload" else cycles
+        busy = latency if q != "compute" else issue if m != "wload" else cycles
+        if beside:  # the queue is busy with the vreq until it ends
+            busy -= max(0, min(vector_done, start + busy) - start)
+        self.busy[q] += busy
         self._count_causes(q, m, start, end)
         if q == "compute":
             self._accept(m, start)
@@ -1163,7 +1200,7 @@ class _Timeline:
         if self.vector_writes is not None:
             self._plan_vector_writes(end, *self.vector_writes)
         self.footprint = (0, 0)
-        self.vector_writes = self.load_rows = None
+        self.vector_writes = self.load_rows = self.spans = None
         if m == "gemm":
             self.gemm_end = end
             self.array_done = max(self.array_done, end)
@@ -1173,14 +1210,37 @@ class _Timeline:
             self.wload_pending = True  # until a gemm (with swap or not) follows it
             one_row = cycles == 1 and not self._stealing
             self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if one_row else 0)
+        if m in ("gemm", "wload"):
+            self.vector_done = vector_done
+            self.array_free = self.free[q]
         elif m in _VECTOR_OPS or m in _DW_OPS or m == "cfg":
             self.vector_done = end
+            self.beside = None
+            if m in ("vreq", "vreqb") and self.config.acc_ports == 2:
+                self.beside = (*spans, start, end, banks)
             if m == "vargmax":
                 self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
                 self._after_vargmax = 1
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(token)
+
+    def _runs_beside(self) -> bool:
+        """Whether the wload or gemm being timed may start while the vector unit runs
+        its latest instruction (two accumulator read ports): that one is a vreq or
+        vreqb still running, whose written bytes the command does not read and whose
+        accumulator rows a gemm does not touch. Where the two use the same scratchpad
+        banks the array's reads win them and the vreq's writes wait, cycles the model
+        does not play out: the run is flagged."""
+        if self.beside is None or self.spans is None:
+            return False
+        sp, acc, _, end, banks = self.beside
+        my_sp, my_acc = self.spans
+        if end <= max(self._ready, self.accepted) or _meet(sp, my_sp) or _meet(acc, my_acc):
+            return False
+        if banks & self.footprint[0]:
+            self.contended = True
+        return True
 
     def _count_causes(self, q: str, m: str, start: int, end: int):
         """Count an instruction's token waits and its engine's busy cycles into the

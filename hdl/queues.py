@@ -32,9 +32,11 @@ from .ports import (
     DMA_DONE_LAYOUT,
     ArrayOp,
     VectorOp,
+    acc_addr_bits,
     array_command_layout,
     command_stream,
     dma_command_layout,
+    sp_addr_bits,
     vector_command_layout,
 )
 from .tags import tag_key_layout
@@ -66,9 +68,11 @@ def store_entry_layout(config: NPUConfig) -> data.StructLayout:
 def compute_entry_layout(config: NPUConfig) -> data.StructLayout:
     """A compute-queue entry: an array, vector or depthwise command, plus tokens.
 
-    ``rd`` is the destination register of a ``vargmax``.
+    ``rd`` is the destination register of a ``vargmax``. With two accumulator read
+    ports, ``last`` is the last scratchpad byte (absolute) of the instruction's first
+    span: what a ``wload`` or ``gemm`` reads, what a ``vreq`` or ``vreqb`` writes.
     """
-    return data.StructLayout({
+    fields = {
         "vector": 1,
         "depthwise": 1,
         "dw": dw_command_layout(config),
@@ -76,7 +80,10 @@ def compute_entry_layout(config: NPUConfig) -> data.StructLayout:
         "vec": vector_command_layout(config),
         "rd": 4,
         "tokens": 4,
-    })
+    }
+    if config.acc_ports == 2:
+        fields["last"] = sp_addr_bits(config)
+    return data.StructLayout(fields)
 
 
 def _entry_fifo(m, entry, layout, depth):
@@ -309,6 +316,16 @@ class ComputeQueue(wiring.Component):
     the scratchpad; a depthwise command waits for both, and both wait for it (it
     shares the accumulator, and the GEMM engine's scratchpad port). The accumulator
     belongs to whichever engine was issued last.
+
+    With two accumulator read ports (``config.acc_ports``) an array command may
+    start while the vector unit runs a ``vreq`` or ``vreqb``: the queue keeps that
+    instruction's accumulator rows and the scratchpad bytes it writes (registered
+    as it is issued, valid while the unit is busy), and a ``wload`` or ``gemm``
+    waits for the vector unit only where its scratchpad reads meet those bytes or
+    (a ``gemm``) its accumulator rows meet those rows. Nothing else overlaps: the
+    vector unit still waits for the array, so the requantization never reads a row a
+    ``gemm`` writes, and the array never reads a byte the vector unit has yet to
+    write.
     Completions retire in program order, so a token is never pushed for an
     instruction before everything ahead of it in this queue has completed.
 
@@ -391,8 +408,11 @@ class ComputeQueue(wiring.Component):
                 m.d.comb += kind.eq(_Kind.WLOAD)
 
         tokens_ok = (~pop_load | t_load.available) & (~pop_store | t_store.available)
+        beside_vector = (self._beside_vector(m, head, is_vec) if cfg.acc_ports == 2
+                         else Signal())
         hazard_ok = self.dw_idle & Mux(is_vec, self.arr_idle,
-                                       Mux(is_dw, self.arr_idle & self.vec_idle, self.vec_idle))
+                                       Mux(is_dw, self.arr_idle & self.vec_idle,
+                                           self.vec_idle | beside_vector))
         room = infl.w_rdy & (~is_argmax | rds.w_rdy)
         present = q.r_rdy & ~self.flush & tokens_ok & hazard_ok & room
         waiting = q.r_rdy & ~self.flush
@@ -459,3 +479,29 @@ class ComputeQueue(wiring.Component):
                          & self.dw_idle),
         ]
         return m
+
+    def _beside_vector(self, m, head, is_vec):
+        """Whether the array command at the head may start beside the vector unit's
+        running instruction: that one is a ``vreq``/``vreqb`` (noted as it is issued)
+        whose accumulator rows and written scratchpad bytes the command leaves alone."""
+        cfg = self.config
+        abits = acc_addr_bits(cfg) + 1  # room for first + m - 1 before the bounds check
+        vec, arr = head.vec, head.arr
+        issue_vec = self.vec_cmd.valid & self.vec_cmd.ready
+        # The running vector instruction's rows and bytes (inclusive bounds).
+        v_req = Signal()
+        v_acc_lo, v_acc_hi = Signal(abits), Signal(abits)
+        v_sp_lo, v_sp_hi = Signal.like(head.last), Signal.like(head.last)
+        with m.If(issue_vec):
+            m.d.sync += [
+                v_req.eq((vec.op == VectorOp.REQ) | (vec.op == VectorOp.REQB)),
+                v_acc_lo.eq(vec.acc), v_acc_hi.eq(vec.acc + vec.m - 1),
+                v_sp_lo.eq(vec.d), v_sp_hi.eq(head.last),
+            ]
+        a_hi = Signal(abits)
+        m.d.comb += a_hi.eq(arr.acc + arr.m - 1)
+        reads_apart = (head.last < v_sp_lo) | (v_sp_hi < arr.sp)
+        rows_apart = (arr.op == ArrayOp.WLOAD) | (a_hi < v_acc_lo) | (v_acc_hi < arr.acc)
+        beside = Signal()
+        m.d.comb += beside.eq(~is_vec & ~head.depthwise & v_req & reads_apart & rows_apart)
+        return beside

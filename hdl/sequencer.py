@@ -622,6 +622,9 @@ class Sequencer(wiring.Component):
                         entry_c.tokens.eq(toks),
                         needs.compute.eq(1),
                     ]
+                    if self.config.acc_ports == 2:  # for the queue's overlap checks
+                        c0 = self.chk[0]
+                        m.d.comb += entry_c.last.eq(c0.addr + c0.addend + c0.nbytes - 1)
                     do_advance()
 
         # (An end or a faulting instruction fetches ``advance``, which nothing reads.)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -854,6 +855,34 @@ def test_cost_programs_are_cycle_exact():
     inexact = [n for n, body in COST_PROGRAMS.items()
                if not _cycles_exact(body + "end\n", COST_ARGS)]
     assert inexact == []
+
+
+def _beside_run(source: str, acc_ports: int):
+    machine = Machine(replace(CONFIGS["default"], acc_ports=acc_ports))
+    from verif.scenarios import COST_ARGS
+
+    return machine.load_and_run(assemble(source + "end\n"), CYCLE_TABLE, args=COST_ARGS)
+
+
+def test_gemm_runs_beside_vreqb_only_with_two_accumulator_ports():
+    from verif.scenarios import COST_PROGRAMS
+
+    body = COST_PROGRAMS["gemm beside vreqb"]
+    two, one = _beside_run(body, 2), _beside_run(body, 1)
+    assert two.cycles_exact and one.cycles_exact
+    assert two.cycles < one.cycles
+    # where the gemm reads the vreqb's bytes or writes its rows it waits for it
+    for name in ("gemm after vreqb, its bytes", "gemm after vreqb, its rows"):
+        assert _beside_run(COST_PROGRAMS[name], 2).cycles == one.cycles
+
+
+def test_gemm_beside_vreqb_on_its_banks_is_not_cycle_exact():
+    from verif.scenarios import COST_PROGRAMS
+
+    # rows 8 bytes apart: the gemm's reads walk every bank the vreqb writes
+    body = COST_PROGRAMS["gemm beside vreqb"].replace("cfg.gemm_stride 64", "cfg.gemm_stride 8")
+    assert not _beside_run(body, 2).cycles_exact
+    assert _beside_run(body, 1).cycles_exact
 
 
 def test_dma_on_banks_compute_uses_is_not_cycle_exact():

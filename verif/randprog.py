@@ -43,6 +43,9 @@ class RandomProgram:
 class _Gen:
     def __init__(self, config: NPUConfig, rng: np.random.Generator):
         self.c, self.rng = config, rng
+        # Draws of their own for later additions, so that the programs of every seed
+        # stay what they were where the additions do not apply.
+        self.side = rng.spawn(1)[0]
         parts = min(4, config.partitions)
         size = config.sp_bytes // parts
         self.psize = size
@@ -130,7 +133,10 @@ class _Gen:
         nb = m if per_row else n
         b_off = self.alloc(bp, 4 * nb + QTAB_ENTRY_BYTES * per_channel * n)
         t_off = b_off + 4 * nb
-        y_off = self.alloc(2, m * n)
+        # A second column tile after the requantization, as compiled GEMMs have: its
+        # gemm may run beside the vreq (two accumulator read ports) when its rows differ.
+        second = self.side.random() < 0.4
+        y_off = self.alloc(2, m * n * (1 + second))
         self.load(0, x_off, self.src_addr(m * k * ktiles), m, k * ktiles)
         self.load(1, w_off, self.src_addr(k * n * ktiles), 1, k * n * ktiles, tag=tag)
         self.load(bp, b_off, self.src_addr(4 * nb) & ~3, 1, 4 * nb)
@@ -156,8 +162,16 @@ class _Gen:
         else:
             ins.append(f"vreq p2, r0, r5, {m}, {n}, off={y_off}{tab}")
         self.emit(f"li r5, {acc}")
+        if second:
+            # the same rows at times (the gemm waits for the vreq), else others
+            acc2 = acc if self.side.random() < 0.3 else \
+                int(self.side.integers(0, c.acc_rows - m + 1))
+            self.emit(f"li r7, {acc2}")
+            ins += [f"wload p1, r13, {k}, {n}",
+                    f"gemm.overwrite p0, r0, r7, {m}, swap=1, off={x_off}",
+                    f"vreq p2, r0, r7, {m}, {n}, off={y_off + m * n}"]
         self.compute(ins, 4 if per_channel else 3)
-        self.store(2, y_off, m, n)
+        self.store(2, y_off, m * (1 + second), n)
 
     def depthwise_group(self):
         """dwload + dwconv (a second kernel accumulating, at times), then vreq."""

@@ -639,6 +639,10 @@ WLOAD = "wload p1, r0, 8, 8\n"
 LOAD, LOAD64 = "load p0, r0, r0, r0, 1, 8\n", "load p0, r0, r0, r0, 1, 64\n"
 
 
+BESIDE = "cfg.gemm_stride 64\ncfg.out_stride 64\nli r8, 48\nli r9, 16\nli r10, 16\n"
+VREQB_BESIDE = "vreqb p3, r8, r0, 16, 8, p2, r9, col=1\n"
+
+
 def _gemm(m: int, swap: int = 1) -> str:
     return f"gemm.overwrite p0, r0, r0, {m}, swap={swap}\n"
 
@@ -814,6 +818,23 @@ COST_PROGRAMS = {
     "dwconv>store token": "dwload p0, r0\ndwconv.overwrite p1, r0, r0, 4, 3, 1, 3, 3, 8\n"
                           "vreq p2, r0, r0, 12, 8, push=next\n"
                           "store p2, r0, r0, r0, 1, 96, pop=prev\n",
+    # Two accumulator read ports: the array runs beside a vreqb that requantizes other
+    # accumulator rows into bytes it does not read. Rows 64 bytes apart keep each in one
+    # scratchpad bank (gemm reads bank 0, the bias words banks 2..6, the outputs bank 6).
+    "gemm beside vreqb": BESIDE + WLOAD + _gemm(16) + WLOAD + VREQB_BESIDE
+                         + "gemm.overwrite p0, r0, r10, 16, swap=1\n",
+    "wload, gemm beside vreqb": BESIDE + WLOAD + _gemm(16) + VREQB_BESIDE
+                                + "wload p1, r0, 1, 8\ngemm.overwrite p0, r0, r10, 16, swap=1\n",
+    # a gemm beside it on the same weights starts when the one before it has streamed
+    "two gemms beside vreqb": BESIDE + WLOAD + _gemm(16) + WLOAD + VREQB_BESIDE
+                              + "gemm.overwrite p0, r0, r10, 4, swap=1\nli r10, 20\n"
+                              "gemm.accumulate p0, r0, r10, 4\n",
+    # ... and waits for it where it reads the bytes it writes, or writes its rows
+    "gemm after vreqb, its bytes": BESIDE + WLOAD + _gemm(16) + WLOAD
+                                   + VREQB_BESIDE.replace("p3", "p0")
+                                   + "gemm.overwrite p0, r0, r10, 16, swap=1\n",
+    "gemm after vreqb, its rows": BESIDE + WLOAD + _gemm(16) + WLOAD + VREQB_BESIDE
+                                  + "li r10, 8\ngemm.overwrite p0, r0, r10, 16, swap=1\n",
     # the queue fills while its head waits for a token
     "full queue": "load p0, r0, r0, r0, 2, 512, push=next\ncfg.qshift 9, pop=prev\n"
                   + "cfg.qshift 9\n" * 16,
