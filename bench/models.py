@@ -247,6 +247,9 @@ def main(argv=None) -> None:
     ap.add_argument("--no-paging", action="store_true",
                     help="a program larger than an instruction bank is priced into one "
                          "bank or refused, never paged")
+    ap.add_argument("--acc-ports", type=int, choices=(1, 2), metavar="N",
+                    help="accumulator read ports instead of the configuration's (1: the "
+                         "array and the vector unit take turns)")
     ap.add_argument("models", nargs="*", metavar="MODEL",
                     help=f"models to measure (default: all of {', '.join(MODELS)})")
     opts = ap.parse_args(argv)
@@ -257,6 +260,10 @@ def main(argv=None) -> None:
     config = CONFIGS[opts.config]
     if opts.imem_depth:
         config = dataclasses.replace(config, imem_depth=opts.imem_depth)
+    out_name = "models" if opts.config == CONFIG else f"models-{opts.config}"
+    if opts.acc_ports and opts.acc_ports != config.acc_ports:
+        config = dataclasses.replace(config, acc_ports=opts.acc_ports)
+        out_name += f"-acc-ports-{opts.acc_ports}"  # beside, not instead of, the build's
     targets = TARGETS if opts.config == CONFIG else {}
     rows = {}
     for name in names:
@@ -268,10 +275,10 @@ def main(argv=None) -> None:
             rows[name].update(rtl)
     print_table(rows)
     # Another configuration's figures go to a file of their own (models-small.json).
-    report("models" if opts.config == CONFIG else f"models-{opts.config}",
+    report(out_name,
            {"config": opts.config, "rows": config.rows, "cols": config.cols,
             "bus_bytes": config.bus_bytes, "sp_bytes": config.sp_bytes,
-            "imem_depth": config.imem_depth,
+            "imem_depth": config.imem_depth, "acc_ports": config.acc_ports,
             "backend": "golden + verilator" if opts.rtl else "golden", "models": rows},
            quiet=True)
 

@@ -175,6 +175,16 @@ class CostModel:
         self.coef = {t: max(0.0, float(v)) for t, v in zip(TERMS, b, strict=True)}
 
 
+def beside_cycles(config: NPUConfig, array: float, vector: float, acc_rows: int) -> float:
+    """Cycles of an output-column tile's last requantization (``vector``) that run
+    beside the next tile's GEMMs (``array``): with two accumulator read ports, where
+    the compiler gives consecutive tiles different accumulator rows (``acc_rows``
+    each; :meth:`host.compiler.lower.Lowering._column_tiles`); else none."""
+    if config.acc_ports != 2 or 2 * acc_rows > config.acc_rows:
+        return 0.0
+    return float(min(array, vector))
+
+
 def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 0) -> float:
     """Predicted array and vector cycles of a convolution mapping
     (:mod:`host.compiler.convrows`), to rank mappings before emitting one.
@@ -185,7 +195,9 @@ def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 
     the ``gemm`` streaming before it, and may not fill a bank before the rows of the
     ``gemm`` two before it have left the array, so a tile costs the longer of
     ``m + k + 2`` and the array's round trip; the vector unit waits for the array to
-    drain and the array for the vector unit (``docs/isa.md``, the cycle rules).
+    drain and the array for the vector unit (``docs/isa.md``, the cycle rules), but
+    for a tile's last ``vreq`` where it runs beside the next tile's GEMMs
+    (:func:`beside_cycles`).
     """
     rows, cols, bus = config.rows, config.cols, config.bus_bytes
     round_trip = rows + cols + 10
@@ -193,11 +205,13 @@ def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 
     ncol = -(-oc // cols)
     total = -(-copy_bytes // bus)
     for gemm_rows, gemms, acc_rows, vreqs, vreq_rows in plan:
-        per_col = tiles * gemms * max(gemm_rows + rows + 2, round_trip) + drain
+        array = tiles * gemms * max(gemm_rows + rows + 2, round_trip)
         words = -(-4 * cols // bus)  # the bias words: vreqb col=1 reads them per vreq
-        per_col += min(vreqs * words, acc_rows + words + 7)  # (or one vbias pass)
-        per_col += vreq_rows + vreqs * 15  # vreq
-        total += ncol * per_col
+        vector = min(vreqs * words, acc_rows + words + 7)  # (or one vbias pass)
+        vector += vreq_rows + vreqs * 15  # vreq
+        last = vector / max(vreqs, 1)
+        total += ncol * (array + drain + vector) - (ncol - 1) * beside_cycles(
+            config, array, last, acc_rows)
     return float(total)
 
 
@@ -210,12 +224,14 @@ def gemm_tile_cycles(config: NPUConfig, rows: int, k: int, n: int) -> float:
     than half the array's round trip when ``m`` is short (the ``wload`` two tiles on
     waits for the rows of this one to leave); per output-column tile the array
     drains before the requantization (``vreqb col=1``: the bias words, a row a
-    cycle, its latency), which the array waits for (``docs/isa.md``)."""
+    cycle, its latency), which the array waits for (``docs/isa.md``), but for
+    the part the next tile's GEMMs run beside (:func:`beside_cycles`)."""
     r, c, bus = config.rows, config.cols, config.bus_bytes
     red, ncol = -(-k // r), -(-n // c)
     tile = max(rows + r + 0.4, (rows + 2 * (r + c) + 0.5) / 2)
     vector = -(-4 * c // bus) + rows + 14
-    return ncol * (red * tile + vector + r + c + 24)
+    hidden = beside_cycles(config, red * tile, vector, rows)
+    return ncol * (red * tile + vector + r + c + 24) - (ncol - 1) * hidden
 
 
 def m_tiled_cycles(config: NPUConfig, sizes: list[int], k: int, n: int,

@@ -905,6 +905,12 @@ class Lowering:
                          n.name)
         full, rem = divmod(nn, cfg.cols)
         stepping = (full + (rem > 0)) * m <= cfg.acc_rows
+        # With two accumulator read ports a tile's requantization runs beside the next
+        # tile's GEMMs when their rows differ: where the tiles cannot each have rows
+        # of their own, they take turns between two regions (the loop runs two tiles
+        # a pass).
+        alternate = (not stepping and cfg.acc_ports == 2 and 2 * m <= cfg.acc_rows
+                     and full + (rem > 0) >= 2)
         wj, yj, aj = regs
         e.point(wj, wsp if isinstance(wsp, tuple) else wsp + blob.tiles[(0, 0)])
         e.point(yj, y_off)
@@ -915,18 +921,39 @@ class Lowering:
             j += j0
             self.requant_tile(part, blob, j, wj, aj, m, n_j, yj, split, breg)
 
-        def step():
+        def step(acc_step: int = m if stepping else 0):
             e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
             e.op(f"addi {yj}, {yj}, {cfg.cols}")
-            if stepping:
-                e.op(f"addi {aj}, {aj}, {m}")
+            if acc_step:
+                e.op(f"addi {aj}, {aj}, {acc_step}")
 
-        if full >= 2:
-            end = e.new_label("cols")
-            e.op(f"loop {full}, {end}")
-            one(0, cfg.cols)
-            step()
-            e.loop_end(end)
+        def tiles(count: int, body):
+            if count >= 2:
+                end = e.new_label("cols")
+                e.op(f"loop {count}, {end}")
+                body()
+                e.loop_end(end)
+            elif count == 1:
+                body()
+
+        if alternate:
+            def pair():
+                one(0, cfg.cols)
+                step(m)
+                one(0, cfg.cols)
+                step(-m)
+
+            tiles(full // 2, pair)
+            if full % 2:
+                one(0, cfg.cols)
+                if rem:
+                    step(m)
+        elif full >= 2:
+            def single():
+                one(0, cfg.cols)
+                step()
+
+            tiles(full, single)
         elif full == 1:
             one(0, cfg.cols)
             if rem:
