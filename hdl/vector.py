@@ -9,7 +9,7 @@ Semantics are those of the golden model (``firmware.golden.Machine._op_cfg`` ...
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -714,13 +714,6 @@ class VectorUnit(wiring.Component):
         s2_valid, s3_valid, s4_valid, s5_valid, s6_valid, s7_valid, s8_valid = (
             Signal(name=f"s{i}_valid") for i in range(2, 9))
 
-        def select(values, sel):
-            """``values[sel]`` (``len(values) == 2**len(sel)``): a tree of 2:1 muxes."""
-            for b in range(len(sel)):
-                values = [Mux(sel[b], hi_, lo_)
-                          for lo_, hi_ in zip(values[0::2], values[1::2], strict=True)]
-            return values[0]
-
         with m.If(move):
             m.d.sync += [s2_valid.eq(s1_valid), s3_valid.eq(s2_valid), s4_valid.eq(s3_valid),
                          s5_valid.eq(s4_valid), s6_valid.eq(s5_valid), s7_valid.eq(s6_valid),
@@ -780,13 +773,12 @@ class VectorUnit(wiring.Component):
                     v.eq(s3_lo + (s3_mid << 16)),
                     vq.eq(v),
                     # qshift <= 63; v sign-extended
-                    lsb.eq(select(list(Cat(v, v[-1].replicate(max(64 - vw, 0)))[:64]), l_sel)),
+                    lsb.eq(Cat(v, v[-1].replicate(max(64 - vw, 0)))[:64].bit_select(l_sel, 1)),
                     r.eq(vq + Mux(lsb, l_half_c, l_half_m1)),
-                    t.eq(select([r_ext[8 * k: 8 * k + 17] for k in range(8)], l_shift[3:])),
+                    t.eq(r_ext.bit_select(Cat(Const(0, 3), l_shift[3:]), 17)),  # 8 * l_shift[3:]
                     neg.eq(r_neg),
                     over.eq(Mux(r_neg, (~r & l_sat).any(), (r & l_sat).any())),
-                    y.eq(Mux(over, Mux(neg, -512, 511),
-                             select([t[f: f + 10] for f in range(8)], l_shift[:3]))),
+                    y.eq(Mux(over, Mux(neg, -512, 511), t.bit_select(l_shift[:3], 10))),
                 ]
             # min(max(y + zp, lo), hi)
             out.append(Mux(lo_gt_hi | (y > hi_m), hi, Mux(y < lo_m, lo, y + zp))[:8])
@@ -832,11 +824,14 @@ def shift_constants(s):
     ``(1 << (s-1)) - 1`` and ``1 << (s-1)`` (zero for ``s = 0``): with bit ``s`` of the
     value added, the floor shift rounds half to even. The mask holds the bits at and
     above ``s + 9``, which must all equal the value's sign for the shifted value to fit
-    in 10 bits. Bit by bit, no shifter or subtractor.
+    in 10 bits. All three come from one shift of a constant, ``below``, the bits under
+    ``s``: each output bit is one compare of ``s`` with a constant in hardware, and one
+    shift instead of 191 compares in the simulated model.
     """
-    return (Cat(s > i + 1 for i in range(62)),  # bit 62: never (s <= 63)
-            Cat(s == i + 1 for i in range(63)),
-            Cat(s + 9 <= i for i in range(66)))
+    below = Const(2**63 - 1, 63) >> ~s  # ~s == 63 - s: bits 0 .. s-1
+    return (below[1:],  # bits 0 .. s-2; bit 62: never (s <= 63)
+            below ^ Cat(below[1:], 0),  # bit s-1
+            ~Cat(Const(2**9 - 1, 9), below[:57]))  # bits s+9 .. 65
 
 
 def _sext(value, width):
