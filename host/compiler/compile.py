@@ -45,6 +45,7 @@ from .plan import (
 )
 from .program import CompiledModel
 from .units import Chunk, UnitCode, UnitStore, assemble_unit, link_program, relocatable, stand_in
+from .variants import Variant, variant_of
 
 DRAM_ALIGN = 64  # a bus burst never straddles two tensors
 
@@ -84,7 +85,8 @@ def _packed(n: Node, key: tuple, pack) -> Blob:
 def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
                   fuse: bool = True, simplified: bool = False,
                   weight_budget: int | None = None, relocatable: bool = False,
-                  unit_store: UnitStore | None = None, paging: bool = False) -> CompiledModel:
+                  unit_store: UnitStore | None = None, paging: bool = False,
+                  variants: dict[tuple, Variant] | None = None) -> CompiledModel:
     """Compile ``graph`` for ``config`` into one program.
 
     Parameters
@@ -113,6 +115,9 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
         where pricing its instructions cannot make it fit, or costs more cycles
         than the page breaks do. Without it such a program is priced into the
         bank or raises :class:`ProgramTooLong`.
+    variants : per unit (its node names, a tuple) the :class:`~.variants.Variant`
+        overriding the compiler's choices; a unit not named takes its own choices.
+        With ``units`` only (the fused plan's units are not known in advance).
 
     Raises :class:`~host.compiler.plan.CompileError` (a ``ModelError``) naming the
     node or unit that does not fit, and ``UnsupportedOpError`` for NPU-placed
@@ -125,10 +130,12 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     check_supported(graph)
     check_fits(graph, config)  # before lowering: refuse hopeless work in linear time
     reloc = relocatable or unit_store is not None
+    if variants and units is None:
+        raise ValueError("variants name units: pass the plan's units with them")
     if units is not None or not fuse:
         plan = initial_units(graph) if units is None else units
         return _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
-                         reloc, paging).run()
+                         reloc, paging, variants).run()
     with blobs_remembered():
         try:
             fused = fuse_units(graph, config, weight_budget=weight_budget)
@@ -213,10 +220,11 @@ def prices_to_fit(choices, length: int, depth: int) -> list[float]:
 
 class _Compiler:
     def __init__(self, graph, config, subs, log, weight_budget, unit_store=None,
-                 relocatable=False, paging=False):
+                 relocatable=False, paging=False, variants=None):
         self.g, self.config, self.subs, self.log = graph, config, subs, log
         self.store, self.reloc, self.paging = unit_store, relocatable, paging
         self._paged = False  # emitting pages: see _emit_pages
+        self.variants = dict(variants or {})
         self.price = 0.0  # cycles an instruction is priced at (see run)
         self.weight_budget = config.sp_bytes // 2 if weight_budget is None else weight_budget
         self.tensors = scope_tensors(graph)
@@ -280,6 +288,7 @@ class _Compiler:
         """The program's source and words, lowering at ``price`` cycles an instruction."""
         e = Emitter()
         low = Lowering(self.config, e, place, self.tensors, self.root, self.layout, price)
+        low.variants = self.variants
         self.low, self.e, self.emitted, self.price = low, e, set(), price
         self.done_roots: set[str] = set()
         self._line_spans: dict[int, tuple[int, int]] = {}
@@ -533,6 +542,7 @@ class _Compiler:
         place.arena_bytes = at
         const_at, sp_at, slot = base, 0, 0
         for u in self.units:
+            pin = not variant_of(self.variants, u.nodes).stream_weights
             for n in u.nodes:
                 if isinstance(n, QGemm):
                     x = self.tensors[n.inputs[0]]
@@ -559,7 +569,7 @@ class _Compiler:
                 blob.dram = const_at
                 const_at = align(const_at + len(blob.data), DRAM_ALIGN)
                 size = align(len(blob.data))
-                if slot < self.config.tag_slots and sp_at + size <= self.weight_budget:
+                if pin and slot < self.config.tag_slots and sp_at + size <= self.weight_budget:
                     slot += 1
                     blob.slot, blob.sp = slot, sp_at
                     sp_at += size
@@ -653,9 +663,11 @@ class _Compiler:
                   b.sp) for b in self.unit_blobs(u)]
         tensors = [(t, self.layout(t).src_shape, self.layout(t).axes)
                    for t in self.dram_tensors(u)]
-        return (tuple(n.name for n in u.nodes), tuple(u.inputs), tuple(u.outputs),
-                tuple(u.results), tensors, blobs, self.place_.weights_bytes, taken,
-                self.price)
+        context = (tuple(n.name for n in u.nodes), tuple(u.inputs), tuple(u.outputs),
+                   tuple(u.results), tensors, blobs, self.place_.weights_bytes, taken,
+                   self.price)
+        variant = variant_of(self.variants, u.nodes)
+        return context if variant.is_default else (*context, variant.key())
 
     def _link_unit(self, u: UnitInfo) -> dict:
         taken = len(self.e.result_regs)
@@ -692,6 +704,7 @@ class _Compiler:
                           weights_bytes=self.place_.weights_bytes)
         low = Lowering(self.config, e, place, self.tensors, self.root, self.layout,
                        self.price)
+        low.variants = self.variants
         e.begin_unit()
         resources = low.unit(u)
         lines, labels = relocatable(e.lines, u.id, len(tensors), len(blobs))

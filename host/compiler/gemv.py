@@ -294,7 +294,8 @@ def emit_streamed(low, u, n: QGemm) -> dict:
     try:
         x_off, y_off = low.out(x), low.out(y)
         room = (low.work_limit() - low._top) // BUFFERS // ALIGN * ALIGN
-        g = runner.per_pass(max(1, min(STEP_BYTES // chunk_bytes,
+        step_bytes = low.variant.step_bytes or STEP_BYTES
+        g = runner.per_pass(max(1, min(step_bytes // chunk_bytes,
                                        (room - 4 * blob.blocks[0][1]) // chunk_bytes,
                                        ceil_div(total, 4))))
         steps = _steps(blob, g)

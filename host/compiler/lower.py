@@ -52,6 +52,7 @@ from .cost import whole_conv_cycles
 from .emit import Emitter
 from .layout import Layout
 from .plan import ALIASES, CompileError, UnitInfo
+from .variants import DEFAULT, refuse, variant_of
 
 P_WEIGHTS, P_WORK = "p0", "p1"
 ALIGN = 8
@@ -248,6 +249,8 @@ class Lowering:
         self.instruction_price = instruction_price
         self.choices: list[list[tuple[float, int]]] = []
         self.choosing = 0  # nesting depth of stream.fastest
+        self.variants: dict = {}  # unit node names -> variants.Variant (compile_model's)
+        self.variant = DEFAULT  # the current unit's
 
     # ---- one unit ---------------------------------------------------------------------
     def unit(self, u: UnitInfo) -> dict:
@@ -272,6 +275,9 @@ class Lowering:
             with_prologue,
         )
 
+        self.variant = v = variant_of(self.variants, u.nodes)
+        if v.m_tiles is not None:
+            return self._unit_m_tiles(u, v.m_tiles)
         checkpoint = self.e.checkpoint()
         viewed = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
         if viewed.nodes != u.nodes and streamable(u, self.config) \
@@ -317,10 +323,24 @@ class Lowering:
                 except NotStreamable:
                     raise tiled from None
 
+    def _unit_m_tiles(self, u: UnitInfo, count: int) -> dict:
+        """Emit ``u`` in ``count`` M tiles (1: whole), as its variant asks."""
+        viewed = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
+        if count == 1:
+            return self._unit_whole(viewed)
+        why = refuse(self.variant, "M tiles")
+        try:
+            rows, _ = self._row_split(viewed)
+        except CompileError as err:
+            raise self._refuse(why, str(err)) from None
+        if count > rows:
+            raise self._refuse(why, f"{rows} rows")
+        return self._gemm_tilings(viewed, why, [count])
+
     def _conv_unit(self, u: UnitInfo) -> dict:
         """Emit a unit of one convolution whole or streamed: a convolution that
         fits whole may still be faster streamed (its loads and stores overlap its
-        compute), the cost model says."""
+        compute), the cost model says (or the unit's variant's way)."""
         from .stream import fastest, stream_unit  # they build on this module
 
         refused = []
@@ -332,8 +352,12 @@ class Lowering:
                 refused.append(err)
                 raise
 
-        return fastest(self, [whole, lambda: stream_unit(
-            self, u, refused[0] if refused else CompileError(f"unit {u.id}"))])
+        def streamed():
+            return stream_unit(self, u, refused[0] if refused else CompileError(f"unit {u.id}"))
+
+        way = self.variant.way
+        return fastest(self, [whole] if way == "whole" else [streamed] if way else
+                       [whole, streamed])
 
     def _fits_whole(self, u: UnitInfo) -> bool:
         """Whether unit ``u`` fits the working partition whole (emitted and rolled

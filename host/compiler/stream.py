@@ -44,6 +44,7 @@ from .lower import (
     conv_tiles,
     gemm_tiles,
 )
+from .variants import refuse
 
 STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
 
@@ -190,11 +191,19 @@ def stream_unit(low, u, why: CompileError) -> dict:
         # image and weights stream together (tiled2d) where neither fits alone.
         from . import tiled2d  # it builds on this module
 
+        way = low.variant.way
         if n.group != 1 and not on_engine(n, low.config):  # channel-diagonal depthwise
+            if way not in (None, "tiled"):
+                raise refuse(low.variant, "a depthwise convolution streams tiled only")
             return fastest(low, tiled2d.ways(low, u, n))
         bands = lambda: _fewer_band_cycles(low, u, n)  # noqa: E731
-        ways = (_ConvWeightStream(low, u, n).emit, bands) if n.group == 1 else (bands,)
-        return fastest(low, [*tiled2d.ways(low, u, n), *ways])
+        named = {"tiled": tiled2d.ways(low, u, n), "bands": [bands],
+                 "weights": [_ConvWeightStream(low, u, n).emit] if n.group == 1 else []}
+        if way is not None:
+            if not named.get(way):
+                raise refuse(low.variant, f"{n.name} does not stream this way")
+            return fastest(low, named[way])
+        return fastest(low, [*named["tiled"], *named["weights"], *named["bands"]])
     except NotStreamable:
         raise
     except CompileError as err:
@@ -332,7 +341,10 @@ def _fewer_band_cycles(low, u, n: QConv) -> dict:
     start = e.checkpoint()
     len_at = len(e.lines)
     options, refusal = [], None
-    for more in (0, 1) if n.group == 1 else (0,):  # the prediction knows the array
+    more_ways = (0, 1) if n.group == 1 else (0,)  # the prediction knows the array
+    if low.variant.extra_bands is not None:
+        more_ways = (low.variant.extra_bands,)
+    for more in more_ways:
         way = _ConvStream(low, u, n, more)
         try:
             way.emit()
