@@ -49,16 +49,20 @@ class ChangeKind(enum.Enum):
     MERGE = "merge"
     SPECULATE = "speculate"
     SPLIT = "split"
+    SPECIALIZE = "specialize"  # a unit's variant (host.adaptive.specialize_units)
 
     @property
     def planned_event(self) -> str:
-        """``fuse-planned``, ``speculate-planned`` or ``defuse-planned``."""
-        verb = {"merge": "fuse", "speculate": "speculate", "split": "defuse"}[self.value]
+        """``fuse-planned``, ``speculate-planned``, ``defuse-planned`` or
+        ``specialize-planned``."""
+        verb = {"merge": "fuse", "speculate": "speculate", "split": "defuse",
+                "specialize": "specialize"}[self.value]
         return f"{verb}-planned"
 
     @property
     def validated_event(self) -> str:
-        """``merge-validated``, ``speculate-validated`` or ``split-validated``."""
+        """``merge-validated``, ``speculate-validated``, ``split-validated`` or
+        ``specialize-validated``."""
         return f"{self.value}-validated"
 
 
@@ -81,8 +85,8 @@ class PlanChange:
 
     Members
     -------
-    kind : merge, speculative merge or split.
-    unit : the unit it makes (merge, bet) or splits.
+    kind : merge, speculative merge, split or specialization.
+    unit : the unit it makes (merge, bet), splits or specializes.
     plan : the new plan's units.
     reason : why it was decided (the planned event's detail).
     graph : the graph the plan compiles (None: the current plan's).
@@ -90,6 +94,8 @@ class PlanChange:
     future : the worker thread's compile (None: compiled inline, or collected).
     model : the compiled plan, once compiled.
     hit : whether it came from the compile cache.
+    variants : the new plan's unit variants (None: the current plan's, for its units).
+    event : the planned event's name (empty: the kind's).
     """
 
     kind: ChangeKind
@@ -101,6 +107,8 @@ class PlanChange:
     future: Future | None = None
     model: CompiledModel | None = None
     hit: bool = False
+    variants: dict | None = None
+    event: str = ""
 
     def compile_finished(self) -> bool:
         """Whether its compile is over (its result may not be collected yet)."""

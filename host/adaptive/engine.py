@@ -47,6 +47,13 @@ from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
 from .records import AdaptiveInference, RuntimeEvent, StreamLog, mismatch
 from .resident import ResidentProgram
+from .specialize_units import (
+    Outcomes,
+    SpecializeConfig,
+    Specializer,
+    compile_variants,
+    variants_key,
+)
 from .speculate import Bet, SpecCandidate, Speculation, gate_unit, hoist, leaves
 from .timeline import attach_timeline
 from .units import ACTIVE, MERGED, SPECULATIVE, Unit, UnitGraph
@@ -78,6 +85,8 @@ class AdaptiveConfig:
         profiler's: a routed bet should follow a shift within a few batches).
     rebet : re-place a routed bet when the routes move (False keeps the variant
         it has: what a static plan does).
+    specialize : when fusion has nothing to do, try variants of the hot units
+        chosen by their counters (:mod:`.specialize_units`; None: never).
     async_compile : compile in a worker thread (False: inline, deterministic).
     check : compare every inference with the reference interpreter (a mismatch
         outside validation raises :class:`~host.runtime.MismatchError`).
@@ -97,6 +106,7 @@ class AdaptiveConfig:
     rebet: bool = True
     spec_threshold: float = 0.6
     spec_step: float = 0.1
+    specialize: SpecializeConfig | None = None
     async_compile: bool = True
     check: bool = True
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
@@ -184,12 +194,20 @@ class AdaptiveRuntime:
         self._trial_left = self.config.validate_runs if self._from_cache(self.model) else 0
         self.batches = BatchServer(self.config, self.graph, self.hw, self.cache, self,
                                    self.resident, self.profiler, self.log)
+        self.specializer = None if self.config.specialize is None else Specializer(
+            self.config.specialize, Outcomes(self.cache.path))
+        self._decisions = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
     def model(self) -> CompiledModel:
         """The plan the NPU runs now."""
         return self.session.model
+
+    @property
+    def variants(self) -> dict:
+        """The running plan's unit variants (unit node names -> Variant)."""
+        return getattr(self.model, "variants", {})
 
     @property
     def n(self) -> int:
@@ -310,7 +328,9 @@ class AdaptiveRuntime:
         self.log.rollbacks += 1
         self.units.adopt(v.previous.units, self.n, "rollback")
         self.speculation.bet = v.bet
-        if v.change.kind is not ChangeKind.SPLIT:
+        if v.change.kind is ChangeKind.SPECIALIZE:
+            self.specializer.rolled_back()
+        elif v.change.kind is not ChangeKind.SPLIT:
             self.units.quarantine(u.id, self.n, reason)
             self.refused[frozenset(u.nodes)] = f"unit {u.id} is quarantined"
         else:
@@ -350,7 +370,7 @@ class AdaptiveRuntime:
         _, graph, plan = self._served[id(ran_on)]
         self._evict_if_served(ran_on, bad)
         self._trial_left = 0
-        model, _ = self._compile(plan, graph)
+        model, _ = self._compile(plan, graph, self.variants)
         self.session.install(model, invalidate_tags=True)
         self.resident.generic_installed()
         res = self.session.run(inputs)
@@ -386,6 +406,8 @@ class AdaptiveRuntime:
             if work is not None:
                 self.cost.observe(work, rec.cycles, cold=bool(rec.tag_misses))
         del self.cost.samples[:-COST_SAMPLES]
+        if self.specializer is not None:
+            self.specializer.observe(res.trace, self.model)
         return outcome
 
     def cost_error(self) -> tuple[float, float]:
@@ -415,8 +437,13 @@ class AdaptiveRuntime:
             self._submit(PlanChange(ChangeKind.SPLIT, b.unit, self.units.plan_without(b.unit),
                                     reason, graph=self.graph))
             return
+        # Specialization takes every other decision, and those fusion has no use for.
+        self._decisions += 1
+        if self._decisions % 2 == 0 and self._specialize():
+            return
         best = self.best_candidate()
         if best is None:
+            self._specialize()
             return
         if isinstance(best, SpecCandidate):
             unit = self.units.merged(best.chain, self.n, best.describe(), kind=SPECULATIVE)
@@ -430,6 +457,22 @@ class AdaptiveRuntime:
         unit = self.units.merged(best.chain, self.n, best.describe())
         self._submit(PlanChange(ChangeKind.MERGE, unit, self.units.plan_with(unit),
                                 best.describe()))
+
+    def _specialize(self) -> bool:
+        """Plan the specializer's next variant trial or verdict; whether it did."""
+        if self.specializer is None:
+            return False
+        decision = self.specializer.decide(self)
+        if decision is None:
+            return False
+        variant, key, event, reason = decision
+        unit = next(u for u in self.units.active() if tuple(u.nodes) == key)
+        variants = {k: v for k, v in {**self.variants, key: variant}.items()
+                    if not v.is_default}
+        plan = [Subgraph(s.id, list(s.nodes)) for s in self.model.units]
+        self._submit(PlanChange(ChangeKind.SPECIALIZE, unit, plan, reason,
+                                variants=variants, event=event))
+        return True
 
     def candidates(self) -> list[Candidate]:
         """Feasible fusion candidates above the threshold, best first."""
@@ -496,29 +539,38 @@ class AdaptiveRuntime:
 
     # ---- compiling and swapping ----------------------------------------------------------
     def _submit(self, change: PlanChange) -> None:
-        split = change.kind is ChangeKind.SPLIT
-        parts = (change.unit.id,) if split else change.unit.parts
-        self.log.emit(change.kind.planned_event, parts, change.reason)
+        alone = change.kind in (ChangeKind.SPLIT, ChangeKind.SPECIALIZE)
+        parts = (change.unit.id,) if alone else change.unit.parts
+        self.log.emit(change.event or change.kind.planned_event, parts, change.reason)
         self.changes.plan(change)
         self.log.compiles += 1
         graph = change.graph if change.graph is not None else self.model.graph
+        keys = {tuple(s.nodes) for s in change.plan}
+        variants = change.variants if change.variants is not None else \
+            {k: v for k, v in self.variants.items() if k in keys}
         if self._pool is not None:
-            change.future = self._pool.submit(self._compile, change.plan, graph)
+            change.future = self._pool.submit(self._compile, change.plan, graph, variants)
         else:
-            self._finish_compile(change, self._compile_safely(change.plan, graph))
+            self._finish_compile(change, self._compile_safely(change.plan, graph, variants))
 
-    def _compile_safely(self, plan, graph):
+    def _compile_safely(self, plan, graph, variants=None):
         try:
-            return self._compile(plan, graph), None
+            return self._compile(plan, graph, variants), None
         except CompileError as e:
             return None, str(e)
 
-    def _compile(self, plan: list[Subgraph], graph: Graph | None = None
-                 ) -> tuple[CompiledModel, bool]:
+    def _compile(self, plan: list[Subgraph], graph: Graph | None = None,
+                 variants: dict | None = None) -> tuple[CompiledModel, bool]:
         graph = self.graph if graph is None else graph
         # Linked from the cache's compiled units: only the units the plan lacks are
         # lowered.
-        model, hit = self.cache.get_or_compile(graph, plan, self.hw)
+        if variants:
+            model, hit = self.cache.get_or_compile(
+                graph, plan, self.hw, specialization=variants_key(variants),
+                compile_fn=lambda: compile_variants(self.cache, graph, plan, self.hw, variants))
+        else:
+            model, hit = self.cache.get_or_compile(graph, plan, self.hw)
+        model.variants = dict(variants or {})
         if hit:
             self._served[id(model)] = (model, graph, list(plan))
         # The cost model predicts the plan's units from their golden cycles.
@@ -590,6 +642,8 @@ class AdaptiveRuntime:
                 self.swapped_at[u.id] = self.n
         self.profiler.forget([i for i in self._plan_ids_of(previous)
                               if i not in {s.id for s in c.plan}])
+        if self.specializer is not None:
+            self.specializer.forget()
         self.log.emit("swapped-in", (c.unit.id,),
                        f"bank version {self.session.version}, plan {self._plan_ids()}")
         before = self.speculation.swapped_in(c.unit.id, c.bet, self.model.graph,
@@ -717,6 +771,7 @@ class AdaptiveRuntime:
             "program_words": self._program_words(),
             "cost_model_error": {"profile": before, "refit": after},
             **self.batches.report(),
+            "specializations": self.specializer.report() if self.specializer else [],
             "units": self.units.as_dict()["units"],
             "events": [e.as_dict() for e in self.events],
             "profiler": self.profiler.snapshot(),

@@ -174,6 +174,15 @@ def predicted_cycles(resources: dict, cost: CostModel) -> float:
     return cost.predict(resources["work"])
 
 
+def unit_code(model, key: UnitKey) -> tuple:
+    """What tells two variants of a unit apart: its instructions in ``model`` (a
+    compiled model) and the weights partition's size (residency moves other
+    units' blobs)."""
+    sub = next(s for s in model.units if tuple(s.nodes) == key)
+    return (tuple(ln for ln in sub.instructions if not ln.startswith(";")),
+            model.place.weights_bytes)
+
+
 def compile_with(model, variants: Mapping[UnitKey, Variant], **kw):
     """``model``'s plan compiled again with ``variants`` (a compiled model)."""
     from .compile import compile_model  # it imports this module
@@ -201,9 +210,7 @@ def enumerate_variants(model, unit, base: Mapping[UnitKey, Variant] | None = Non
         except CompileError:
             continue
         sub = next(s for s in m.units if tuple(s.nodes) == key)
-        code = tuple(ln for ln in sub.instructions if not ln.startswith(";"))
-        # Residency moves other units' blobs too: the constants image tells them apart.
-        sig = (code, m.place.weights_bytes)
+        sig = unit_code(m, key)
         if sig in seen:
             continue
         seen.add(sig)
