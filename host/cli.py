@@ -297,9 +297,14 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     if cache.read_only:
         console.print(f"note: the compile cache {cache.path} is read-only: read as it is, "
                       "what this run compiles is not kept", highlight=False, soft_wrap=True)
+    from .adaptive.specialize_units import SpecializeConfig
+
     try:
-        rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(check=not opts.no_check,
-                                                        async_compile=not opts.inline_compile),
+        rt = AdaptiveRuntime(drv, graph, AdaptiveConfig(
+                                 check=not opts.no_check,
+                                 async_compile=not opts.inline_compile,
+                                 specialize=SpecializeConfig() if opts.specialize else None,
+                                 start_fused=opts.start_fused),
                              cache=cache, state=state, on_event=lambda e: console.print(
                                  f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
         rt.load()
@@ -463,6 +468,8 @@ def compile_cmd(opts) -> int:
 
     model = compile_model(load_model(opts), CONFIGS[opts.config], fuse=not opts.per_layer)
     console = Console()
+    if opts.variants:
+        return print_variants(model, console)
     table = Table("unit", "nodes", "inputs", "outputs", "instructions", "scratchpad B",
                   title=f"{model.graph.name} for the {opts.config} config")
     for u in model.units:
@@ -496,6 +503,21 @@ def compile_cmd(opts) -> int:
                                  f"({err.strerror or err})") from None
         console.print(f"wrote {program} ({len(model.program) * 8} bytes) and its "
                       f"constants {consts}")
+    return 0
+
+
+def print_variants(model, console: Console) -> int:
+    """``npu compile --variants``: each unit's legal variants, ranked by the cost model."""
+    from .compiler.variants import enumerate_variants
+
+    table = Table("unit", "variant", "predicted cycles", "instructions",
+                  title=f"{model.graph.name}: the variants of each unit, fastest predicted "
+                  "first (* the compiler's own choice)")
+    for u in model.units:
+        for i, o in enumerate(enumerate_variants(model, u)):
+            table.add_row(str(u.id) if i == 0 else "", ("* " if o.variant.is_default else "  ")
+                          + o.variant.describe(), f"{o.predicted:.0f}", str(o.instructions))
+    console.print(table)
     return 0
 
 
@@ -694,6 +716,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--adaptive", action="store_true",
                    help="serve with the adaptive runtime (profile, fuse, hot-swap, validate; "
                    "it starts from the per-layer plan)")
+    p.add_argument("--specialize", action="store_true",
+                   help="with --adaptive: try variants of the hot units picked by their "
+                   "counters, keep what measures faster (npu compile --variants lists them)")
+    p.add_argument("--start-fused", action="store_true",
+                   help="with --adaptive: start from the compiler's fused plan")
     per_layer_arg(p)
     p.add_argument("--phases", type=phases_arg, help="with --digits N: a stream whose class "
                    "mix shifts, e.g. '012|789' (two phases)")
@@ -724,6 +751,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--dim", type=dim_arg, action="append", metavar="NAME=SIZE")
         if name == "compile":
             p.add_argument("-o", "--output", help="write the program image here")
+            p.add_argument("--variants", action="store_true",
+                           help="list each unit's legal variants with predicted cycles")
         per_layer_arg(p)
         common(p, False)
     from .profiles import PROFILES
@@ -829,7 +858,9 @@ def _refuse_adaptive_options_alone(opts) -> None:
     than ignored, so no one believes a batch or a cache was used. (``--no-cache`` and
     ``--fresh`` ask for what a plain run does anyway, so they pass.)"""
     given = [flag for flag, on in (("--batch", opts.batch != 1), ("--cache", opts.cache),
-                                   ("--inline-compile", opts.inline_compile)) if on]
+                                   ("--inline-compile", opts.inline_compile),
+                                   ("--specialize", opts.specialize),
+                                   ("--start-fused", opts.start_fused)) if on]
     if given and not opts.adaptive:
         raise UsageError(f"{', '.join(given)}: only with --adaptive (add it, or drop "
                          f"{'them' if len(given) > 1 else 'it'})")

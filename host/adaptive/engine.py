@@ -87,6 +87,8 @@ class AdaptiveConfig:
         it has: what a static plan does).
     specialize : when fusion has nothing to do, try variants of the hot units
         chosen by their counters (:mod:`.specialize_units`; None: never).
+    start_fused : begin on the compiler's fused plan (what ``npu run`` runs without
+        ``--adaptive``) instead of one unit per layer.
     async_compile : compile in a worker thread (False: inline, deterministic).
     check : compare every inference with the reference interpreter (a mismatch
         outside validation raises :class:`~host.runtime.MismatchError`).
@@ -107,6 +109,7 @@ class AdaptiveConfig:
     spec_threshold: float = 0.6
     spec_step: float = 0.1
     specialize: SpecializeConfig | None = None
+    start_fused: bool = False
     async_compile: bool = True
     check: bool = True
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
@@ -172,7 +175,7 @@ class AdaptiveRuntime:
         # id(model) -> (model, graph, plan) of every program the cache served
         self._served: dict[int, tuple[CompiledModel, Graph, list[Subgraph]]] = {}
         base, _ = self._compile([Subgraph(i + 1, list(u))
-                                 for i, u in enumerate(initial_units(self.graph))])
+                                 for i, u in enumerate(self._initial_plan())])
         self.units = UnitGraph(base)
         self._note_resources(base)
         self.session = Session(driver, base, check=False)
@@ -197,6 +200,18 @@ class AdaptiveRuntime:
         self.specializer = None if self.config.specialize is None else Specializer(
             self.config.specialize, Outcomes(self.cache.path))
         self._decisions = 0
+
+    def _initial_plan(self) -> list:
+        """The units the runtime begins with (node names)."""
+        if self.config.start_fused:
+            from ..compiler.fuse import fuse_units
+
+            try:
+                return [list(u.nodes) if isinstance(u, Subgraph) else list(u)
+                        for u in fuse_units(self.graph, self.hw).units]
+            except CompileError:  # the per-layer plan below says why in its own words
+                pass
+        return initial_units(self.graph)
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
@@ -682,7 +697,8 @@ class AdaptiveRuntime:
         merged = [self.units.originals(u.id) for u in self.units.active() if u.kind == MERGED]
         return {"version": 1, "graph": graph_signature(self.graph),
                 "profile": profile_key(self.hw), "timing": timing_key(),
-                "profiler": self.profiler.to_dict(), "merged": merged, "inferences": self.n}
+                "profiler": self.profiler.to_dict(), "merged": merged, "inferences": self.n,
+                "start": "fused" if self.config.start_fused else "per-layer"}
 
     def _restore(self, state: dict) -> None:
         from ..profiles import profile_key, timing_key
@@ -694,7 +710,9 @@ class AdaptiveRuntime:
             ("profile", profile_key(self.hw), "another hardware profile"),
             # Timings measured on another hardware revision would steer the plan.
             ("timing", timing_key(), "another hardware timing revision"),
-        ) if state.get(key) != want]
+            ("start", "fused" if self.config.start_fused else "per-layer",
+             "another initial plan"),
+        ) if state.get(key, "per-layer" if key == "start" else None) != want]
         if mismatch:
             self.log.emit("state-ignored", (), "saved for " + ", ".join(mismatch))
             return

@@ -99,6 +99,30 @@ def print_report(rep: dict, console: Console) -> None:
             if fig.get("misspeculation_rate") is not None:
                 line += f"; mis-speculation rate {100 * fig['misspeculation_rate']:.1f}%"
             console.print(line, highlight=False)
+    print_specializations(rep.get("specializations") or [], console)
     quarantined = [u for u in rep["units"] if u["state"] == "quarantined"]
     for u in quarantined:
         console.print(f"[red]unit {u['id']} quarantined: {u['history'][-1]['reason']}")
+
+
+def print_specializations(trials: list[dict], console: Console) -> None:
+    """The variants the specializer tried: the counters before and after each."""
+    if not trials:
+        return
+
+    def causes(counts, cycles):
+        if not counts:
+            return "-"
+        return ", ".join(f"{k.removeprefix('busy_')} {100 * v / max(cycles, 1):.0f}%"
+                         for k, v in counts.items() if k.startswith("busy_"))
+
+    table = Table("unit", "bottleneck", "variant", "cycles before", "after", "busy before",
+                  "busy after", "verdict", title="specialization trials")
+    for t in trials:
+        after = t["cycles_after"]
+        table.add_row(escape(", ".join(t["unit"])), t["bottleneck"],
+                      escape(f"{t['previous']} -> {t['variant']}"), f"{t['cycles_before']:.0f}",
+                      "-" if after is None else f"{after:.0f}",
+                      causes(t["counters_before"], t["cycles_before"]),
+                      causes(t["counters_after"], after or 0), t["verdict"] or "measuring")
+    console.print(table)
