@@ -1,0 +1,167 @@
+"""``make bench-specialize``: counter-driven specialization against the default fused
+plan and an offline exhaustive search over the same variant library.
+
+Per hardware profile (``default``, ``small``) and MLPerf Tiny model (ResNet-8,
+DS-CNN, MobileNetV1-0.25, FC autoencoder), on the golden model at batch 1:
+
+* ``default``: warm cycles per inference of the compiler's fused plan (what ``npu
+  run`` runs), and each unit's bottleneck class from its cause counters;
+* ``exhaustive``: every legal variant of every unit
+  (:func:`host.compiler.variants.enumerate_variants`) measured on the fused plan,
+  the others at their defaults; the best of each unit combined into one plan
+  and measured (units interact only through weight residency: the combined plan
+  is measured, not summed). The per-unit search is exhaustive; the joint one
+  over all units is not (the product of the libraries);
+* ``specialized``: the adaptive runtime started on the same fused plan with
+  fusion off (``fuse_threshold`` out of reach: the gain is specialization's
+  alone) and the specializer on, run for ``--inferences`` inputs (inline
+  compiles, deterministic); its last plan's warm cycles, the variants it kept,
+  and the inference by which the last kept variant landed. The runtime links
+  units compiled on their own (a few ``cfg`` writes more than the fused plan
+  lowered in place), so its speedup is over its own first plan.
+
+The speedups are over the default plan; ``specialized_vs_exhaustive`` is the
+specialized plan's cycles over the exhaustive plan's (issue 39's target: at most
+1.05, with a speedup of at least 1.3 on two models). Writes
+``bench/results/specialize.json``. Run with ``python -m bench.specialize [--models
+...] [--profiles ...] [--inferences N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+from bench.common import report
+from firmware.config import CONFIGS
+from host.adaptive.bottleneck import CAUSE_FIELDS, classify
+from host.adaptive.engine import AdaptiveConfig, AdaptiveRuntime
+from host.adaptive.specialize_units import SpecializeConfig
+from host.cli import model_path
+from host.compiler import CompileError, compile_model
+from host.compiler.variants import DEFAULT, compile_with, enumerate_variants
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.onnx_import import load_onnx
+from host.runtime import Session
+from verif.model_scenarios import model_inputs
+
+MODELS = ("resnet8", "ds_cnn", "mobilenet_v1_025", "fc_autoencoder")
+PROFILES = ("default", "small")
+
+
+def measure(model, config, x) -> tuple[int, dict]:
+    """Warm cycles of one inference of ``model`` and its regions' records."""
+    s = Session(NPUDriver(GoldenDevice(config)), model, check=False)
+    s.load()
+    s.run(x)  # cold: loads the resident weights
+    r = s.run(x)
+    return int(r.cycles), {rec.region: rec for rec in r.trace}
+
+
+def bottleneck(rec) -> str:
+    return classify(rec.cycles, {f: getattr(rec, f) for f in CAUSE_FIELDS}).describe()
+
+
+def exhaustive(model, config, x, base_cycles: int) -> dict:
+    """Every unit's variants measured; the best of each combined."""
+    units, best = [], {}
+    for u in model.units:
+        key = tuple(u.nodes)
+        rows = []
+        for o in enumerate_variants(model, u):
+            cycles, regions = measure(o.model, config, x)
+            rows.append({"variant": o.variant.describe(), "predicted": round(o.predicted),
+                         "unit_cycles": int(regions[u.id].cycles) if u.id in regions else None,
+                         "cycles": cycles})
+            if cycles < best.get(key, (base_cycles, DEFAULT))[0]:
+                best[key] = (cycles, o.variant)
+        units.append({"unit": u.id, "nodes": list(u.nodes), "variants": rows,
+                      "best": best.get(key, (base_cycles, DEFAULT))[1].describe()})
+    chosen = {k: v for k, (_, v) in best.items()}
+    combined = measure(compile_with(model, chosen), config, x)[0] if chosen else base_cycles
+    single = min([c for c, _ in best.values()], default=base_cycles)
+    return {"units": units, "cycles": min(combined, single), "combined_cycles": combined,
+            "best_single_unit_cycles": single, "variants_measured":
+            sum(len(u["variants"]) for u in units),
+            "chosen": {"|".join(k): v.describe() for k, v in chosen.items()}}
+
+
+def specialized(graph, config, inputs, count: int) -> dict:
+    """The adaptive runtime, fusion off, specializer on, over ``count`` inferences."""
+    rt = AdaptiveRuntime(NPUDriver(GoldenDevice(config)), graph, AdaptiveConfig(
+        fuse_threshold=1e9, async_compile=False, check=False, decide_every=1,
+        specialize=SpecializeConfig(), start_fused=True))
+    rt.load()
+    cycles = [int(rt.run(inputs[i % len(inputs)]).cycles) for i in range(count)]
+    kept = [e for e in rt.events if e.kind == "specialize-kept"]
+    landed = [e.inference for e in rt.events if e.kind == "swapped-in"]
+    rt.close()
+    return {"initial_cycles": cycles[1], "cycles": cycles[-1],
+            "speedup_over_own_start": cycles[1] / cycles[-1],
+            "trials": len(rt.specializer.trials), "kept": len(kept),
+            "rollbacks": rt.rollbacks,
+            "last_swap_at": landed[-1] if landed else None,
+            "variants": {"|".join(k): v.describe() for k, v in rt.variants.items()},
+            "decisions": [f"{e.kind} {e.detail}" for e in rt.events
+                          if e.kind.startswith("specialize-")]}
+
+
+def one(name: str, profile: str, count: int) -> dict:
+    config = CONFIGS[profile]
+    graph = load_onnx(model_path(name), allow_cpu_fallback=True)
+    try:
+        model = compile_model(graph, config)
+    except CompileError as err:
+        return {"refused": str(err)}
+    inputs = model_inputs(name, graph)
+    x = inputs[0]
+    t0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    base, regions = measure(model, config, x)
+    necks = {u.id: bottleneck(regions[u.id]) for u in model.units if u.id in regions}
+    ex = exhaustive(model, config, x, base)
+    t1 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    sp = specialized(graph, config, inputs, count)
+    t2 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    # The runtime's plans link relocatable units: its gain is measured over its
+    # own start and applied to the default plan.
+    spec_cycles = base / sp["speedup_over_own_start"]
+    return {"default_cycles": base, "bottlenecks": necks,
+            "exhaustive_cycles": ex["cycles"], "exhaustive_speedup": base / ex["cycles"],
+            "specialized_cycles": round(spec_cycles),
+            "specialized_speedup": sp["speedup_over_own_start"],
+            "specialized_vs_exhaustive": spec_cycles / ex["cycles"],
+            "exhaustive": ex, "specialized": sp,
+            "cpu_seconds": {"exhaustive": round(t1 - t0, 1), "specialized": round(t2 - t1, 1)}}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=sorted(CONFIGS))
+    ap.add_argument("--inferences", type=int, default=160)
+    opts = ap.parse_args(argv)
+    figures: dict = {}
+    for profile in opts.profiles:
+        for name in opts.models:
+            t = time.perf_counter()
+            r = one(name, profile, opts.inferences)
+            figures[f"{profile}/{name}"] = r
+            if "refused" in r:
+                print(f"{profile:8s} {name:18s} does not compile: {r['refused']}")
+                continue
+            print(f"{profile:8s} {name:18s} default {r['default_cycles']:>8,} "
+                  f"exhaustive {r['exhaustive_cycles']:>8,} ({r['exhaustive_speedup']:.4f}x) "
+                  f"specialized {r['specialized_cycles']:>8,} ({r['specialized_speedup']:.4f}x, "
+                  f"{r['specialized_vs_exhaustive']:.4f} of exhaustive) "
+                  f"[{time.perf_counter() - t:.0f} s]", flush=True)
+            for k, v in r["specialized"]["variants"].items():
+                print(f"    specialized {k}: {v}")
+            for k, v in r["exhaustive"]["chosen"].items():
+                print(f"    exhaustive  {k}: {v}")
+    report("specialize", {"figures": figures}, quiet=True)
+
+
+if __name__ == "__main__":
+    main()

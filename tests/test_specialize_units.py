@@ -1,0 +1,111 @@
+"""Counter-driven specialization in the adaptive runtime
+(host/adaptive/specialize_units.py): trials planned from the bottleneck, kept or
+reverted by measurement, validated in shadow, remembered per unit and profile."""
+
+import pytest
+
+from firmware.config import CONFIGS
+from host.adaptive.bottleneck import Bottleneck
+from host.adaptive.cache import CompileCache
+from host.adaptive.engine import AdaptiveConfig, AdaptiveRuntime
+from host.adaptive.faults import corrupt_requant
+from host.adaptive.specialize_units import SpecializeConfig, addresses
+from host.cli import main, model_path
+from host.compiler.variants import Variant
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.onnx_import import load_onnx
+from verif.model_scenarios import model_inputs
+
+NAME = "fc_autoencoder"
+
+
+def _runtime(cache=None, fault=None, **kw):
+    graph = load_onnx(model_path(NAME), allow_cpu_fallback=True)
+    rt = AdaptiveRuntime(NPUDriver(GoldenDevice(CONFIGS["default"])), graph, AdaptiveConfig(
+        fuse_threshold=1e9, async_compile=False, decide_every=1, start_fused=True,
+        specialize=SpecializeConfig(**kw)), cache=cache, fault=fault)
+    rt.load()
+    return rt, model_inputs(NAME, graph)
+
+
+def _serve(rt, inputs, count):
+    results = [rt.run(inputs[i % len(inputs)]) for i in range(count)]
+    assert all(r.checked for r in results)  # check=True: every result equals the reference
+    return results
+
+
+def _events(rt, kind):
+    return [e for e in rt.events if e.kind == kind]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """60 inferences with every result checked; the cache file it leaves behind."""
+    path = tmp_path_factory.mktemp("specialize") / "cache.sqlite"
+    rt, inputs = _runtime(CompileCache(path))
+    results = _serve(rt, inputs, 60)
+    rt.close()
+    return rt, results, path
+
+
+def test_a_memory_bound_unit_keeps_the_variant_that_measures_faster(served):
+    rt, results, _ = served
+    planned = _events(rt, "specialize-planned")
+    assert planned[0].detail.startswith("unit 1: memory-bound (load ")
+    assert "-> step bytes 2048" in planned[0].detail
+    assert _events(rt, "specialize-validated")
+    kept = _events(rt, "specialize-kept")
+    assert kept and kept[0].units == (1,)
+    assert rt.variants[("/body/body.0/Gemm",)] == Variant(step_bytes=2048)
+    trial = rt.report()["specializations"][0]
+    assert trial["verdict"] == "kept"
+    assert trial["cycles_after"] < trial["cycles_before"]
+    assert trial["counters_after"]["busy_load"] < trial["counters_before"]["busy_load"]
+
+
+def test_a_variant_that_measures_slower_is_reverted(served):
+    """Units 7 and 8's larger steps are predicted faster and measure slower."""
+    rt, results, _ = served
+    reverted = _events(rt, "specialize-reverted")
+    assert reverted and "measured" in reverted[0].detail
+    reverted_units = {t["unit"][0] for t in rt.report()["specializations"]
+                      if t["verdict"] == "reverted"}
+    assert reverted_units
+    assert not reverted_units & {"|".join(k) for k in rt.variants}
+    assert results[-1].cycles <= min(r.cycles for r in results[1:])
+    assert results[-1].cycles < results[1].cycles
+
+
+def test_a_variant_that_fails_validation_rolls_back():
+    rt, inputs = _runtime(fault=corrupt_requant)
+    _serve(rt, inputs, 10)
+    assert rt.rollbacks >= 1
+    trials = rt.report()["specializations"]
+    assert trials[0]["verdict"] == "rolled back"
+    assert rt.variants.get(tuple(trials[0]["unit"])) is None
+
+
+def test_measurements_are_remembered_per_unit_and_profile(served):
+    _, _, path = served
+    again, inputs = _runtime(CompileCache(path))
+    _serve(again, inputs, again.config.warmup + 1)
+    first = _events(again, "specialize-planned")[0]
+    assert "step bytes 2048 (measured" in first.detail
+
+
+@pytest.mark.parametrize("kind, variant, ok", [
+    ("memory", Variant(step_bytes=2048), True),
+    ("memory", Variant(stream_weights=True), False),
+    ("overhead", Variant(m_tiles=1), True),
+    ("conflict", Variant(m_tiles=2), False),
+    ("compute", Variant(), False),
+])
+def test_the_knobs_that_address_a_bottleneck(kind, variant, ok):
+    assert addresses(kind, variant) is ok
+    assert Bottleneck(kind, {}).kind == kind
+
+
+def test_specialize_needs_adaptive(capsys):
+    assert main(["run", "mlp", "--specialize"]) != 0
+    assert "--specialize" in capsys.readouterr().err
