@@ -27,12 +27,12 @@ from verif.model_scenarios import model_inputs
 CFG = CONFIGS["default"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fused(name):
     return compile_model(load_onnx(model_path(name), allow_cpu_fallback=True), CFG)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default_cycles(name):
     return _warm_run(_fused(name), name, check=False).cycles
 
