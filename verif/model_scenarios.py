@@ -72,7 +72,8 @@ def adaptive_vs_golden(device, config, seed):
     Environment: ``NPU_MODEL``, ``NPU_INPUTS`` (stream length), ``NPU_PHASES``
     (``"012|789"``: class mixes, one phase each), ``NPU_FAULT=1`` (inject a broken
     merged unit: validation must roll it back on the RTL), ``NPU_EXPECT`` (event
-    kinds that must occur, comma-separated).
+    kinds that must occur, comma-separated), ``NPU_SPECIALIZE=1`` (fusion off, the
+    specializer on: unit variants land, validate and revert on the RTL).
     """
     from host.adaptive import AdaptiveConfig, AdaptiveRuntime
     from host.adaptive.faults import corrupt_requant
@@ -88,6 +89,10 @@ def adaptive_vs_golden(device, config, seed):
     # Short streams: a faster-fading profile, so phases show within them.
     knobs = AdaptiveConfig(async_compile=False, warmup=4, decide_every=2, validate_runs=2,
                            settle=6, profiler=ProfilerConfig(decay=0.9))
+    if os.environ.get("NPU_SPECIALIZE") == "1":
+        from host.adaptive.specialize_units import SpecializeConfig
+
+        knobs.fuse_threshold, knobs.specialize = 1e9, SpecializeConfig(measure_runs=2)
     graph = load_onnx(model_path(name))
     rt = AdaptiveRuntime(NPUDriver(device), graph, knobs, fault=fault)
     rt.load()
