@@ -18,7 +18,7 @@ pytestmark = pytest.mark.rtl  # runs the RTL under Verilator
     # one expert hot: a speculative merge across the gate's branch, then misses
     ("moe", 40, "6|0123456789", "0", "speculate-validated,defuse-planned"),
     # fusion off, specializer on: unit variants land, validate and are reverted
-    ("cnn", 12, "0123456789", "specialize", "specialize-validated,specialize-reverted"),
+    ("cnn", 12, "0123456789", "specialize", "variant-validated,specialize-reverted"),
 ])
 def test_adaptive_on_rtl(model, inputs, phases, fault, expect, seed, regress):
     run_scenario("verif.model_scenarios:adaptive_vs_golden", "default", seed=seed,

@@ -54,7 +54,7 @@ def test_a_memory_bound_unit_keeps_the_variant_that_measures_faster(served):
     planned = _events(rt, "specialize-planned")
     assert planned[0].detail.startswith("unit 1: memory-bound (load ")
     assert "-> step bytes 2048" in planned[0].detail
-    assert _events(rt, "specialize-validated")
+    assert _events(rt, "variant-validated")
     kept = _events(rt, "specialize-kept")
     assert kept and kept[0].units == (1,)
     assert rt.variants[("/body/body.0/Gemm",)] == Variant(step_bytes=2048)

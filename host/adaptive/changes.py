@@ -49,20 +49,20 @@ class ChangeKind(enum.Enum):
     MERGE = "merge"
     SPECULATE = "speculate"
     SPLIT = "split"
-    SPECIALIZE = "specialize"  # a unit's variant (host.adaptive.specialize_units)
+    SPECIALIZE = "variant"  # a unit's variant (host.adaptive.specialize_units)
 
     @property
     def planned_event(self) -> str:
         """``fuse-planned``, ``speculate-planned``, ``defuse-planned`` or
         ``specialize-planned``."""
         verb = {"merge": "fuse", "speculate": "speculate", "split": "defuse",
-                "specialize": "specialize"}[self.value]
+                "variant": "specialize"}[self.value]
         return f"{verb}-planned"
 
     @property
     def validated_event(self) -> str:
         """``merge-validated``, ``speculate-validated``, ``split-validated`` or
-        ``specialize-validated``."""
+        ``variant-validated``."""
         return f"{self.value}-validated"
 
 
