@@ -160,7 +160,29 @@ def main(argv=None) -> None:
                 print(f"    specialized {k}: {v}")
             for k, v in r["exhaustive"]["chosen"].items():
                 print(f"    exhaustive  {k}: {v}")
-    report("specialize", {"figures": figures}, quiet=True)
+    report("specialize", {"figures": figures, "chosen_by_profile": side_by_side(figures)},
+           quiet=True)
+
+
+def side_by_side(figures: dict) -> dict:
+    """Per model and unit, the variant each profile's exhaustive search and
+    specializer chose (``default`` where it kept the compiler's choice)."""
+    out: dict = {}
+    for where, r in figures.items():
+        if "refused" in r:
+            continue
+        profile, name = where.split("/")
+        for u in r["exhaustive"]["units"]:
+            unit = "|".join(u["nodes"])
+            row = out.setdefault(name, {}).setdefault(unit, {})
+            row[profile] = {"exhaustive": u["best"],
+                            "specialized": r["specialized"]["variants"].get(unit, "default")}
+    for name, units in out.items():
+        for unit, row in units.items():
+            if len({v["exhaustive"] for v in row.values()}) > 1:
+                print(f"{name} {unit}: " + "; ".join(f"{p} {v['exhaustive']}"
+                                                    for p, v in row.items()))
+    return out
 
 
 if __name__ == "__main__":

@@ -177,10 +177,10 @@ class SpecializeConfig:
     min_gain : a variant is kept when it saves at least this share of the unit's cycles.
     """
 
-    hot_share: float = 0.05
+    hot_share: float = 0.02
     tries: int = 3
     measure_runs: int = 3
-    min_gain: float = 0.002
+    min_gain: float = 0.0005
 
 
 def _profile(rt) -> str:
