@@ -172,7 +172,7 @@ class SpecializeConfig:
     Members
     -------
     hot_share : a unit is hot from this share of an inference's measured cycles.
-    tries : variants tried per unit (the exploration budget).
+    tries : variants tried on the NPU per unit (the exploration budget).
     measure_runs : warm runs on a variant before the verdict.
     min_gain : a variant is kept when it saves at least this share of the unit's cycles.
     """
@@ -258,10 +258,11 @@ class Specializer:
         for uid, share in self._hot(rt):
             unit = rt.model.regions[uid]
             key = tuple(unit.nodes)
-            tried = self.tried.setdefault(key, set())
+            tried = self.tried.setdefault(key, set())  # tried, refused or no change
             current = rt.variants.get(key, DEFAULT)
             tried.add(current)
-            if len(tried) > self.config.tries or key in self.exhausted:
+            trials = sum(1 for t in self.trials if t.key == key)
+            if trials >= self.config.tries or key in self.exhausted:
                 continue
             recent = self.samples.get(uid, [])
             cycles = float(np.mean([c for c, _ in recent]))
