@@ -10,8 +10,9 @@ DS-CNN, MobileNetV1-0.25, FC autoencoder), on the golden model at batch 1:
   (:func:`host.compiler.variants.enumerate_variants`) measured on the fused plan,
   the others at their defaults; the best of each unit combined into one plan
   and measured (units interact only through weight residency: the combined plan
-  is measured, not summed). The per-unit search is exhaustive; the joint one
-  over all units is not (the product of the libraries);
+  is measured, not summed; largest gain first, a variant that no longer
+  compiles beside the others is left out). The per-unit search is exhaustive;
+  the joint one over all units is not (the product of the libraries);
 * ``specialized``: the adaptive runtime started on the same fused plan with
   fusion off (``fuse_threshold`` out of reach: the gain is specialization's
   alone) and the specializer on, run for ``--inferences`` inputs (inline
