@@ -69,12 +69,13 @@ def test_a_variant_that_measures_slower_is_reverted(served):
     rt, results, _ = served
     reverted = _events(rt, "specialize-reverted")
     assert reverted and "measured" in reverted[0].detail
-    reverted_units = {t["unit"][0] for t in rt.report()["specializations"]
-                      if t["verdict"] == "reverted"}
-    assert reverted_units
-    assert not reverted_units & {"|".join(k) for k in rt.variants}
-    assert results[-1].cycles <= min(r.cycles for r in results[1:])
-    assert results[-1].cycles < results[1].cycles
+    reverted = [t for t in rt.report()["specializations"] if t["verdict"] == "reverted"]
+    assert reverted
+    if rt.changes.change is not None:  # the last way back has not landed yet
+        reverted = reverted[:-1]
+    for t in reverted:  # back to the variant before, never tried again
+        assert rt.variants.get(tuple(t["unit"]), Variant()).describe() != t["variant"]
+    assert min(r.cycles for r in results[1:]) < results[1].cycles
 
 
 def test_a_variant_that_fails_validation_rolls_back():
