@@ -283,8 +283,11 @@ class Specializer:
 
     def _pick(self, rt, key, neck: Bottleneck, tried: set, current: Variant):
         """The variant to try: the best measured on this profile before (exploit),
-        else the untried one the cost model ranks first among those that address
-        ``neck`` (explore)."""
+        else among the untried ones that address ``neck`` (or, when none of those
+        applies to this unit, the library's other knobs but residency) the one
+        the cost model ranks first, and on every second trial of a unit the one
+        it ranks last (the cost model's ranking is what measurement checks: a
+        knob it misjudges shows at either end)."""
         measured = self.outcomes.get(self._signature(rt, key), _profile(rt))
         if measured:
             best = min(measured, key=measured.get)
@@ -292,9 +295,25 @@ class Specializer:
             here = measured.get(current.describe())
             if v not in tried and (here is None or measured[best] < here):
                 return v, f"measured {measured[best]:.0f} cycles in an earlier run"
-        options = [v for v in candidates(rt.model.graph, list(key))
-                   if v not in tried and addresses(neck.kind, v)
-                   and measured.get(v.describe()) is None]
+        library = [v for v in candidates(rt.model.graph, list(key))
+                   if v not in tried and measured.get(v.describe()) is None]
+        ranked = self._ranked(rt, key, [v for v in library if addresses(neck.kind, v)],
+                              tried)
+        why = ""
+        if not ranked:
+            ranked = self._ranked(rt, key, [v for v in library if not v.stream_weights],
+                                  tried)
+            why = f"no {neck.kind} knob applies, "
+        if not ranked:
+            return None
+        ranked.sort(key=lambda p: p[0])
+        trials = sum(1 for t in self.trials if t.key == key)
+        predicted, v = ranked[-1] if trials % 2 else ranked[0]
+        return v, f"{why}predicted {predicted:.0f} cycles"
+
+    def _ranked(self, rt, key, options, tried: set) -> list[tuple[float, Variant]]:
+        """(predicted cycles, variant) of the ``options`` that compile and change
+        the unit's code (the others join ``tried``)."""
         cost = CostModel(rt.hw)
         ranked = []
         now = unit_code(compile_with(rt.model, rt.variants), key)
@@ -309,10 +328,7 @@ class Specializer:
                 continue
             sub = next(s for s in m.units if tuple(s.nodes) == key)
             ranked.append((predicted_cycles(sub.resources, cost), v))
-        if not ranked:
-            return None
-        predicted, v = min(ranked, key=lambda p: p[0])
-        return v, f"predicted {predicted:.0f} cycles"
+        return ranked
 
     def _hot(self, rt) -> list[tuple[int, float]]:
         """Units of the plan with warm records, hottest first, with their share."""
