@@ -109,6 +109,7 @@ def specialized(graph, config, inputs, count: int) -> dict:
     # (the plan left is the one the specializer keeps), at most three times more.
     while len(cycles) < count or busy(rt) and len(cycles) < 4 * count:
         cycles.append(int(rt.run(inputs[len(cycles) % len(inputs)]).cycles))
+    cycles.append(int(rt.run(inputs[0]).cycles))  # on the plan the last change left
     kept = [e for e in rt.events if e.kind == "specialize-kept"]
     landed = [e.inference for e in rt.events if e.kind == "swapped-in"]
     rt.close()

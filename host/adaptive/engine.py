@@ -281,6 +281,8 @@ class AdaptiveRuntime:
             self._landed(ready)
         res, ran_on = self._checked(inputs, res, started_on)
         outcome = self._learn(res)
+        if self.specializer is not None:
+            self.specializer.observe(res.trace, ran_on, self.model)
         if self.n >= self.config.warmup and self.n % self.config.decide_every == 0:
             self._decide()
         out = AdaptiveInference(res.outputs, res.cycles, res.counters, res.trace,
@@ -421,8 +423,6 @@ class AdaptiveRuntime:
             if work is not None:
                 self.cost.observe(work, rec.cycles, cold=bool(rec.tag_misses))
         del self.cost.samples[:-COST_SAMPLES]
-        if self.specializer is not None:
-            self.specializer.observe(res.trace, self.model)
         return outcome
 
     def cost_error(self) -> tuple[float, float]:

@@ -202,16 +202,19 @@ class Specializer:
         self.samples: dict[int, list] = {}  # region -> recent warm (cycles, causes)
 
     # ---- observing ---------------------------------------------------------------------
-    def observe(self, trace, model) -> None:
-        """Take an inference's region records (warm runs only: cold ones load weights)."""
+    def observe(self, trace, model, current) -> None:
+        """Take the region records of an inference that ran on ``model`` (warm runs
+        only: cold ones load weights); ``current`` is the plan now (a run that
+        landed a change ran on the plan before it: its records describe that)."""
         variants = getattr(model, "variants", {})
         for rec in trace:
             if rec.tag_misses:
                 continue
             causes = {f: float(getattr(rec, f)) for f in CAUSE_FIELDS}
-            recent = self.samples.setdefault(rec.region, [])
-            recent.append((float(rec.cycles), causes))
-            del recent[:-8]
+            if model is current:
+                recent = self.samples.setdefault(rec.region, [])
+                recent.append((float(rec.cycles), causes))
+                del recent[:-8]
             t = self.trial
             unit = model.regions.get(rec.region)
             if t is not None and unit is not None and tuple(unit.nodes) == t.key \
