@@ -8,7 +8,8 @@ program order. Data results, scalar registers, error codes and the counters mark
 figures come from the documented cost model (:class:`CostModel`), a model of the
 decoupled queues, the engines, the scratchpad ports and the DMA: a run's cycles and
 its trace's cycle stamps are the RTL's exactly where :attr:`RunResult.cycles_exact`
-says so (with the simulation's memory), an estimate elsewhere.
+says so (with the simulation's memory, or a slower one of :class:`DramLatency`), an
+estimate elsewhere.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import isa
-from .bursts import burst_plan
+from .bursts import DramLatency, burst_plan
 from .config import NPUConfig
 from .isa import CfgField, Cond, ErrorCode, GemmMode, Queue, RegionOp, Token
 from .quant import requantize, rshift_rne
 from .regs import CAUSE_COUNTERS
 
-__all__ = ["Machine", "RunResult", "TraceRecord", "CostModel", "requantize", "rshift_rne"]
+__all__ = ["Machine", "RunResult", "TraceRecord", "CostModel", "DramLatency", "requantize",
+           "rshift_rne"]
 
 MASK32 = (1 << 32) - 1
 
@@ -64,7 +66,7 @@ class CostModel:
     end_cycle: int = 1  # a run's cycles count the cycle its end fires in, too
     # A load or store costs its latency plus a cycle per bus beat. The latencies are the
     # DMA's pipeline and the memory's together, measured with the Verilator NPU's
-    # memory (cocotbext-axi AxiRam); a slower DRAM adds its own.
+    # memory (cocotbext-axi AxiRam); a slower DRAM adds its own (Machine.dram_latency).
     load_latency: int = 9  # start to the first beat in the scratchpad (after the R and write FIFOs)
     store_latency: int = 12  # start to the write response, less the beats
     # At most this many write bursts are between the DMA's burst splitter and the
@@ -249,6 +251,8 @@ class Machine:
     config : the hardware configuration (array size, scratchpad, ...).
     dram_bytes : size of the modelled DRAM; accesses beyond it are bus errors.
     cost : the cycle cost model.
+    dram_latency : the extra cycles of a slow DRAM (:class:`DramLatency`; none by
+        default, the simulation's AxiRam).
 
     ``bus_faults`` lists DRAM byte ranges ``(lo, hi)`` that answer bus errors as
     well (what a test declares to the RTL's DRAM model as SLVERR/DECERR windows):
@@ -256,11 +260,12 @@ class Machine:
     """
 
     def __init__(self, config: NPUConfig | None = None, dram_bytes: int = 1 << 20,
-                 cost: CostModel | None = None):
+                 cost: CostModel | None = None, dram_latency: DramLatency | None = None):
         if dram_bytes <= 0:
             raise ValueError(f"dram_bytes={dram_bytes!r}: must be positive")
         self.config = cfg = config or NPUConfig()
         self.cost = cost or CostModel()
+        self.dram_latency = dram_latency or DramLatency()
         self.dram = np.zeros(dram_bytes, dtype=np.uint8)
         self.bus_faults: list[tuple[int, int]] = []
         self.sp = np.zeros(cfg.sp_bytes, dtype=np.uint8)
@@ -387,7 +392,7 @@ class Machine:
         self._reset_run_state()
         for i, a in enumerate(args):
             self.regs[1 + i] = int(a) & MASK32
-        self._time = _Timeline(self.config, self.cost)
+        self._time = _Timeline(self.config, self.cost, self.dram_latency)
         self.counters["runs"] += 1
         self._cursor = _Cursor(0, self.counters["instructions"], max_cycles, max_instructions)
 
@@ -648,15 +653,18 @@ class Machine:
         if slot:
             self.tags[slot] = None  # a failed transfer leaves the slot invalid
         cycles = self.cost.load_latency
+        bursts = []
         for i in range(rows):
             addr = (dram + i * stride) & MASK32
             src = self._dram_row(addr, nb)
             self.sp[base + i * nb: base + (i + 1) * nb] = self.dram[src]
             self.counters["dram_read_bytes"] += nb
             cycles += self.cost.dma_beats(addr, nb, self.config.bus_bytes)
-            self._time.causes["dram_read_bursts"] += len(
-                burst_plan(addr, nb, self.config.bus_bytes))
-        self._time.causes["stall_in_load"] += self.cost.load_latency - LOAD_UNTIMED
+            bursts += [beats for _, beats in burst_plan(addr, nb, self.config.bus_bytes)]
+        self._time.causes["dram_read_bursts"] += len(bursts)
+        waits = sum(self.dram_latency.read_gaps(bursts))  # a slow memory's (beyond a beat
+        cycles += waits  # a cycle), in which no beat moves
+        self._time.causes["stall_in_load"] += self.cost.load_latency - LOAD_UNTIMED + waits
         if slot:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
@@ -678,7 +686,9 @@ class Machine:
             self.counters["dram_write_bytes"] += nb
             bursts += [beats for _, beats in burst_plan(addr, nb, self.config.bus_bytes)]
         self._uses(reads=[(base, rows * nb)])
-        data = self.cost.store_data(bursts)
+        # A slow memory sets the pace of the data (it takes no beat while a response waits).
+        data = (self.dram_latency.store_cycles(bursts) if self.dram_latency.write
+                else self.cost.store_data(bursts))
         causes = self._time.causes
         causes["dram_write_bursts"] += len(bursts)
         causes["stall_out_store"] += self.cost.store_latency + data - sum(bursts) - STORE_UNTIMED
@@ -998,8 +1008,8 @@ class _Timeline:
     pushed them.
     """
 
-    def __init__(self, config: NPUConfig, cost: CostModel):
-        self.config, self.cost = config, cost
+    def __init__(self, config: NPUConfig, cost: CostModel, dram_latency: DramLatency):
+        self.config, self.cost, self.dram_latency = config, cost, dram_latency
         self.now = 0  # sequencer time
         self.free = {"load": 0, "compute": 0, "store": 0}  # next start possible
         self.done = {"load": 0, "compute": 0, "store": 0}  # last completion
@@ -1343,7 +1353,11 @@ class _Timeline:
     def _load_delay(self, start: int, cycles: int) -> int:
         """Cycles by which the vector unit's writes (:attr:`vector_plan`) hold back a
         load that starts at ``start`` and takes ``cycles`` alone: each beat waits while
-        the vector unit writes one of its banks, and the beats after it follow it."""
+        the vector unit writes one of its banks, and the beats after it follow it.
+
+        A slow memory's waits before bursts (:meth:`DramLatency.read_gaps`) place the
+        beats; a beat held back there may be hidden by the next wait or not (the R
+        queues in between are not played out): the run is `contended`."""
         c, w = self.cost, self.config.bus_bytes
         first = start + c.load_latency - c.load_write_lead
         last = start + cycles
@@ -1357,16 +1371,24 @@ class _Timeline:
         base, dram, stride, rows, nb = self.load_rows
         t = first - 1
         nominal = first - 1
-        for i in range(rows):
+        plans = [burst_plan((dram + i * stride) & MASK32, nb, w) for i in range(rows)]
+        gaps = iter(self.dram_latency.read_gaps([n for p in plans for _, n in p]))
+        for i, plan in enumerate(plans):
             row, off = base + i * nb, (dram + i * stride) % w
-            for b in range(c.dma_beats(dram + i * stride, nb, w)):
-                lo, hi = max(0, b * w - off), min(nb, (b + 1) * w - off) - 1
-                mask = self._word_banks(row + lo, row + hi)
-                nominal += 1
-                t = max(t + 1, nominal)
-                while busy.get(t, 0) & mask:
-                    t += 1
-                    self.causes["sp_conflicts"] += 1  # the DMA's write port refused
+            b = 0
+            for _, beats in plan:
+                nominal += next(gaps)
+                for b in range(b, b + beats):
+                    lo, hi = max(0, b * w - off), min(nb, (b + 1) * w - off) - 1
+                    mask = self._word_banks(row + lo, row + hi)
+                    nominal += 1
+                    t = max(t + 1, nominal)
+                    while busy.get(t, 0) & mask:
+                        t += 1
+                        self.causes["sp_conflicts"] += 1  # the DMA's write port refused
+                b += 1
+        if t > nominal and self.dram_latency.read:
+            self.contended = True
         return t - nominal
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import abc
 import numpy as np
 
 from firmware import isa
+from firmware.bursts import DramLatency
 from firmware.config import NPUConfig
 from firmware.csrmodel import CSRModel, NPUSide, RunState
 from firmware.golden import Machine
@@ -114,11 +115,17 @@ class GoldenDevice(Device):
     ``ValueError``; a write the build cannot hold (an instruction past the bank, a
     partition it lacks) answers SLVERR on the bus, which this transport, like the
     others, does not report.
+
+    ``dram_latency`` models a slow memory's extra cycles (a
+    :class:`~firmware.bursts.DramLatency`; none by default), as the simulated
+    devices' ``dram_latency`` does.
     """
 
-    def __init__(self, config: NPUConfig | None = None, dram_bytes: int = 1 << 22):
+    def __init__(self, config: NPUConfig | None = None, dram_bytes: int = 1 << 22,
+                 dram_latency: DramLatency | None = None):
         self.config = config = config or NPUConfig()
-        self.machine = Machine(config, dram_bytes=dram_bytes)
+        self.machine = Machine(config, dram_bytes=dram_bytes, dram_latency=dram_latency)
+        self.dram_latency = self.machine.dram_latency
         self.side = _GoldenSide(self)
         self.csr = CSRModel(config, self.side)
         self._mapped = {r.addr for r in self.csr.map}

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from firmware.bursts import DramLatency
 from firmware.config import NPUConfig
 
 from .device import PostedWrites, fault_windows
@@ -50,6 +51,7 @@ _SIGNATURES = {  # name: (result, arguments)
     "npusim_set_faults": (None, (ctypes.c_void_p, _u64p, _u64p, ctypes.POINTER(ctypes.c_int),
                                  ctypes.c_int)),
     "npusim_set_backpressure": (None, (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32)),
+    "npusim_set_dram_latency": (None, (ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32)),
     "npusim_watch_runs": (None, (ctypes.c_void_p, ctypes.c_int)),
     "npusim_run_events": (ctypes.c_int, (ctypes.c_void_p, _u64p, ctypes.POINTER(ctypes.c_uint8),
                                          ctypes.c_int)),
@@ -103,10 +105,12 @@ class VerilatorDevice(PostedWrites):
     :meth:`set_backpressure`. :attr:`clock_seconds` adds up the wall time of the calls
     that run the clock (CSR accesses, waits for the interrupt): the simulation's share
     of a host program's time; :attr:`clock_cpu_seconds` their CPU time, the figure that
-    holds on a machine shared with other work.
+    holds on a machine shared with other work. ``dram_latency`` makes the DRAM a slow
+    one (:class:`~firmware.bursts.DramLatency`; none by default).
     """
 
-    def __init__(self, library: Path | str, dram_bytes: int = DRAM_BYTES):
+    def __init__(self, library: Path | str, dram_bytes: int = DRAM_BYTES,
+                 dram_latency: DramLatency | None = None):
         super().__init__()
         self.backpressure_percent = 0  # DRAM pauses (set_backpressure): wait states
         self._lib = lib = ctypes.CDLL(str(library))
@@ -115,16 +119,20 @@ class VerilatorDevice(PostedWrites):
             fn.restype, fn.argtypes = res, args
         self._sim = lib.npusim_create(dram_bytes)
         self.dram_bytes = dram_bytes
+        self.dram_latency = dram_latency or DramLatency()
+        lib.npusim_set_dram_latency(self._sim, self.dram_latency.read, self.dram_latency.write)
         self.clock_seconds = self.clock_cpu_seconds = 0.0
         self._value = ctypes.c_uint32()
 
     @classmethod
     def open(cls, config: NPUConfig, dram_bytes: int = DRAM_BYTES,
              on_status: Callable[[str], None] | None = None,
-             profiled: bool = False) -> VerilatorDevice:
+             profiled: bool = False, dram_latency: DramLatency | None = None
+             ) -> VerilatorDevice:
         """Build or reuse the library for ``config`` (profile-guided if asked) and open
         a fresh, reset NPU on it."""
-        return cls(build_library(config, on_status, profiled=profiled), dram_bytes)
+        return cls(build_library(config, on_status, profiled=profiled), dram_bytes,
+                   dram_latency)
 
     # ---- Device ----------------------------------------------------------------------
     def _write_many(self, ops: list[tuple[int, int]]) -> None:

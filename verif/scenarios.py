@@ -68,6 +68,12 @@ def assert_same_inference(where: str, rtl, gold, device: str = "RTL",
                 f"{where}: counter {c}: {device} {rtl.counters[c]}, golden {gold.counters[c]}"
 
 
+def golden_twin(device, config, **kwargs) -> GoldenDevice:
+    """A golden model of ``config`` whose DRAM is as slow as the simulated ``device``'s
+    (its ``dram_latency``; a board's memory is not modelled: none)."""
+    return GoldenDevice(config, dram_latency=getattr(device, "dram_latency", None), **kwargs)
+
+
 def golden_cycles_exact(device, since: int) -> bool:
     """Whether the golden model (a ``GoldenDevice``) counted every run since it had
     ``since`` inexact runs (``device.machine.inexact_runs`` then) exactly as the RTL
@@ -95,7 +101,7 @@ class Pair:
         self.config = config
         self.rtl = NPUDriver(device)
         assert self.rtl.config == config, f"CAPS read {self.rtl.config}, built {config}"
-        self.gold = NPUDriver(GoldenDevice(config, dram_bytes=DRAM_BYTES))
+        self.gold = NPUDriver(golden_twin(device, config, dram_bytes=DRAM_BYTES))
         # Cycles are compared run by run where the golden model promises them: not when
         # the memory pauses at random (the golden model cannot know its wait states).
         self.memory_exact = not (getattr(getattr(device, "tb", None), "backpressure", False)

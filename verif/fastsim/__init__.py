@@ -15,6 +15,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from firmware.bursts import DramLatency
 from firmware.config import CONFIGS, NPUConfig
 
 DRAM_BYTES = 1 << 20  # as the cocotb testbench's AxiRam (verif.rtl_device.DRAM_BYTES)
@@ -36,16 +37,18 @@ def _environment(extra: dict | None) -> Iterator[None]:
 
 
 def open_device(config: NPUConfig | str = "default", *, dram_bytes: int = DRAM_BYTES,
-                backpressure: bool = False, seed: int = 0, profiled: bool = False):
+                backpressure: bool = False, seed: int = 0, profiled: bool = False,
+                dram_latency: DramLatency | None = None):
     """A fresh :class:`~host.verilator_device.VerilatorDevice` for ``config`` (built in
     this process when needed; profile-guided if asked, see :mod:`.build`), with DRAM
-    backpressure on 30 % of the cycles if asked."""
+    backpressure on 30 % of the cycles if asked, and a slow DRAM's ``dram_latency``."""
     from host.verilator_device import VerilatorDevice
 
     from .build import build
 
     config = CONFIGS[config] if isinstance(config, str) else config
-    device = VerilatorDevice(build(config, profiled=profiled), dram_bytes=dram_bytes)
+    device = VerilatorDevice(build(config, profiled=profiled), dram_bytes=dram_bytes,
+                             dram_latency=dram_latency)
     if backpressure:
         device.set_backpressure(seed, 30)
     return device
@@ -53,9 +56,9 @@ def open_device(config: NPUConfig | str = "default", *, dram_bytes: int = DRAM_B
 
 def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 0,
                  backpressure: bool = False, extra_env: dict | None = None,
-                 profiled: bool = False) -> None:
+                 profiled: bool = False, dram_latency: DramLatency | None = None) -> None:
     """Run the host scenario ``"package.module:function"`` on the fast RTL model
-    (profile-guided if asked).
+    (profile-guided if asked; with a slow DRAM's ``dram_latency`` if given).
 
     The function receives the device, the configuration and the seed, and raises on a
     mismatch (see :func:`verif.rtl_device.run_scenario`).
@@ -63,7 +66,8 @@ def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 
     from verif.rtl_device import scenario_function
 
     config = CONFIGS[config] if isinstance(config, str) else config
-    device = open_device(config, backpressure=backpressure, seed=seed, profiled=profiled)
+    device = open_device(config, backpressure=backpressure, seed=seed, profiled=profiled,
+                         dram_latency=dram_latency)
     try:
         with _environment(extra_env):
             scenario_function(spec)(device, config=config, seed=seed)

@@ -14,6 +14,11 @@
 // channel models run first at each edge (sinks capture and set READY, sources present
 // the next beat), then the burst processes that their queues woke; a beat queued by
 // a process is presented at the next edge at the earliest. Queues hold two entries.
+//
+// DRAM latency (npusim_set_dram_latency, verif.dram_latency.LatentAxiRam under cocotb):
+// the read process queues a burst's first beat no earlier than `read` cycles after
+// it took the burst up, and the write process queues a burst's response no earlier
+// than `write` cycles after its last beat; each serves one burst at a time.
 
 #include <cstdint>
 #include <cstring>
@@ -187,12 +192,15 @@ struct NpuSim {
     std::deque<Addr> ar_q;
     std::deque<RBeat> r_q;
     Burst rd;
+    uint64_t rd_ready = 0;  // the cycle from which the burst's beats may be queued
     // write side: AW sink, W sink, B source, write process
     std::deque<Addr> aw_q;
     std::deque<WBeat> w_q;
     std::deque<BBeat> b_q;
     Burst wr;
     bool wr_b_pending = false;  // the burst's last beat is in, its response not queued
+    uint64_t wr_b_ready = 0;  // the cycle from which that response may be queued
+    uint32_t read_latency = 0, write_latency = 0;  // extra DRAM cycles (see the top)
 
     // what the testbench drives (applied after each edge)
     bool arready = false, rvalid = false, awready = false, wready = false, bvalid = false;
@@ -359,8 +367,9 @@ struct NpuSim {
                 if (ar_q.empty()) { rd.active = false; return; }
                 rd.start(ar_q.front());
                 ar_q.pop_front();
+                rd_ready = cycle + read_latency;
             }
-            if (int(r_q.size()) >= QUEUE_LIMIT) return;
+            if (cycle < rd_ready || int(r_q.size()) >= QUEUE_LIMIT) return;
             RBeat r;
             r.id = rd.a.id;
             r.last = rd.beat == rd.a.len;
@@ -381,7 +390,7 @@ struct NpuSim {
     void write_process() {
         while (true) {
             if (wr_b_pending) {
-                if (int(b_q.size()) >= QUEUE_LIMIT) return;
+                if (cycle < wr_b_ready || int(b_q.size()) >= QUEUE_LIMIT) return;
                 b_q.push_back({wr.a.id, wr.resp});
                 wr_b_pending = false;
                 wr.active = false;
@@ -411,7 +420,10 @@ struct NpuSim {
                 i = j;
             }
             wr.step();
-            if (wr.done()) wr_b_pending = true;
+            if (wr.done()) {
+                wr_b_pending = true;
+                wr_b_ready = cycle + write_latency;
+            }
         }
     }
 
@@ -522,6 +534,12 @@ void npusim_set_backpressure(NpuSim* s, uint64_t seed, uint32_t percent) {
         all[i]->state = seed * 5 + uint64_t(i);
         all[i]->percent = percent;
     }
+}
+
+// Extra DRAM cycles: before each read burst's first beat, before each write response.
+void npusim_set_dram_latency(NpuSim* s, uint32_t read, uint32_t write) {
+    s->read_latency = read;
+    s->write_latency = write;
 }
 
 void npusim_watch_runs(NpuSim* s, int on) {
