@@ -1,5 +1,5 @@
-"""``make bench-models``: every zoo model on the default config (``--config``: another),
-against its roofline.
+"""``make bench-models``: every zoo model on the default config (``--config``: another
+hardware profile of host/profiles.py), against its roofline.
 
 The models: the bundled digit models (``host/models/``) and the MLPerf Tiny reference
 architectures (``host/models/mlperf/``). Each is imported as ``npu run
@@ -36,7 +36,12 @@ library, ``verif.fastsim``; its first build takes a minute or more): outputs equ
 the reference, every exact counter equals the golden model's, and the RTL's cycles
 go next to the golden model's estimate.
 
-Writes ``bench/results/models.json``. Run with ``python -m bench.models [--rtl]``.
+``--config slowmem`` runs the default build behind a slow DRAM (its latency is the
+memory's: the models are compiled for the build alone, and the golden model and the
+Verilator NPU's DRAM wait as that memory does).
+
+Writes ``bench/results/models.json`` (another profile: ``models-NAME.json``). Run with
+``python -m bench.models [--rtl] [--config NAME]``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import numpy as np
 import onnx
 
 from bench.common import report
+from firmware.bursts import DramLatency
 from firmware.config import CONFIGS
 from host.cli import model_path
 from host.compiler import CompileError, compile_model
@@ -61,6 +67,7 @@ from host.driver import NPUDriver
 from host.ir import CpuOp
 from host.models import MODEL_NAMES as DIGIT_MODELS
 from host.onnx_import import load_onnx
+from host.profiles import PROFILES, dram_latency, profile
 from host.runtime import Session
 from verif.model_scenarios import model_inputs
 from verif.zoo import MLPERF_NAMES
@@ -98,9 +105,12 @@ def _per_inference(runs: list, key: str) -> float:
     return float(np.mean([r.counters[key] for r in warm]))
 
 
-def golden_figures(name: str, graph, compiled, config) -> dict:
-    """Run ``name`` on the golden model, every inference checked; its figures."""
-    session = Session(NPUDriver(GoldenDevice(config)), compiled, check=True)
+def golden_figures(name: str, graph, compiled, config,
+                   latency: DramLatency | None = None) -> dict:
+    """Run ``name`` on the golden model (behind a DRAM of ``latency``), every inference
+    checked; its figures."""
+    session = Session(NPUDriver(GoldenDevice(config, dram_latency=latency)), compiled,
+                      check=True)
     session.load()
     runs = [session.run(x) for x in model_inputs(name, graph)]
     warm = runs[1:] or runs
@@ -134,11 +144,11 @@ def golden_figures(name: str, graph, compiled, config) -> dict:
     }
 
 
-def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS, paging: bool = True
-            ) -> tuple[dict, object | None]:
-    """One model's figures on the golden model, and its compiled model (None when
-    the compiler refuses it); ``targets``: cycles per model to compare with;
-    ``paging``: a program larger than a bank may run in pages."""
+def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS, paging: bool = True,
+            latency: DramLatency | None = None) -> tuple[dict, object | None]:
+    """One model's figures on the golden model (behind a DRAM of ``latency``), and its
+    compiled model (None when the compiler refuses it); ``targets``: cycles per model to
+    compare with; ``paging``: a program larger than a bank may run in pages."""
     path = model_path(name)
     work = workload(path)
     peak, bus = config.peak_macs_per_cycle, config.bus_bytes
@@ -156,10 +166,11 @@ def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS, paging: bool = T
         row.update(status="does not compile", reason=str(err).splitlines()[0])
         return row, None
     row.update(placement(compiled.graph))  # the compiler's layout ops (FoldRows) too
-    row.update(golden_figures(name, graph, compiled, config))
+    row.update(golden_figures(name, graph, compiled, config, latency))
     per_layer = compile_model(graph, config, fuse=False, paging=paging)
     row.update(units=len(compiled.units), per_layer_units=len(per_layer.units),
-               per_layer_cycles=golden_figures(name, graph, per_layer, config)["cycles"],
+               per_layer_cycles=golden_figures(name, graph, per_layer, config,
+                                               latency)["cycles"],
                fusion=compiled.fusion)
     row["npu_mac_share"] = row["npu_macs"] / work.macs
     row["fraction_of_bound"] = row["bound_cycles"] / row["cycles"]
@@ -170,14 +181,16 @@ def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS, paging: bool = T
     return row, compiled
 
 
-def rtl_figures(names: list[str], config=CONFIG) -> dict[str, dict]:
+def rtl_figures(names: list[str], config=CONFIG,
+                latency: DramLatency | None = None) -> dict[str, dict]:
     """RTL cycles of ``names`` (each runs its inputs on the Verilator NPU beside the
-    golden model: outputs, exact counters and trace agree) by model."""
+    golden model, both behind a DRAM of ``latency``: outputs, exact counters and trace
+    agree) by model."""
     from verif.fastsim import run_scenario
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        run_scenario("verif.model_scenarios:bench_models_rtl", config,
+        run_scenario("verif.model_scenarios:bench_models_rtl", config, dram_latency=latency,
                      extra_env={"NPU_MODELS": ",".join(names), "NPU_BENCH_OUT": str(out)})
         return json.loads(out.read_text())
 
@@ -239,9 +252,9 @@ def _print_lines(lines: list[tuple[str, ...]]) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__)
     ap.add_argument("--rtl", action="store_true", help="also run on the Verilator NPU")
-    ap.add_argument("--config", choices=sorted(CONFIGS), default=CONFIG,
-                    help=f"the NPU configuration (default {CONFIG}; issue 37's targets "
-                         "are for it alone)")
+    ap.add_argument("--config", choices=list(PROFILES), default=CONFIG,
+                    help=f"the hardware profile (default {CONFIG}; issue 37's targets "
+                         "are for it alone; slowmem: the default build behind a slow DRAM)")
     ap.add_argument("--imem-depth", type=int, metavar="N",
                     help="instruction-bank depth instead of the configuration's")
     ap.add_argument("--no-paging", action="store_true",
@@ -257,7 +270,7 @@ def main(argv=None) -> None:
     if unknown:
         ap.error(f"unknown models {unknown} (choose from {', '.join(MODELS)})")
     names = opts.models or list(MODELS)
-    config = CONFIGS[opts.config]
+    config, latency = profile(opts.config), dram_latency(opts.config)
     if opts.imem_depth:
         config = dataclasses.replace(config, imem_depth=opts.imem_depth)
     out_name = "models" if opts.config == CONFIG else f"models-{opts.config}"
@@ -268,10 +281,11 @@ def main(argv=None) -> None:
     rows = {}
     for name in names:
         print(f"{name}...", flush=True)
-        rows[name], _ = measure(name, config, targets, paging=not opts.no_paging)
+        rows[name], _ = measure(name, config, targets, paging=not opts.no_paging,
+                                latency=latency)
     if opts.rtl:
         runnable = [n for n in names if "cycles" in rows[n]]
-        for name, rtl in rtl_figures(runnable, config).items():
+        for name, rtl in rtl_figures(runnable, config, latency).items():
             rows[name].update(rtl)
     print_table(rows)
     # Another configuration's figures go to a file of their own (models-small.json).
@@ -279,6 +293,7 @@ def main(argv=None) -> None:
            {"config": opts.config, "rows": config.rows, "cols": config.cols,
             "bus_bytes": config.bus_bytes, "sp_bytes": config.sp_bytes,
             "imem_depth": config.imem_depth, "acc_ports": config.acc_ports,
+            "dram_read_latency": latency.read, "dram_write_latency": latency.write,
             "backend": "golden + verilator" if opts.rtl else "golden", "models": rows},
            quiet=True)
 

@@ -1353,11 +1353,8 @@ class _Timeline:
     def _load_delay(self, start: int, cycles: int) -> int:
         """Cycles by which the vector unit's writes (:attr:`vector_plan`) hold back a
         load that starts at ``start`` and takes ``cycles`` alone: each beat waits while
-        the vector unit writes one of its banks, and the beats after it follow it.
-
-        A slow memory's waits before bursts (:meth:`DramLatency.read_gaps`) place the
-        beats; a beat held back there may be hidden by the next wait or not (the R
-        queues in between are not played out): the run is `contended`."""
+        the vector unit writes one of its banks, and the beats after it follow it; a
+        slow memory's waits before bursts (:meth:`DramLatency.read_gaps`) place them."""
         c, w = self.cost, self.config.bus_bytes
         first = start + c.load_latency - c.load_write_lead
         last = start + cycles
@@ -1375,10 +1372,10 @@ class _Timeline:
         gaps = iter(self.dram_latency.read_gaps([n for p in plans for _, n in p]))
         for i, plan in enumerate(plans):
             row, off = base + i * nb, (dram + i * stride) % w
-            b = 0
+            first_beat = 0  # of the burst, in the row
             for _, beats in plan:
                 nominal += next(gaps)
-                for b in range(b, b + beats):
+                for b in range(first_beat, first_beat + beats):
                     lo, hi = max(0, b * w - off), min(nb, (b + 1) * w - off) - 1
                     mask = self._word_banks(row + lo, row + hi)
                     nominal += 1
@@ -1386,9 +1383,7 @@ class _Timeline:
                     while busy.get(t, 0) & mask:
                         t += 1
                         self.causes["sp_conflicts"] += 1  # the DMA's write port refused
-                b += 1
-        if t > nominal and self.dram_latency.read:
-            self.contended = True
+                first_beat += beats
         return t - nominal
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:

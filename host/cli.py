@@ -3,13 +3,14 @@
 ::
 
     npu run MODEL.onnx [--backend golden|verilator|serial [--port PATH --baud N]]
+            [--config NAME | --profile NAME]
             [--digits N | --inputs FILE.npz] [--cpu-fallback] [--dim NAME=SIZE ...]
             [--cycle-budget N] [--timeout S]
             [--adaptive [--phases 012|789] [--batch B] [--cache PATH | --no-cache]]
     npu report MODEL [--config NAME]
     npu compile MODEL.onnx [-o PROGRAM.bin] [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
     npu disasm MODEL.onnx [--config NAME] [--cpu-fallback] [--dim NAME=SIZE]
-    npu info [--backend golden|verilator|serial] [--config NAME]
+    npu info [--backend golden|verilator|serial] [--config NAME | --profile NAME]
     npu precompile --profile NAME [--model M ...] [--cache PATH] [--jobs N] [--cpu-fallback]
     npu cache info|verify|clear [--cache PATH] [--model M ...]
 
@@ -17,7 +18,9 @@ The golden backend runs the golden model in-process. The verilator backend
 builds the RTL into a simulation library (the first time, a minute or two; cached
 under build/sim/fast_*) and drives it in-process over the NPU's real AXI ports
 (host/verilator_device.py). The serial backend drives an FPGA board through its
-UART bridge (docs/bridge.md).
+UART bridge (docs/bridge.md). ``--profile NAME`` runs a named hardware profile of
+host/profiles.py on a simulated backend: its build, behind its memory (``slowmem``: the
+default build behind a slow DRAM; programs are compiled for the build alone).
 """
 
 from __future__ import annotations
@@ -416,11 +419,28 @@ def _passed(ok: bool) -> ExitCode:
     return ExitCode.OK if ok else ExitCode.INTERNAL
 
 
+def _hardware(opts):
+    """The build and the simulated memory latency that ``--config``/``--profile`` name."""
+    from firmware.bursts import DramLatency
+
+    from .profiles import dram_latency, profile
+
+    if not opts.profile:
+        return CONFIGS[opts.config], DramLatency()
+    latency = dram_latency(opts.profile)
+    if latency and opts.backend == "serial":
+        raise UsageError(f"--profile {opts.profile}: a board's memory is its own; the "
+                         "profile's DRAM latency is simulated (--backend golden or verilator)")
+    return profile(opts.profile), latency
+
+
 def _on_backend(opts, argv) -> int:
+    config, latency = _hardware(opts)
     if opts.backend == "golden":
         from .device import GoldenDevice
 
-        return _passed(COMMANDS[opts.command](GoldenDevice(CONFIGS[opts.config]), opts))
+        device = GoldenDevice(config, dram_latency=latency)
+        return _passed(COMMANDS[opts.command](device, opts))
     if opts.backend == "serial":
         if not opts.port:
             print("npu: --backend serial needs --port PATH", file=sys.stderr)
@@ -450,7 +470,8 @@ def _on_backend(opts, argv) -> int:
 
     try:
         device = VerilatorDevice.open(
-            CONFIGS[opts.config], on_status=lambda line: print(f"npu: {line}", flush=True))
+            config, on_status=lambda line: print(f"npu: {line}", flush=True),
+            dram_latency=latency)
     except SimBuildError as err:
         print(f"npu: {err}", file=sys.stderr)
         return ExitCode.USAGE if err.missing_tools else ExitCode.INTERNAL
@@ -684,10 +705,17 @@ def _parser() -> argparse.ArgumentParser:
                        help="compile one unit per layer (default: neighbouring layers fused "
                        "where the cost model predicts it faster)")
 
+    from .profiles import PROFILES
+
     def common(p, backend: bool):
-        p.add_argument("--config", default="default", choices=sorted(CONFIGS),
+        # A named profile is a build and a memory: it replaces --config on a device.
+        g = p.add_mutually_exclusive_group() if backend else p
+        g.add_argument("--config", default="default", choices=sorted(CONFIGS),
                        help="hardware configuration (default: default)")
         if backend:
+            g.add_argument("--profile", choices=list(PROFILES),
+                           help="a named hardware profile: its build behind its memory "
+                           "(slowmem: the default build behind a slow DRAM)")
             p.add_argument("--backend", default="golden", choices=("golden", "verilator", "serial"))
             p.add_argument("--port", help="with --backend serial: the board's serial port")
             p.add_argument("--baud", type=int, default=115_200, help="with --backend serial")
@@ -755,8 +783,6 @@ def _parser() -> argparse.ArgumentParser:
                            help="list each unit's legal variants with predicted cycles")
         per_layer_arg(p)
         common(p, False)
-    from .profiles import PROFILES
-
     p = sub.add_parser("precompile", help="fill the compiled-unit cache for a hardware "
                        "profile (initial plans and every accepted merge of two units)")
     p.add_argument("--profile", required=True, choices=list(PROFILES),

@@ -1,10 +1,16 @@
 """The hardware-profile database: the NPU builds the host knows by name.
 
-A hardware profile is an :class:`~firmware.config.NPUConfig`. A running device
-reports its own (the driver reads CAPS into ``NPUDriver.config``); this module
-names the known builds so programs can be compiled ahead of time for a device
-that is not attached (``npu precompile --profile NAME``) and so a cache can say
-which build an entry was compiled for.
+A hardware profile is an :class:`~firmware.config.NPUConfig` (the NPU build) behind a
+memory. A running device reports its build (the driver reads CAPS into
+``NPUDriver.config``); this module names the known builds so programs can be compiled
+ahead of time for a device that is not attached (``npu precompile --profile NAME``) and
+so a cache can say which build an entry was compiled for.
+
+The memory's latency is not the build's: CAPS do not report it, and the compiler plans
+without it (for the build alone), as a static compiler does. :data:`DRAM_LATENCY` names
+the slow memories of the simulated profiles; ``slowmem`` is the default build behind
+one (``npu run MODEL --profile slowmem``, ``python -m bench.models --config slowmem``),
+where only measurement shows what the latency costs.
 
 :func:`profile_key` is what the compiled-unit cache keys on: two devices that
 report the same CAPS share every compiled program.
@@ -15,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from firmware.bursts import DramLatency
 from firmware.config import CONFIGS, NPUConfig
 
 PROFILES: dict[str, NPUConfig] = {
@@ -23,8 +30,18 @@ PROFILES: dict[str, NPUConfig] = {
     # The ULX3S board build (hdl/boards/ulx3s.py): the small build, the one that meets
     # timing in a routed build (profile_name() reports it as "small").
     "ulx3s": CONFIGS["small"],
+    # The default build behind a slow DRAM (DRAM_LATENCY): the same CAPS and programs.
+    "slowmem": CONFIGS["default"],
 }
 """Known hardware profiles by name (insertion order: the preferred name first)."""
+
+DRAM_LATENCY: dict[str, DramLatency] = {
+    # A DRAM controller behind an interconnect that serves one burst at a time: 64
+    # cycles to a read burst's first beat, 64 to a write burst's response.
+    "slowmem": DramLatency(read=64, write=64),
+}
+"""The simulated memory's extra latency per profile; a profile not listed has the
+simulation's AxiRam (no extra latency)."""
 
 
 def profile_key(config: NPUConfig) -> str:
@@ -64,6 +81,13 @@ def profile(name: str) -> NPUConfig:
     except KeyError:
         raise KeyError(f"no hardware profile {name!r}; known profiles: "
                        f"{', '.join(PROFILES)}") from None
+
+
+def dram_latency(name: str) -> DramLatency:
+    """The simulated memory latency of the known profile called ``name`` (none for most:
+    the simulation's AxiRam); ``KeyError`` as :func:`profile`."""
+    profile(name)
+    return DRAM_LATENCY.get(name, DramLatency())
 
 
 def profile_name(config: NPUConfig) -> str | None:

@@ -24,7 +24,7 @@ from host.driver import NPUDriver
 from host.models import MLPERF_DIR
 from host.onnx_import import load_onnx
 from host.runtime import Session
-from verif.scenarios import assert_same_inference, golden_cycles_exact
+from verif.scenarios import assert_same_inference, golden_cycles_exact, golden_twin
 
 
 def _run_both(rtl_session, gold_session, inputs):
@@ -44,7 +44,7 @@ def model_vs_golden(device, config, seed):
     count = int(os.environ.get("NPU_INPUTS", "4"))
     graph = load_onnx(model_path(name))
     sessions = []
-    for dev in (device, GoldenDevice(config)):
+    for dev in (device, golden_twin(device, config)):
         drv = NPUDriver(dev)
         model = compile_model(graph, drv.config)
         s = Session(drv, model, check=True)
@@ -213,7 +213,7 @@ def bench_models_rtl(device, config, seed):
     for name in [m for m in os.environ["NPU_MODELS"].split(",") if m]:
         graph = load_onnx(model_path(name), allow_cpu_fallback=True)
         rtl_session, gold_session = (_checked_session(graph, dev) for dev in
-                                     (device, GoldenDevice(config)))
+                                     (device, golden_twin(device, config)))
         rtl_session.count_pages = gold_session.count_pages = True
         if watch is not None:
             watch(True)

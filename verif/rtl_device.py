@@ -16,7 +16,9 @@ the thread hand-offs are saved (most of the cost of loading a program).
 
 DRAM can answer bus errors: :meth:`CocotbDevice.set_bus_faults` declares address
 windows whose beats answer SLVERR or DECERR (:class:`FaultyAxiRam`);
-``GoldenDevice.set_bus_faults`` declares the same windows to the golden model.
+``GoldenDevice.set_bus_faults`` declares the same windows to the golden model. It can
+be slow: a :class:`~firmware.bursts.DramLatency` delays read bursts and write responses
+(:func:`delay_answers`), as the fast library's DRAM and the golden model do.
 
 Use :func:`run_scenario` from pytest: it builds the NPU for a configuration (cached
 per configuration), and runs ``module:function`` inside the simulator with a
@@ -33,6 +35,7 @@ import json
 import logging
 import random
 
+from firmware.bursts import DramLatency
 from firmware.config import CONFIGS, NPUConfig
 from host.device import PostedWrites, fault_windows
 
@@ -101,6 +104,37 @@ class FaultyAxiRam:
         self.memory.write(addr, data)
 
 
+def delay_answers(ram: FaultyAxiRam, clock, latency: DramLatency, period_ns: int) -> None:
+    """Make ``ram`` a slow DRAM (see :class:`~firmware.bursts.DramLatency`): its read
+    process starts a burst's beats ``latency.read`` cycles after taking the burst up,
+    its write process sends a burst's response ``latency.write`` cycles after its last
+    beat. Each wait is two triggers (a timer to the middle of the cycle before, then
+    the edge), not one per cycle; waking on that edge after the channel models did,
+    the process queues as it does when a queue wakes it (the fast library's order)."""
+    from cocotb.triggers import RisingEdge, Timer
+
+    period_ps = period_ns * 1000
+
+    async def cycles(n: int) -> None:
+        if n:
+            await Timer(n * period_ps - period_ps // 2, unit="ps")
+            await RisingEdge(clock)
+
+    recv, send = ram.read_if.ar_channel.recv, ram.write_if.b_channel.send
+
+    async def recv_then_wait():
+        burst = await recv()
+        await cycles(latency.read)
+        return burst
+
+    async def wait_then_send(beat):
+        await cycles(latency.write)
+        await send(beat)
+
+    ram.read_if.ar_channel.recv = recv_then_wait
+    ram.write_if.b_channel.send = wait_then_send
+
+
 def _answer_with_resp(side, channel, field: str) -> None:
     """Make ``channel.send`` put ``side.resp`` (if set, then cleared) into ``field``."""
     send = channel.send
@@ -119,7 +153,7 @@ class CocotbDevice(PostedWrites):
 
     Beyond the :class:`Device` contract it offers what only a simulation can:
     :meth:`cycle`, :meth:`set_bus_faults` and :meth:`watch_runs` /
-    :meth:`run_events`.
+    :meth:`run_events`; ``dram_latency`` is its DRAM's (the testbench's).
     """
 
     def __init__(self, tb):
@@ -127,6 +161,7 @@ class CocotbDevice(PostedWrites):
 
         super().__init__()
         self.tb = tb
+        self.dram_latency = tb.dram_latency
         self._read = resume(tb.csr_read)
         self._csr_write_many = resume(tb.csr_write_many)
         self._wait = resume(tb.wait_irq)
@@ -181,10 +216,11 @@ class CocotbDevice(PostedWrites):
 
 
 class NpuTestbench:
-    """Clock, reset, AXI4-Lite manager and AXI4 RAM around the NPU top (``dut``)."""
+    """Clock, reset, AXI4-Lite manager and AXI4 RAM around the NPU top (``dut``); the
+    RAM as slow as ``dram_latency`` says (none by default)."""
 
     def __init__(self, dut, dram_bytes: int = DRAM_BYTES, backpressure: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, dram_latency: DramLatency | None = None):
         import cocotb
         from cocotb.clock import Clock
         from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster
@@ -197,6 +233,9 @@ class NpuTestbench:
         # One log line per burst and CSR access costs more than simulating it.
         for side in (self.csr.write_if, self.csr.read_if, self.ram.write_if, self.ram.read_if):
             side.log.setLevel(logging.WARNING)
+        self.dram_latency = dram_latency or DramLatency()
+        if self.dram_latency:
+            delay_answers(self.ram, dut.clk, self.dram_latency, CLOCK_NS)
         self.run_events: list[tuple[int, str]] = []
         self._watchers: list = []
         self.backpressure = backpressure  # the memory pauses at random (wait states)
@@ -276,11 +315,13 @@ def scenario_function(spec: str):
 
 def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 0,
                  backpressure: bool = False, extra_env: dict | None = None,
-                 waves: bool = False, quiet: bool = False):
+                 waves: bool = False, quiet: bool = False,
+                 dram_latency: DramLatency | None = None):
     """Build the NPU for ``config`` and run the host function ``spec`` against it.
 
     ``spec`` is ``"package.module:function"``; the function receives a
-    :class:`CocotbDevice` and the seed, and raises on a mismatch. Raises
+    :class:`CocotbDevice` and the seed, and raises on a mismatch. ``dram_latency``
+    makes the testbench's DRAM slow (:class:`~firmware.bursts.DramLatency`). Raises
     ``verif.sim.CocotbTestFailure`` when it fails. ``quiet``: see
     :func:`verif.sim.run_cocotb`.
     """
@@ -295,10 +336,24 @@ def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 
     source = to_verilog_cached(lambda: NPU(config), "npu", build / "npu.v", key)
     env = {"NPU_SCENARIO": spec, "NPU_CONFIG": config_to_env(config),
            "NPU_SCENARIO_SEED": str(seed), "NPU_BACKPRESSURE": "1" if backpressure else "0",
-           **(extra_env or {})}
+           **dram_latency_env(dram_latency), **(extra_env or {})}
+    test_dir = _test_dir(spec, seed, backpressure) + _latency_tag(dram_latency)
     return run_cocotb("npu", [source], "verif.cocotb_npu", build, extra_env=env,
-                      waves=waves, test_dir=build / _test_dir(spec, seed, backpressure),
-                      quiet=quiet)
+                      waves=waves, test_dir=build / test_dir, quiet=quiet)
+
+
+def dram_latency_env(latency: DramLatency | None) -> dict[str, str]:
+    """The environment that tells the simulator's testbench its DRAM latency."""
+    return {"NPU_DRAM_LATENCY": f"{latency.read},{latency.write}"} if latency else {}
+
+
+def dram_latency_from_env(env) -> DramLatency:
+    read, _, write = env.get("NPU_DRAM_LATENCY", "0,0").partition(",")
+    return DramLatency(int(read), int(write))
+
+
+def _latency_tag(latency: DramLatency | None) -> str:
+    return f"_dram{latency.read}_{latency.write}" if latency else ""
 
 
 def _config_name(config: NPUConfig) -> str:
