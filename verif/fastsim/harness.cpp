@@ -15,7 +15,7 @@
 // the next beat), then the burst processes that their queues woke; a beat queued by
 // a process is presented at the next edge at the earliest. Queues hold two entries.
 //
-// DRAM latency (npusim_set_dram_latency, verif.dram_latency.LatentAxiRam under cocotb):
+// DRAM latency (npusim_set_dram_latency; verif.rtl_device.delay_answers under cocotb):
 // the read process queues a burst's first beat no earlier than `read` cycles after
 // it took the burst up, and the write process queues a burst's response no earlier
 // than `write` cycles after its last beat; each serves one burst at a time.
