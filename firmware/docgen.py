@@ -330,8 +330,9 @@ Parameters (`firmware.golden.CostModel`):
   burst of more than two beats, a cycle per beat after its first (the memory takes
   no data while a response waits; two beats wait in its W queue). The waits are
   stalls of the DMA (`stall_in_load`, `stall_out_store`). Measured with the fast
-  library behind such a DRAM (`tests/test_slowmem.py`): every program of
-  `COST_PROGRAMS` takes the model's cycles at 16/16, 64/64 and 100/40; random
+  library behind such a DRAM (`tests/test_slowmem.py`, 64/64 with `--regress`):
+  every program of `COST_PROGRAMS` takes the model's cycles at 16/16, 64/64 and
+  100/40; random
   programs at 64/64 (40 programs x 2 runs on each of seeds 1, 2, 3 and 5): 87 of
   320 runs exact on `default`, 86 of 320 on `small`, every exact run equal; the
   cocotb testbench's delayed AxiRam takes the fast library's cycles.
