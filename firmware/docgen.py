@@ -332,10 +332,12 @@ Parameters (`firmware.golden.CostModel`):
   stalls of the DMA (`stall_in_load`, `stall_out_store`). Measured with the fast
   library behind such a DRAM (`tests/test_slowmem.py`, 64/64 with `--regress`):
   every program of `COST_PROGRAMS` takes the model's cycles at 16/16, 64/64 and
-  100/40; random
-  programs at 64/64 (40 programs x 2 runs on each of seeds 1, 2, 3 and 5): 87 of
-  320 runs exact on `default`, 86 of 320 on `small`, every exact run equal; the
-  cocotb testbench's delayed AxiRam takes the fast library's cycles.
+  100/40; random programs at 64/64, 40 programs x 2 runs on each of seeds 1, 2, 3
+  and 5 (`verif.fastsim.run_scenario("verif.scenarios:random_programs", CONFIG,
+  seed=S, dram_latency=host.profiles.dram_latency("slowmem"),
+  extra_env={{"NPU_RANDOM_COUNT": "40"}})`): 87 of 320 runs exact on `default`, 86
+  of 320 on `small`, every exact run equal; the cocotb testbench's delayed AxiRam
+  takes the fast library's cycles.
 
 ## Default configuration
 
