@@ -44,13 +44,14 @@ class DramLatency:
     The memory serves one burst at a time per direction, like a DRAM controller
     without command pipelining behind an interconnect. ``read``: a read burst's first
     beat comes no earlier than this many cycles after the memory took the burst up
-    (the cycle its address arrived, or the previous burst's last beat left). ``write``:
+    (the cycle its address arrived, or the cycle the burst before it queued its last
+    beat). ``write``:
     a write burst's response comes no earlier than this many cycles after its last
     beat arrived, and the memory takes no data of the next burst meanwhile.
 
     Each is 0 (the simulation's AxiRam) or at least :attr:`MIN_CYCLES`: from there on
     the memory alone sets the pace of a transfer's bursts after the first, which is
-    what :meth:`load_cycles` and :meth:`store_cycles` count (tests/test_slowmem.py
+    what :meth:`read_gaps` and :meth:`store_cycles` count (tests/test_slowmem.py
     holds them to the RTL's cycles).
     """
 
