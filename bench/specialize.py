@@ -1,7 +1,8 @@
 """``make bench-specialize``: counter-driven specialization against the default fused
 plan and an offline exhaustive search over the same variant library.
 
-Per hardware profile (``default``, ``small``) and MLPerf Tiny model (ResNet-8,
+Per hardware profile (``default``, ``small``, ``slowmem``: ``default`` behind a
+slow DRAM the compiler does not know of) and MLPerf Tiny model (ResNet-8,
 DS-CNN, MobileNetV1-0.25, FC autoencoder), on the golden model at batch 1:
 
 * ``default``: warm cycles per inference of the compiler's fused plan (what ``npu
@@ -36,7 +37,6 @@ import resource
 import time
 
 from bench.common import report
-from firmware.config import CONFIGS
 from host.adaptive.bottleneck import CAUSE_FIELDS, classify
 from host.adaptive.engine import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.specialize_units import SpecializeConfig
@@ -46,16 +46,19 @@ from host.compiler.variants import DEFAULT, compile_with, enumerate_variants
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
+from host.profiles import PROFILES as KNOWN_PROFILES
+from host.profiles import dram_latency
+from host.profiles import profile as profile_config
 from host.runtime import Session
 from verif.model_scenarios import model_inputs
 
 MODELS = ("resnet8", "ds_cnn", "mobilenet_v1_025", "fc_autoencoder")
-PROFILES = ("default", "small")
+PROFILES = ("default", "small", "slowmem")
 
 
-def measure(model, config, x) -> tuple[int, dict]:
+def measure(model, config, x, latency=None) -> tuple[int, dict]:
     """Warm cycles of one inference of ``model`` and its regions' records."""
-    s = Session(NPUDriver(GoldenDevice(config)), model, check=False)
+    s = Session(NPUDriver(GoldenDevice(config, dram_latency=latency)), model, check=False)
     s.load()
     s.run(x)  # cold: loads the resident weights
     r = s.run(x)
@@ -66,14 +69,14 @@ def bottleneck(rec) -> str:
     return classify(rec.cycles, {f: getattr(rec, f) for f in CAUSE_FIELDS}).describe()
 
 
-def exhaustive(model, config, x, base_cycles: int) -> dict:
+def exhaustive(model, config, x, base_cycles: int, latency=None) -> dict:
     """Every unit's variants measured; the best of each combined."""
     units, best = [], {}
     for u in model.units:
         key = tuple(u.nodes)
         rows = []
         for o in enumerate_variants(model, u):
-            cycles, regions = measure(o.model, config, x)
+            cycles, regions = measure(o.model, config, x, latency)
             rows.append({"variant": o.variant.describe(), "predicted": round(o.predicted),
                          "unit_cycles": int(regions[u.id].cycles) if u.id in regions else None,
                          "cycles": cycles})
@@ -90,7 +93,8 @@ def exhaustive(model, config, x, base_cycles: int) -> dict:
         except CompileError:
             continue
         chosen[key] = v
-    combined = measure(compile_with(model, chosen), config, x)[0] if chosen else base_cycles
+    combined = (measure(compile_with(model, chosen), config, x, latency)[0] if chosen
+                else base_cycles)
     single = min([c for c, _ in best.values()], default=base_cycles)
     return {"units": units, "cycles": min(combined, single), "combined_cycles": combined,
             "best_single_unit_cycles": single, "variants_measured":
@@ -98,9 +102,10 @@ def exhaustive(model, config, x, base_cycles: int) -> dict:
             "chosen": {"|".join(k): v.describe() for k, v in chosen.items()}}
 
 
-def specialized(graph, config, inputs, count: int) -> dict:
+def specialized(graph, config, inputs, count: int, latency=None) -> dict:
     """The adaptive runtime, fusion off, specializer on, over ``count`` inferences."""
-    rt = AdaptiveRuntime(NPUDriver(GoldenDevice(config)), graph, AdaptiveConfig(
+    device = GoldenDevice(config, dram_latency=latency)
+    rt = AdaptiveRuntime(NPUDriver(device), graph, AdaptiveConfig(
         fuse_threshold=1e9, async_compile=False, check=False, decide_every=1,
         specialize=SpecializeConfig(), start_fused=True))
     rt.load()
@@ -130,7 +135,7 @@ def busy(rt) -> bool:
 
 
 def one(name: str, profile: str, count: int) -> dict:
-    config = CONFIGS[profile]
+    config, latency = profile_config(profile), dram_latency(profile)
     graph = load_onnx(model_path(name), allow_cpu_fallback=True)
     try:
         model = compile_model(graph, config)
@@ -139,11 +144,11 @@ def one(name: str, profile: str, count: int) -> dict:
     inputs = model_inputs(name, graph)
     x = inputs[0]
     t0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-    base, regions = measure(model, config, x)
+    base, regions = measure(model, config, x, latency)
     necks = {u.id: bottleneck(regions[u.id]) for u in model.units if u.id in regions}
-    ex = exhaustive(model, config, x, base)
+    ex = exhaustive(model, config, x, base, latency)
     t1 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-    sp = specialized(graph, config, inputs, count)
+    sp = specialized(graph, config, inputs, count, latency)
     t2 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
     # The runtime's plans link relocatable units: its gain is measured over its
     # own start and applied to the default plan.
@@ -160,7 +165,7 @@ def one(name: str, profile: str, count: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=sorted(CONFIGS))
+    ap.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=sorted(KNOWN_PROFILES))
     ap.add_argument("--inferences", type=int, default=160)
     ap.add_argument("--name", default="specialize", help="results file name (bench/results/)")
     opts = ap.parse_args(argv)
