@@ -26,16 +26,17 @@ import threading
 import time
 
 import numpy as np
+import onnx
 import pytest
 
 from bench.precompile import contents, same_entries
 from firmware import asm
 from host.adaptive.cache import CompileCache, precompile, precompile_plans, speculative_plans
 from host.adaptive.pool import compile_pool, stop
-from host.cli import model_path
+from host.cli import ExitCode, main, model_path
 from host.compiler import CompileError, compile_model, initial_units, simplify
 from host.compiler.compile import ProgramTooLong
-from host.compiler.units import UnitMemo
+from host.compiler.units import UnitMemo, relocatable, stand_in, symbol_spacing
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
@@ -310,3 +311,35 @@ def test_verify_evicts_a_poisoned_unit(tmp_path, capsys):
     assert "evicted 0;" in out and "0 evicted" not in out, out  # the plans were right
     assert npu_main(["cache", "verify", "--model", "mlp", "--cache", str(path)]) == 0
     assert "0 evicted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("largest", [1, 9 << 20, 100 << 20])
+def test_stand_ins_relocate_addresses_anywhere_in_a_large_tensor(largest):
+    """Every byte of a tensor of ``largest`` bytes (and just before it) maps back
+    to its own symbol, however far from its stand-in."""
+    spacing = symbol_spacing(largest)
+    lines = [f"addi r13, r2, {stand_in(n, spacing) + d}"
+             for n in range(2) for d in (-64, 0, largest - 1)]
+    out, _ = relocatable(lines, 1, 2, 0, spacing=spacing)
+    assert out == [f"addi r13, r2, @a{n}{d:+d}" for n in range(2) for d in (-64, 0, largest - 1)]
+
+
+def test_too_many_stand_ins_of_a_huge_tensor_are_refused():
+    spacing = symbol_spacing(100 << 20)
+    stand_in(1, spacing)
+    with pytest.raises(CompileError, match="more than 2 DRAM tensors or weight blobs"):
+        stand_in(2, spacing)
+
+
+@pytest.mark.slow
+def test_a_unit_with_a_tensor_beyond_8_mib_compiles_alone(tmp_path, capsys):
+    """The bundled MLP declared with 330,000 rows (a 21 MB input) lowers unit by
+    unit and is refused for its length, not for its relocation (~26 s CPU)."""
+    m = onnx.load(model_path("mlp"))
+    for v in (*m.graph.input, *m.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = 330_000
+    onnx.save(m, tmp_path / "mlp.onnx")
+    code = main(["compile", str(tmp_path / "mlp.onnx")])
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitCode.UNSUPPORTED, line
+    assert "instructions; an instruction bank holds" in line

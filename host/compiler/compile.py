@@ -44,7 +44,16 @@ from .plan import (
     stages,
 )
 from .program import CompiledModel
-from .units import Chunk, UnitCode, UnitStore, assemble_unit, link_program, relocatable, stand_in
+from .units import (
+    Chunk,
+    UnitCode,
+    UnitStore,
+    assemble_unit,
+    link_program,
+    relocatable,
+    stand_in,
+    symbol_spacing,
+)
 from .variants import Variant, variant_of
 
 DRAM_ALIGN = 64  # a bus burst never straddles two tensors
@@ -698,8 +707,10 @@ class _Compiler:
         e = Emitter()
         e.result_regs = {f"@{i}": r for i, r in enumerate(RESULT_REGS[:taken])}
         tensors, blobs = self.dram_tensors(u), self.unit_blobs(u)
-        place = Placement(arena={t: stand_in(i) for i, t in enumerate(tensors)},
-                          blobs={b.node: dataclasses.replace(b, dram=stand_in(i))
+        spacing = symbol_spacing(max([self.tensors[t].size for t in tensors]
+                                     + [len(b.data) for b in blobs], default=0))
+        place = Placement(arena={t: stand_in(i, spacing) for i, t in enumerate(tensors)},
+                          blobs={b.node: dataclasses.replace(b, dram=stand_in(i, spacing))
                                  for i, b in enumerate(blobs)},
                           weights_bytes=self.place_.weights_bytes)
         low = Lowering(self.config, e, place, self.tensors, self.root, self.layout,
@@ -707,7 +718,8 @@ class _Compiler:
         low.variants = self.variants
         e.begin_unit()
         resources = low.unit(u)
-        lines, labels = relocatable(e.lines, u.id, len(tensors), len(blobs))
+        lines, labels = relocatable(e.lines, u.id, len(tensors), len(blobs),
+                                    spacing=spacing)
         results = {t: r for t, r in e.result_regs.items() if not t.startswith("@")}
         code = assemble_unit(e.lines, lines, labels, resources, results)
         code.choices = list(low.choices)

@@ -30,10 +30,10 @@ from firmware import asm, isa
 from .plan import CompileError
 
 SYMBOL_SPACING = 1 << 24
-"""Stand-in DRAM offsets while a unit lowers alone: symbol N is ``(N + 1) *
-SYMBOL_SPACING``, and an address within half a spacing of it is symbol N plus
-that difference."""
-MAX_SYMBOLS = (1 << 31) // SYMBOL_SPACING - 2  # addi immediates are signed 32-bit
+"""The least spacing of stand-in DRAM offsets while a unit lowers alone: symbol N
+is ``(N + 1) * spacing``, and an address within half a spacing of it is symbol N
+plus that difference. :func:`symbol_spacing` widens it for large tensors."""
+IMMEDIATE_LIMIT = 1 << 31  # addi immediates are signed 32-bit
 
 _ADDR = re.compile(r"^(\s*addi r\d+, )(r1|r2)(, )(-?\d+)(.*)$")
 _REGION = re.compile(r"^(\s*region\.(?:begin|end) )(\d+)(.*)$")
@@ -41,12 +41,20 @@ _LABEL = re.compile(r"^([A-Za-z_][\w.]*):$")
 _SYMBOL = re.compile(r"@([ac])(\d+)([+-]\d+)|@id\b")
 
 
-def stand_in(n: int) -> int:
-    """The stand-in DRAM offset of symbol ``n``."""
-    if not 0 <= n < MAX_SYMBOLS:
-        raise CompileError(f"a unit with more than {MAX_SYMBOLS} DRAM tensors or weight "
-                           "blobs cannot be compiled on its own")
-    return (n + 1) * SYMBOL_SPACING
+def symbol_spacing(largest: int) -> int:
+    """The stand-in spacing for a unit whose largest DRAM tensor or blob has
+    ``largest`` bytes: a power of two (alignment stays what the plan gives) that
+    keeps every address within a tensor nearer its own stand-in than any other."""
+    return max(SYMBOL_SPACING, 1 << (4 * max(largest, 1) - 1).bit_length())
+
+
+def stand_in(n: int, spacing: int = SYMBOL_SPACING) -> int:
+    """The stand-in DRAM offset of symbol ``n`` at ``spacing``."""
+    most = IMMEDIATE_LIMIT // spacing - 2
+    if not 0 <= n < most:
+        raise CompileError(f"a unit with more than {most} DRAM tensors or weight blobs "
+                           f"of up to {spacing // 4} bytes cannot be compiled on its own")
+    return (n + 1) * spacing
 
 
 @dataclass
@@ -203,12 +211,13 @@ def link_program(lines: list[str], chunks: list[Chunk]) -> asm.Program:
 
 
 def relocatable(lines: list[str], region: int, tensors: int, blobs: int, *,
-                check: bool = True) -> tuple[list, list]:
+                check: bool = True, spacing: int = SYMBOL_SPACING) -> tuple[list, list]:
     """Lines lowered with stand-in offsets -> (symbolic lines, labels).
 
     ``tensors`` and ``blobs`` count the stand-ins given to the unit; an ``r1``/``r2``
     address that is no stand-in is a compiler bug (its value would not relocate).
-    ``check=False``: lines lowered in place (real offsets), only labels are found.
+    ``spacing`` is the one :func:`stand_in` was given. ``check=False``: lines
+    lowered in place (real offsets), only labels are found.
     """
     counts = {"r2": ("a", tensors), "r1": ("c", blobs)}
     out, labels = [], []
@@ -217,8 +226,8 @@ def relocatable(lines: list[str], region: int, tensors: int, blobs: int, *,
         if m:
             kind, count = counts[m.group(2)]
             v = int(m.group(4))
-            n = (v + SYMBOL_SPACING // 2) // SYMBOL_SPACING - 1
-            d = v - (n + 1) * SYMBOL_SPACING
+            n = (v + spacing // 2) // spacing - 1
+            d = v - (n + 1) * spacing
             if not 0 <= n < count:
                 raise RuntimeError(f"unit {region}: the address {ln.strip()!r} is not "
                                    "relative to one of its tensors or blobs")
