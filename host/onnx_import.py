@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import signal
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -46,7 +47,7 @@ from firmware.quant import quantize_multiplier, quantize_multipliers_shared
 
 from .builder import clamp_bounds, fold_bias, requant_for
 from .cpu_fallback import infer_outputs, single_node_model
-from .errors import ModelError, UnsupportedOpError
+from .errors import REPAIR_HINT, ModelError, UnsupportedOpError
 from .ir import (
     ArgMax,
     Clip,
@@ -68,6 +69,7 @@ from .ir import (
     Reshape,
     Tensor,
 )
+from .isolate import ChildCrashed, run_isolated
 
 __all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS"]
 
@@ -215,8 +217,21 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
         support, naming the node, the op type, its domain, the supported
         alternatives and ``allow_cpu_fallback=True``.
     ModelError : a malformed model (checker failure, missing initializer,
-        dangling input) or a shape/dtype/range problem, naming the node.
+        dangling input) or a shape/dtype/range problem, naming the node; or a model
+        on which onnx's or onnxruntime's C++ code crashes.
     """
+    # onnx's checker and shape inference and onnxruntime's inference of contrib
+    # outputs run C++ that a hostile model can crash (a signal, not an exception):
+    # the whole import runs in a child, so a crash is a refused model.
+    try:
+        return run_isolated(_load_onnx, model, allow_cpu_fallback, dims)
+    except ChildCrashed as e:
+        how = signal.Signals(e.signal).name if e.signal else f"exit status {e.status}"
+        raise ModelError(f"the model crashes onnx's C++ code while importing ({how})",
+                         fix=REPAIR_HINT) from None
+
+
+def _load_onnx(model, allow_cpu_fallback: bool, dims: dict | None) -> Graph:
     proto = _load_proto(model)
     _check_references(proto.graph, set())
     _check_model(proto)
