@@ -9,6 +9,7 @@ by the estimate with its one-line reason; the time it takes is printed (the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -22,7 +23,10 @@ from host.builder import GraphBuilder
 from host.cli import ExitCode
 from host.compiler import CompileError, compile_model, simplify
 from host.compiler.estimate import ADDRESS_SPACE, estimate
+from host.device import GoldenDevice
+from host.driver import NPUDriver
 from host.onnx_import import load_onnx
+from host.runtime import Session
 
 MODELS = ["mlp", "cnn", "moe", "early_exit"]
 
@@ -125,3 +129,36 @@ def test_a_tensor_beyond_the_address_space_is_refused():
     assert estimate(graph, CONFIGS["default"]).dram_bytes >= ADDRESS_SPACE
     with pytest.raises(CompileError, match="bytes of NPU memory"):
         compile_model(graph, CONFIGS["default"], simplified=True)
+
+
+def gemm_chain(rng, depth: int):
+    b = GraphBuilder("chain")
+    x = b.input("x", (1, 8), scale=0.05)
+    for _ in range(depth):
+        x = b.qgemm(x, rand_int8(rng, (8, 8)), rng.integers(-3000, 3000, 8), w_scale=0.01,
+                    out_scale=0.2, relu=True)
+    b.output(x, "y")
+    return b.build()
+
+
+def test_paging_bounds_each_node_by_a_page_not_the_program_by_a_bank():
+    """A chain of small GEMMs bounded beyond one bank but pageable is refused
+    without paging, and with paging compiles into pages that run as the reference."""
+    config = dataclasses.replace(CONFIGS["default"], imem_depth=64)
+    graph = gemm_chain(np.random.default_rng(0), 25)
+    assert estimate(simplify(graph)[0], config).instructions > config.imem_depth
+    with pytest.raises(CompileError, match="needs at least"):
+        compile_model(graph, config)
+    model = compile_model(graph, config, paging=True)
+    assert len(model.pages) > 1
+    session = Session(NPUDriver(GoldenDevice(config)), model, check=True)
+    session.load()
+    got = session.run({"x": rand_int8(np.random.default_rng(1), (1, 8))})
+    assert got.checked
+
+
+def test_paging_refuses_a_node_beyond_a_page_before_lowering(tmp_path):
+    graph = load_onnx(huge_mlp(tmp_path, 10**6))
+    with pytest.raises(CompileError, match=r"node 'fc\d' alone needs at least \d+ "
+                       r"instructions .*a page of the instruction bank holds 2047"):
+        compile_model(graph, CONFIGS["default"], paging=True)

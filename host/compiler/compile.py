@@ -137,7 +137,7 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
         graph, log = simplify(graph)
     graph = fold_rows(graph, config, log)
     check_supported(graph)
-    check_fits(graph, config)  # before lowering: refuse hopeless work in linear time
+    check_fits(graph, config, paging)  # before lowering: refuse hopeless work fast
     reloc = relocatable or unit_store is not None
     if variants and units is None:
         raise ValueError("variants name units: pass the plan's units with them")

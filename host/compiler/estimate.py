@@ -73,16 +73,24 @@ def estimate(graph: Graph, config: NPUConfig) -> Estimate:
     return est
 
 
-def check_fits(graph: Graph, config: NPUConfig) -> Estimate:
+def check_fits(graph: Graph, config: NPUConfig, paging: bool = False) -> Estimate:
     """Raise :class:`CompileError` when ``graph`` cannot fit ``config`` by the
-    lower bounds of :func:`estimate`; return the estimate otherwise."""
+    lower bounds of :func:`estimate`; return the estimate otherwise.
+
+    Without ``paging`` the whole program must fit one instruction bank; with it
+    (:mod:`.pages`) each top-level unit must fit a page, and a node's bound is a
+    lower bound of the unit (or ``If``) that holds it."""
     est = estimate(graph, config)
-    if est.instructions > config.imem_depth:
-        need, node = est.largest
+    need, node = est.largest
+    per_tile = f"its rows in tiles of at most {min(config.acc_rows, GEMM_ROWS)}"
+    if paging and need > config.imem_depth - 1:  # each page ends with ``end``
+        raise CompileError(f"node {node!r} alone needs at least {need} instructions "
+                           f"({per_tile}); a page of the instruction bank holds "
+                           f"{config.imem_depth - 1}")
+    if not paging and est.instructions > config.imem_depth:
         raise CompileError(f"the program needs at least {est.instructions} instructions "
-                           f"({need} for node {node!r} alone: its rows in tiles of at most "
-                           f"{min(config.acc_rows, GEMM_ROWS)}); an instruction bank holds "
-                           f"{config.imem_depth}")
+                           f"({need} for node {node!r} alone: {per_tile}); an "
+                           f"instruction bank holds {config.imem_depth}")
     if est.dram_bytes >= ADDRESS_SPACE:
         raise CompileError(f"the model needs at least {est.dram_bytes} bytes of NPU memory "
                            f"(weights and its largest tensor); the NPU addresses "
