@@ -36,7 +36,14 @@ from host.adaptive.pool import compile_pool, stop
 from host.cli import ExitCode, main, model_path
 from host.compiler import CompileError, compile_model, initial_units, simplify
 from host.compiler.compile import ProgramTooLong
-from host.compiler.units import UnitMemo, relocatable, stand_in, symbol_spacing
+from host.compiler.units import (
+    TARGET_LIMIT,
+    UnitMemo,
+    assemble_unit,
+    relocatable,
+    stand_in,
+    symbol_spacing,
+)
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
@@ -331,10 +338,16 @@ def test_too_many_stand_ins_of_a_huge_tensor_are_refused():
         stand_in(2, spacing)
 
 
+def test_a_unit_beyond_what_its_targets_address_is_refused():
+    lines = ["    end"] * (TARGET_LIMIT + 1)
+    with pytest.raises(CompileError, match=f"a unit of {TARGET_LIMIT + 1} instructions"):
+        assemble_unit(lines, lines, [], {}, {})
+
+
 @pytest.mark.slow
 def test_a_unit_with_a_tensor_beyond_8_mib_compiles_alone(tmp_path, capsys):
     """The bundled MLP declared with 330,000 rows (a 21 MB input) lowers unit by
-    unit and is refused for its length, not for its relocation (~26 s CPU)."""
+    unit and is refused for its length, not for its relocation (~33 s CPU)."""
     m = onnx.load(model_path("mlp"))
     for v in (*m.graph.input, *m.graph.output):
         v.type.tensor_type.shape.dim[0].dim_value = 330_000

@@ -34,6 +34,7 @@ SYMBOL_SPACING = 1 << 24
 is ``(N + 1) * spacing``, and an address within half a spacing of it is symbol N
 plus that difference. :func:`symbol_spacing` widens it for large tensors."""
 IMMEDIATE_LIMIT = 1 << 31  # addi immediates are signed 32-bit
+TARGET_LIMIT = 1 << 16  # branch and loop targets are 16-bit instruction indices
 
 _ADDR = re.compile(r"^(\s*addi r\d+, )(r1|r2)(, )(-?\d+)(.*)$")
 _REGION = re.compile(r"^(\s*region\.(?:begin|end) )(\d+)(.*)$")
@@ -140,6 +141,12 @@ def assemble_unit(lines: list[str], symbolic: list[str], labels: list[str], reso
                   results: dict) -> UnitCode:
     """Assemble a unit lowered with stand-ins (``lines``; ``symbolic`` is
     :func:`relocatable`'s form of them) into :class:`UnitCode`."""
+    from .pages import is_instruction  # pages links units: imported here, not above
+
+    length = sum(map(is_instruction, lines))
+    if length > TARGET_LIMIT:  # its own loops could not reach their ends
+        raise CompileError(f"a unit of {length} instructions is beyond the {TARGET_LIMIT} "
+                           "that branch and loop targets address")
     try:
         program = asm.assemble("\n".join(lines) + "\n")
     except asm.AsmError as err:  # a compiler bug, never the user's model
