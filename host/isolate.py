@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
+import time
 import traceback
 
 
@@ -31,9 +33,19 @@ class ChildCrashed(Exception):
         super().__init__(f"the child process {how}")
 
 
-def run_isolated(fn, *args, **kwargs):
+class ChildTimedOut(Exception):
+    """The child running the call gave no answer within its time limit (it was
+    killed): a hang in C++ code under it, or work far beyond what the call needs."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        super().__init__(f"the child process gave no answer within {seconds:g} s")
+
+
+def run_isolated(fn, *args, timeout: float | None = None, **kwargs):
     """``fn(*args, **kwargs)`` in a forked child: its result, or its exception
-    raised again here; :class:`ChildCrashed` when the child dies without one."""
+    raised again here; :class:`ChildCrashed` when the child dies without one,
+    :class:`ChildTimedOut` when it has not answered within ``timeout`` seconds."""
     if not hasattr(os, "fork"):
         return fn(*args, **kwargs)
     read_fd, write_fd = os.pipe()
@@ -46,8 +58,9 @@ def run_isolated(fn, *args, **kwargs):
             os._exit(0)
     os.close(write_fd)
     try:
-        with os.fdopen(read_fd, "rb") as pipe:
-            data = pipe.read()
+        data = _read_all(read_fd, timeout)
+        if data is None:  # the finally kills the child
+            raise ChildTimedOut(timeout)
         _, status = os.waitpid(pid, 0)
         pid = 0
     finally:
@@ -61,6 +74,24 @@ def run_isolated(fn, *args, **kwargs):
     if ok:
         return payload
     raise _rebuild(*payload)
+
+
+def _read_all(fd: int, timeout: float | None) -> bytes | None:
+    """Everything the child writes until it closes the pipe; None when that takes
+    longer than ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    chunks = []
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if not select.select([pipe], [], [], left)[0]:
+                return None
+            chunk = pipe.read(1 << 16)  # unbuffered: what the pipe holds, b"" at EOF
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
 
 
 def _answer(fd: int, fn, args, kwargs):

@@ -69,7 +69,7 @@ from .ir import (
     Reshape,
     Tensor,
 )
-from .isolate import ChildCrashed, run_isolated
+from .isolate import ChildCrashed, ChildTimedOut, run_isolated
 
 __all__ = ["load_onnx", "freeze_inputs", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS"]
 
@@ -83,6 +83,11 @@ SUPPORTED_OPS = (
 
 SUPPORTED_CONTRIB_OPS = ("QGemm", "QLinearAdd", "QLinearAveragePool", "QLinearGlobalAveragePool")
 """onnxruntime's ``com.microsoft`` operators the importer maps to NPU operators."""
+
+IMPORT_TIMEOUT_S = 300.0
+"""How long an import may take before it is refused: the zoo's largest imports in
+well under a second, so only a hang in C++ code (or a model far beyond any NPU's
+memory) comes near it; an import never runs unbounded."""
 
 _REQUANTIZE = ("quantize the model again (onnxruntime.quantization.quantize_static) with "
                "calibration data covering its inputs")
@@ -224,7 +229,12 @@ def load_onnx(model, *, allow_cpu_fallback: bool = False, dims: dict | None = No
     # outputs run C++ that a hostile model can crash (a signal, not an exception):
     # the whole import runs in a child, so a crash is a refused model.
     try:
-        return run_isolated(_load_onnx, model, allow_cpu_fallback, dims)
+        return run_isolated(_load_onnx, model, allow_cpu_fallback, dims,
+                            timeout=IMPORT_TIMEOUT_S)
+    except ChildTimedOut as e:
+        raise ModelError(f"importing the model did not finish within {e.seconds:g} s "
+                         "(onnx's C++ code hangs on it, or it is far larger than the "
+                         "NPU's memory)", fix=REPAIR_HINT) from None
     except ChildCrashed as e:
         how = signal.Signals(e.signal).name if e.signal else f"exit status {e.status}"
         raise ModelError(f"the model crashes onnx's C++ code while importing ({how})",

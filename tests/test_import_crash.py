@@ -12,6 +12,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import time
 
 import onnx
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from host import cli
 from host.cli import ExitCode, model_path
 from host.errors import ModelError, UnsupportedOpError
-from host.isolate import ChildCrashed, run_isolated
+from host.isolate import ChildCrashed, ChildTimedOut, run_isolated
 from host.onnx_import import load_onnx
 
 
@@ -40,6 +41,17 @@ def test_a_child_that_exits_without_an_answer_is_a_crash():
     with pytest.raises(ChildCrashed, match="exited with 7") as crash:
         run_isolated(os._exit, 7)
     assert crash.value.signal is None
+
+
+def test_a_child_that_does_not_answer_in_time_is_killed():
+    """A hang in the child (C++ deadlocked after fork, say) ends the call: the child
+    is killed, and the caller's wait is bounded."""
+    with pytest.raises(ChildTimedOut, match="no answer within 0.5 s"):
+        run_isolated(time.sleep, 60, timeout=0.5)
+
+
+def test_a_long_answer_arrives_whole_within_the_time_limit():
+    assert run_isolated(bytes, 3 << 20, timeout=60) == bytes(3 << 20)
 
 
 def test_results_and_exceptions_come_back_as_in_process():
