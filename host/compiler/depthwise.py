@@ -151,17 +151,6 @@ def lower_avgpool(low, n: QAvgPool) -> int:
                      shared=True)
 
 
-def _repeat(e, count: int, body):
-    """``body()`` ``count`` times: in a hardware loop from two on."""
-    if count >= 2:
-        end = e.new_label("rep")
-        e.op(f"loop {count}, {end}")
-        body()
-        e.loop_end(end)
-    elif count == 1:
-        body()
-
-
 def _groups(e, c: int, cols: int, body, step):
     """``body(n_j)`` for each channel group (full groups in a loop), ``step()`` between."""
     full, rem = divmod(c, cols)
@@ -234,7 +223,7 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
                         e.op(f"addi {xt}, {xt}, {row_step}")
                         e.op(f"addi {acc}, {acc}, {ow}")
                         e.compute(f"gemm.{mode} {P_WORK}, {xt}, {acc}, {ow}, swap=0")
-                    _repeat(e, nr - 1, next_row)
+                    e.repeat(nr - 1, next_row)
                     e.op(f"addi {xt}, {xt}, {x_next - back}")
                     if not shared:
                         e.op(f"addi {wt}, {wt}, {tile * n_j}")
@@ -243,11 +232,11 @@ def _windowed(low, n, kernel, strides, pads, fill: int, requant, *, shared: bool
 
                 def kernel_row(first: bool):
                     tap("overwrite" if first else "accumulate", first, along if kw > 1 else down)
-                    _repeat(e, kw - 2, lambda: tap("accumulate", False, along))
+                    e.repeat(kw - 2, lambda: tap("accumulate", False, along))
                     if kw > 1:
                         tap("accumulate", False, down)
                 kernel_row(True)
-                _repeat(e, kh - 1, lambda: kernel_row(False))
+                e.repeat(kh - 1, lambda: kernel_row(False))
                 low.requant_tile(part, blob, 0 if n_j == cfg.cols else last, wj, "r0",
                                  nr * ow, n_j, yj)
 
@@ -421,10 +410,10 @@ def _global(low, n: QAvgPool) -> int:
                     pixel(along if kw > 1 else down, "overwrite", 1)
                 else:
                     pixel(along if kw > 1 else down)
-                _repeat(e, kw - 2, lambda: pixel(along))
+                e.repeat(kw - 2, lambda: pixel(along))
                 if kw > 1:
                     pixel(down)
             window_row(True)
-            _repeat(e, kh - 1, lambda: window_row(False))
+            e.repeat(kh - 1, lambda: window_row(False))
             low.requant_tile(part, blob, j0, wt, "r0", m, k, yt)
     return bn * kh * kw * c

@@ -200,6 +200,16 @@ class Emitter:
         self._next_scratch = count
         return regs
 
+    def repeat(self, count: int, body, stem: str = "rep"):
+        """``body()`` ``count`` times: in a hardware loop from two on, inline once."""
+        if count >= 2:
+            end = self.new_label(stem)
+            self.op(f"loop {count}, {end}")
+            body()
+            self.loop_end(end)
+        elif count == 1:
+            body()
+
     def loop_end(self, label: str):
         """Place a loop's end label: only the loop reaches it, so state stays known
         (the loop body must not change what the caches track)."""

@@ -951,15 +951,6 @@ class Lowering:
             if acc_step:
                 e.op(f"addi {aj}, {aj}, {acc_step}")
 
-        def tiles(count: int, body):
-            if count >= 2:
-                end = e.new_label("cols")
-                e.op(f"loop {count}, {end}")
-                body()
-                e.loop_end(end)
-            elif count == 1:
-                body()
-
         if alternate:
             def pair():
                 one(0, cfg.cols)
@@ -967,7 +958,7 @@ class Lowering:
                 one(0, cfg.cols)
                 step(-m)
 
-            tiles(full // 2, pair)
+            e.repeat(full // 2, pair, "cols")
             if full % 2:
                 one(0, cfg.cols)
                 if rem:
@@ -977,7 +968,7 @@ class Lowering:
                 one(0, cfg.cols)
                 step()
 
-            tiles(full, single)
+            e.repeat(full, single, "cols")
         elif full == 1:
             one(0, cfg.cols)
             if rem:
