@@ -196,6 +196,10 @@ class Session:
         segment (the adaptive runtime stages a new plan there); a swap it requests
         lands after this inference, which finishes on the plan it started with.
         """
+        if while_running is not None and self.pager is not None:
+            # A paged program's staging writes the shadow bank: nothing else may.
+            raise ValueError(f"{self.model.graph.name}'s program pages through the "
+                             "shadow bank: nothing can be staged while it runs")
         before = self.driver.counters()
         self.driver.read_trace()  # drop records of earlier, unrelated runs
         writes = self.driver.reg_writes

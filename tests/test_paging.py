@@ -127,6 +127,13 @@ def test_a_paged_program_cannot_be_staged():
         s.stage(s.model)
 
 
+def test_a_paged_run_refuses_to_stage_while_it_runs():
+    graph = load_onnx(model_path("mlp"))
+    s = session(graph, shallow(40), paging=True)
+    with pytest.raises(ValueError, match="pages through the shadow bank"):
+        s.run(model_inputs("mlp", graph)[0], while_running=lambda: None)
+
+
 def test_partition_tables_are_written_only_when_they_change():
     drv = NPUDriver(GoldenDevice(CONFIGS["default"]))
     table = [(0, 1024), (1024, 4096)]
