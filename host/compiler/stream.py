@@ -569,12 +569,7 @@ class _ConvStream:
     def _fill(self, at, rows: int, row_bytes: int, reg: bool = False):
         """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``at``
         (an offset, or a register holding it)."""
-        e, fill = self.e, self.n.pad_value
-        for name, v in (("clip_lo", fill), ("clip_hi", fill), ("in_stride", 0),
-                        ("out_stride", 0)):
-            e.set_cfg(name, v)
-        r = at if reg else e.reg(at)
-        e.compute(f"vclip {P_WORK}, {r}, {P_WORK}, {r}, {rows}, {row_bytes}")
+        fill_rows(self.e, at if reg else self.e.reg(at), rows, row_bytes, self.n.pad_value)
 
 
 def column_groups(low, blob, nn: int, red_tiles, name: str):
@@ -634,6 +629,15 @@ def column_steps(e, pieces, g: int, nn: int, cols: int, regs, at, compute):
             min(g * cols, nn - pieces[s + 1][0] * cols) == g * cols
 
     pipeline(e, steps, load, compute, toggle, advance, same, same_tail)
+
+
+def fill_rows(e, reg: str, rows: int, row_bytes: int, fill: int):
+    """Write ``fill`` over ``rows`` dense rows of ``row_bytes`` at the scratchpad
+    offset in ``reg`` (a ``vclip`` to the one value)."""
+    for name, v in (("clip_lo", fill), ("clip_hi", fill), ("in_stride", 0),
+                    ("out_stride", 0)):
+        e.set_cfg(name, v)
+    e.compute(f"vclip {P_WORK}, {reg}, {P_WORK}, {reg}, {rows}, {row_bytes}")
 
 
 def refill_pad_columns(e, buf: str, rows: int, w: int, wp: int, c: int, fill: int):

@@ -44,7 +44,15 @@ from .lower import (
     ceil_div,
     conv_tiles,
 )
-from .stream import _Stats, column_pieces, pipe_regs, pipeline, refill_pad_columns, transfers
+from .stream import (
+    _Stats,
+    column_pieces,
+    fill_rows,
+    pipe_regs,
+    pipeline,
+    refill_pad_columns,
+    transfers,
+)
 
 
 def ways(low, u, n: QConv) -> list:
@@ -410,9 +418,5 @@ class ConvTiles:
 
     def _fill(self, reg: str, rows: int, row_bytes: int):
         """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``reg``."""
-        e, fill = self.e, self.n.pad_value
-        for name, v in (("clip_lo", fill), ("clip_hi", fill), ("in_stride", 0),
-                        ("out_stride", 0)):
-            e.set_cfg(name, v)
-        e.compute(f"vclip {P_WORK}, {reg}, {P_WORK}, {reg}, {rows}, {row_bytes}")
+        fill_rows(self.e, reg, rows, row_bytes, self.n.pad_value)
 
