@@ -74,6 +74,8 @@ def test_paged_program_computes_what_the_unpaged_one_does():
     for x in model_inputs("cnn", graph)[:3]:
         got, want = paged.run(x), whole.run(x)
         assert got.checked and all((got.outputs[k] == v).all() for k, v in want.outputs.items())
+        # late_pages is 0 on the golden device by construction (it stays busy until
+        # the host waits); the RTL test below is where lateness is measured.
         assert got.page_runs == 3 and got.late_pages == 0
         assert got.counters["runs"] == 3 and got.counters["swaps"] == 3
         assert got.cycles == sum(c["cycles"] for c in got.page_counters)
