@@ -28,6 +28,11 @@ from firmware.golden import Machine
 from firmware.regs import counter_names
 
 
+class OutsideDRAM(ValueError):
+    """A memory access beyond (or before) the device's DRAM: for the host, a model
+    whose constants and tensors need more memory than the device has."""
+
+
 class Device(abc.ABC):
     """A transport to one NPU."""
 
@@ -151,7 +156,7 @@ class GoldenDevice(Device):
 
     def _check_mem(self, addr, size):
         if addr < 0 or size < 0 or addr + size > len(self.machine.dram):
-            raise ValueError(f"DRAM [{addr:#x}, +{size}) outside {len(self.machine.dram)} bytes")
+            raise OutsideDRAM(f"DRAM [{addr:#x}, +{size}) outside {len(self.machine.dram)} bytes")
 
     def wait_irq(self, timeout_cycles: int) -> bool:
         """Advance a run in progress by up to ``timeout_cycles`` cycles; whether an

@@ -25,7 +25,7 @@ from firmware.regs import (
     pack_fields,
 )
 
-from .device import Device
+from .device import Device, OutsideDRAM
 from .limits import LimitExceeded, RunLimits, wait_irq_within
 
 CTRL_START = field_mask("CTRL", "start")
@@ -293,11 +293,11 @@ class NPUDriver:
 
 @contextlib.contextmanager
 def _memory_of_the_device():
-    """A device refuses (ValueError) a range beyond its DRAM: for the host that is a
+    """A device refuses (OutsideDRAM) a range beyond its DRAM: for the host that is a
     model whose constants and tensors need more memory than the device has."""
     try:
         yield
-    except ValueError as err:
+    except OutsideDRAM as err:
         raise DeviceError(f"{err}: the model needs more DRAM than this device has") from None
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from firmware.bursts import DramLatency
 from firmware.config import NPUConfig
 
-from .device import PostedWrites, fault_windows
+from .device import OutsideDRAM, PostedWrites, fault_windows
 from .driver import DeviceError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ class VerilatorDevice(PostedWrites):
 
     def _check_mem(self, addr: int, size: int) -> None:
         if addr < 0 or size < 0 or addr + size > self.dram_bytes:
-            raise ValueError(f"DRAM [{addr:#x}, +{size}) outside {self.dram_bytes} bytes")
+            raise OutsideDRAM(f"DRAM [{addr:#x}, +{size}) outside {self.dram_bytes} bytes")
 
     def wait_irq(self, timeout_cycles: int) -> bool:
         self._flush()
