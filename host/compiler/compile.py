@@ -32,7 +32,7 @@ from .lower import (
     is_alias,
     scope_tensors,
 )
-from .pages import PAGE_BREAK_CYCLES, Page, choose_breaks, is_instruction, link_pages
+from .pages import PAGE_BREAK_CYCLES, Page, choose_breaks, link_pages
 from .plan import (
     CompileError,
     UnitInfo,
@@ -49,6 +49,7 @@ from .units import (
     UnitCode,
     UnitStore,
     assemble_unit,
+    is_instruction,
     link_program,
     relocatable,
     stand_in,
@@ -643,8 +644,8 @@ class _Compiler:
         self._line_spans[u.id] = (start, len(self.e.lines))
         sub = next(s for s in self.subs if s.id == u.id)
         sub.instructions = [ln.strip() for ln in self.e.lines[start:]]
-        sub.resources = {**resources, "instructions": sum(
-            1 for ln in sub.instructions if not ln.startswith(";") and not ln.endswith(":"))}
+        sub.resources = {**resources,
+                         "instructions": sum(map(is_instruction, sub.instructions))}
         self.done_roots.update(u.outputs)
         self.emitted.add(u.id)
 

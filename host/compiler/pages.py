@@ -37,12 +37,6 @@ class Page(NamedTuple):
     results: tuple[str, ...] = ()
 
 
-def is_instruction(line: str) -> bool:
-    """Whether an assembly line is an instruction (not a label, comment or blank)."""
-    text = line.split(";", 1)[0].strip()
-    return bool(text) and not text.endswith(":")
-
-
 def choose_breaks(sizes: list[int], live: list[bool], room: int) -> list[int]:
     """Where to break a segment of items of ``sizes`` instructions into pages of at
     most ``room`` instructions: the indices of the items that open a new page.

@@ -44,6 +44,7 @@ from .lower import (
     conv_tiles,
     gemm_tiles,
 )
+from .units import is_instruction
 from .variants import refuse
 
 STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
@@ -233,8 +234,7 @@ def fastest(low, ways, predict=None) -> dict:
                 refusal = err
                 e.rollback(start)
                 continue
-            size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
-                       and not ln.endswith(":"))
+            size = sum(map(is_instruction, e.lines[len_at:]))
             options.append((stats, size, way))
             e.rollback(start)
     finally:
@@ -351,8 +351,7 @@ def _fewer_band_cycles(low, u, n: QConv) -> dict:
         except CompileError as err:
             refusal = err
         else:
-            size = sum(1 for ln in e.lines[len_at:] if not ln.strip().startswith(";")
-                       and not ln.endswith(":"))
+            size = sum(map(is_instruction, e.lines[len_at:]))
             options.append((way.predicted + low.instruction_price * size, way))
         e.rollback(start)
     if not options:

@@ -137,12 +137,16 @@ _FIELDS = {spec.mnemonic: {f.name: f for f in spec.fields} for spec in isa.SPECS
 _SYM = re.compile(r"@([ac])(\d+)([+-]\d+)")
 
 
+def is_instruction(line: str) -> bool:
+    """Whether an assembly line is an instruction (not a label, comment or blank)."""
+    text = line.split(";", 1)[0].strip()
+    return bool(text) and not text.endswith(":")
+
+
 def assemble_unit(lines: list[str], symbolic: list[str], labels: list[str], resources: dict,
                   results: dict) -> UnitCode:
     """Assemble a unit lowered with stand-ins (``lines``; ``symbolic`` is
     :func:`relocatable`'s form of them) into :class:`UnitCode`."""
-    from .pages import is_instruction  # pages links units: imported here, not above
-
     length = sum(map(is_instruction, lines))
     if length > TARGET_LIMIT:  # its own loops could not reach their ends
         raise CompileError(f"a unit of {length} instructions is beyond the {TARGET_LIMIT} "
