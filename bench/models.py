@@ -176,8 +176,10 @@ def measure(name: str, config=CONFIGS[CONFIG], targets=TARGETS, paging: bool = T
     row["fraction_of_bound"] = row["bound_cycles"] / row["cycles"]
     row["status"] = "runs, part on the CPU" if row["cpu_fallback_nodes"] else "runs on the NPU"
     if row["target_cycles"] is not None:
-        row["meets_target"] = (row["status"] == "runs on the NPU"
-                               and row["cycles"] <= row["target_cycles"])
+        # The targets count NPU cycles; a model with a CPU node (the zoo's Softmax) is
+        # not whole on the NPU, so it meets its target only in cycles.
+        row["cycles_meet_target"] = row["cycles"] <= row["target_cycles"]
+        row["meets_target"] = row["cycles_meet_target"] and row["status"] == "runs on the NPU"
     return row, compiled
 
 
