@@ -507,6 +507,10 @@ def compile_cmd(opts) -> int:
         if program.is_dir() or program.name in ("", ".", ".."):
             raise UsageError(f"-o {opts.output}: is a directory; name the program file "
                              "(e.g. -o out/prog.bin)")
+        if program.exists() and not program.is_file():
+            # a device or a pipe: its PROGRAM.const would land beside it (/dev/null.const)
+            raise UsageError(f"-o {opts.output}: is not a regular file; the program and "
+                             "its PROGRAM.const need a file path (e.g. -o out/prog.bin)")
         consts = program.with_suffix(".const")
         if program == consts:  # the constants would overwrite the program
             raise UsageError(f"-o {opts.output}: the constants go to PROGRAM.const; name "

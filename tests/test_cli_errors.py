@@ -6,6 +6,8 @@ backend; ``--debug`` brings the traceback back.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -145,6 +147,8 @@ CASES = {
                            "is a directory"),
     "output the current directory": (lambda t: ["compile", "mlp", "-o", "."], ExitCode.USAGE,
                                      "is a directory"),
+    "output a device": (lambda t: ["compile", "mlp", "-o", os.devnull], ExitCode.USAGE,
+                        "is not a regular file"),
     "output .const": (lambda t: ["compile", "mlp", "-o", str(t / "prog.const")],
                       ExitCode.USAGE, "PROGRAM.const"),
     # an internal ValueError from the device's memory check before
@@ -276,7 +280,6 @@ def test_compile_output_is_written_whole(tmp_path, monkeypatch, capsys):
     """``npu compile -o``: a disk that fills mid-write leaves the old program and
     constants and no temporary; a link to a program is written through."""
     import errno
-    import os
 
     program, consts = tmp_path / "prog.bin", tmp_path / "prog.const"
     program.write_bytes(b"old program")
