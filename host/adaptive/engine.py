@@ -47,6 +47,7 @@ from .fusion import Candidate, refusal, score_chain
 from .profiler import Profiler, ProfilerConfig
 from .records import AdaptiveInference, RuntimeEvent, StreamLog, mismatch
 from .resident import ResidentProgram
+from .sparsity import SparseServer, SparsityConfig
 from .specialize_units import (
     Outcomes,
     SpecializeConfig,
@@ -87,6 +88,8 @@ class AdaptiveConfig:
         it has: what a static plan does).
     specialize : when fusion has nothing to do, try variants of the hot units
         chosen by their counters (:mod:`.specialize_units`; None: never).
+    sparsity : skip GEMM input elements that the profile shows zero, on inputs
+        whose guard holds (:mod:`.sparsity`; None: never).
     start_fused : begin on the compiler's fused plan (what ``npu run`` runs without
         ``--adaptive``) instead of one unit per layer.
     async_compile : compile in a worker thread (False: inline, deterministic).
@@ -109,6 +112,7 @@ class AdaptiveConfig:
     spec_threshold: float = 0.6
     spec_step: float = 0.1
     specialize: SpecializeConfig | None = None
+    sparsity: SparsityConfig | None = None
     start_fused: bool = False
     async_compile: bool = True
     check: bool = True
@@ -199,6 +203,9 @@ class AdaptiveRuntime:
                                    self.resident, self.profiler, self.log)
         self.specializer = None if self.config.specialize is None else Specializer(
             self.config.specialize, Outcomes(self.cache.path))
+        self.sparse = None if self.config.sparsity is None else SparseServer(
+            self.config.sparsity, self.config.validate_runs, self.config.check, self.graph,
+            self.hw, self.cache, self, self.resident, self.profiler, self.log)
         self._decisions = 0
 
     def _initial_plan(self) -> list:
@@ -266,6 +273,10 @@ class AdaptiveRuntime:
         t0 = time.perf_counter()
         self.log.inferences += 1
         self.log.begin_call()
+        fast = self._run_sparse(inputs)
+        if fast is not None:
+            fast.host_seconds = time.perf_counter() - t0
+            return fast
         ready = self._ready_change()
         stage = None
         if ready is not None:
@@ -283,6 +294,9 @@ class AdaptiveRuntime:
         outcome = self._learn(res)
         if self.specializer is not None:
             self.specializer.observe(res.trace, ran_on, self.model)
+        if self.sparse is not None:
+            self.sparse.generic_ran(res, tuple(u.id for u in ran_on.units))
+            self.sparse.decide(self.n)
         if self.n >= self.config.warmup and self.n % self.config.decide_every == 0:
             self._decide()
         out = AdaptiveInference(res.outputs, res.cycles, res.counters, res.trace,
@@ -292,6 +306,20 @@ class AdaptiveRuntime:
                                 speculation=outcome)
         out.host_seconds = time.perf_counter() - t0
         out.overhead_seconds = out.host_seconds - device_seconds
+        return out
+
+    def _run_sparse(self, inputs: dict) -> AdaptiveInference | None:
+        """Profile the input and answer it on the sparsity variant when its guard
+        holds (None: the generic plan answers)."""
+        if self.sparse is None:
+            return None
+        out = self.sparse.serve(inputs, self.sparse.observe(inputs))
+        if out is None:
+            return None
+        self.sparse.decide(self.n)
+        if self.n >= self.config.warmup and self.n % self.config.decide_every == 0:
+            self._decide()
+        out.events = self.log.fresh
         return out
 
     def run_many(self, batch, progress=None) -> list[AdaptiveInference]:
@@ -790,6 +818,7 @@ class AdaptiveRuntime:
             "cost_model_error": {"profile": before, "refit": after},
             **self.batches.report(),
             "specializations": self.specializer.report() if self.specializer else [],
+            "sparsity": self.sparse.report() if self.sparse else None,
             "units": self.units.as_dict()["units"],
             "events": [e.as_dict() for e in self.events],
             "profiler": self.profiler.snapshot(),
