@@ -236,9 +236,8 @@ class SparseServer:
             return None
         self.guarded += 1
         why = v.guard_failure(values[v.source.input])
-        if self.state == "kept":
-            self.guard_log.append(not why)
-            del self.guard_log[:-self.config.window]
+        self.guard_log.append(not why)
+        del self.guard_log[:-self.config.window]
         if why:
             self.log.emit("guard-failed", (), f"{v.name}: {why}; running the generic plan")
             return None
@@ -290,7 +289,7 @@ class SparseServer:
         self.trials.append(trial)
         if base is not None and mean < base:
             self.state = "kept"
-            self.guard_log, self.kept_cycles = [], []
+            self.kept_cycles = []
             trial["verdict"] = "kept"
             self.log.emit("sparsity-kept", (), f"{v.name}: {mean:.0f} cycles per inference "
                           f"against {base:.0f} on the generic plan")
@@ -306,7 +305,7 @@ class SparseServer:
         """After an inference: drop a kept variant whose guard stopped holding or
         whose stream (guard failures' program switches included) stopped paying, or
         propose one from the profile."""
-        if self.state == "kept":
+        if self.variant is not None:
             self._review()
         if self.variant is not None or n < self.config.warmup or self.generic.changing():
             return
@@ -328,7 +327,7 @@ class SparseServer:
                            retry=True)
                 return
         base = self.generic_warm.get(v.plan)
-        if len(self.kept_cycles) >= window and base is not None:
+        if self.state == "kept" and len(self.kept_cycles) >= window and base is not None:
             mean = float(np.mean(self.kept_cycles))
             if mean >= base:
                 self._refuse(v)
@@ -358,6 +357,7 @@ class SparseServer:
                       f"{len(model.program)} instructions, "
                       f"{self.variant.tiles_saved(self.hw.rows)} K-tiles fewer per GEMM")
         self.state, self._left, self._measured = "validating", self.validate_runs, []
+        self.guard_log = []
         if self.validate_runs == 0:
             self.state = "measuring"
 
