@@ -45,6 +45,7 @@ help:
 	@echo "make bench-precompile npu precompile serial vs a pool of compile processes, bundled + MLPerf (precompile.json)"
 	@echo "make bench-swaps     instruction words a plan change writes into the shadow bank (swaps.json)"
 	@echo "make bench-specialize unit variants: default plan vs counter-driven specialization vs exhaustive (specialize.json)"
+	@echo "make bench-sparsity sparsity variants on the digits models, zero K-tiles and clamps in the zoo (sparsity.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)

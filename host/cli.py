@@ -300,6 +300,7 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     if cache.read_only:
         console.print(f"note: the compile cache {cache.path} is read-only: read as it is, "
                       "what this run compiles is not kept", highlight=False, soft_wrap=True)
+    from .adaptive.sparsity import SparsityConfig
     from .adaptive.specialize_units import SpecializeConfig
 
     try:
@@ -307,6 +308,7 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
                                  check=not opts.no_check,
                                  async_compile=not opts.inline_compile,
                                  specialize=SpecializeConfig() if opts.specialize else None,
+                                 sparsity=SparsityConfig() if opts.sparsity else None,
                                  start_fused=opts.start_fused),
                              cache=cache, state=state, on_event=lambda e: console.print(
                                  f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
@@ -751,6 +753,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--specialize", action="store_true",
                    help="with --adaptive: try variants of the hot units picked by their "
                    "counters, keep what measures faster (npu compile --variants lists them)")
+    p.add_argument("--sparsity", action="store_true",
+                   help="with --adaptive: skip GEMM input elements the inputs keep zero, "
+                   "on a variant guarded per input (the generic plan runs the rest)")
     p.add_argument("--start-fused", action="store_true",
                    help="with --adaptive: start from the compiler's fused plan")
     per_layer_arg(p)
@@ -890,6 +895,7 @@ def _refuse_adaptive_options_alone(opts) -> None:
     given = [flag for flag, on in (("--batch", opts.batch != 1), ("--cache", opts.cache),
                                    ("--inline-compile", opts.inline_compile),
                                    ("--specialize", opts.specialize),
+                                   ("--sparsity", opts.sparsity),
                                    ("--start-fused", opts.start_fused)) if on]
     if given and not opts.adaptive:
         raise UsageError(f"{', '.join(given)}: only with --adaptive (add it, or drop "

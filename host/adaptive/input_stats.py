@@ -246,3 +246,40 @@ class RangeProfile:
                 "clamps": {n.name: {"clamp": list(clamp_bounds(n)),
                                     "observed": [self.lo.get(n.name), self.hi.get(n.name)]}
                            for n in self.nodes}}
+
+
+# ---- K-tile sparsity inside a model ----------------------------------------------------------
+
+
+def layer_tile_zeros(graph: Graph, env: dict, rows: int) -> dict[str, float]:
+    """Per NPU GEMM and (non-depthwise) convolution of ``graph``'s top level whose
+    input has a known zero point, the share of its input's K-tiles that are all zero
+    in the tensors ``env`` (``run_reference(..., keep_all=True)``): a GEMM's ``(.., K)``
+    in tiles of ``rows`` along K, a convolution's NCHW input in groups of ``rows``
+    channels per pixel (the K-tiles of one tap). What skipping tiles inside a model
+    could save; the host sees these tensors only in the reference's shadow runs.
+    """
+    from ..ir import QConv
+
+    out = {}
+    for n in graph.nodes:
+        if n.device != "npu" or not isinstance(n, QGemm | QConv) or n.inputs[0] not in env:
+            continue
+        if isinstance(n, QConv) and n.is_depthwise:
+            continue
+        t = graph.tensors[n.inputs[0]]
+        if t.quant is None or t.dtype != "int8":
+            continue
+        zero = np.asarray(env[n.inputs[0]]) == t.quant.zero_point
+        if isinstance(n, QConv):
+            c = zero.shape[1]
+            pad = -c % rows
+            z = np.concatenate([zero, np.ones((zero.shape[0], pad, *zero.shape[2:]), bool)], 1)
+            z = z.reshape(z.shape[0], -1, rows, *z.shape[2:]).all(axis=2)
+        else:
+            k = zero.shape[-1]
+            pad = -k % rows
+            z = np.concatenate([zero, np.ones((*zero.shape[:-1], pad), bool)], -1)
+            z = z.reshape(*z.shape[:-1], -1, rows).all(axis=-1)
+        out[n.name] = float(z.mean())
+    return out

@@ -100,6 +100,7 @@ def print_report(rep: dict, console: Console) -> None:
                 line += f"; mis-speculation rate {100 * fig['misspeculation_rate']:.1f}%"
             console.print(line, highlight=False)
     print_specializations(rep.get("specializations") or [], console)
+    print_sparsity(rep.get("sparsity"), console)
     quarantined = [u for u in rep["units"] if u["state"] == "quarantined"]
     for u in quarantined:
         console.print(f"[red]unit {u['id']} quarantined: {u['history'][-1]['reason']}")
@@ -126,3 +127,24 @@ def print_specializations(trials: list[dict], console: Console) -> None:
                       causes(t["counters_before"], t["cycles_before"]),
                       causes(t["counters_after"], after or 0), t["verdict"] or "measuring")
     console.print(table)
+
+
+def print_sparsity(sp: dict | None, console: Console) -> None:
+    """The inputs' zero profile, the sparsity trials and the share on the fast path."""
+    if not sp:
+        return
+    for p in sp["inputs"]:
+        rates = p["element_zero_rate"]
+        always = sum(r >= 0.999 for r in rates)
+        tiles = ", ".join(f"{100 * r:.0f}%" for r in p["tile_zero_rate"])
+        console.print(escape(f"input {p['input']!r}: {always} of {p['k']} elements zero in "
+                             f"every input seen; aligned K-tiles all zero: {tiles}"),
+                      highlight=False)
+    for t in sp["trials"]:
+        console.print(escape(f"sparsity {t['variant']}: {t['skipped']} elements, "
+                             f"{t['tiles_saved']} K-tiles fewer: {t['cycles']:.0f} cycles per "
+                             f"inference against {t['generic_cycles'] or 0:.0f}: "
+                             f"{t['verdict']}"), highlight=False)
+    if sp["guarded"]:
+        console.print(f"sparsity fast path: {sp['fast_path']} of {sp['guarded']} guarded "
+                      f"inputs ({100 * sp['fast_path'] / sp['guarded']:.0f}%)", highlight=False)
