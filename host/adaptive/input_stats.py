@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Clip, Graph, Quantize, QGemm, Requant
+from ..ir import Clip, Graph, QConv, QGemm, Quantize, Requant
 from ..reference import eval_node, to_internal
 
 
@@ -259,8 +259,6 @@ def layer_tile_zeros(graph: Graph, env: dict, rows: int) -> dict[str, float]:
     channels per pixel (the K-tiles of one tap). What skipping tiles inside a model
     could save; the host sees these tensors only in the reference's shadow runs.
     """
-    from ..ir import QConv
-
     out = {}
     for n in graph.nodes:
         if n.device != "npu" or not isinstance(n, QGemm | QConv) or n.inputs[0] not in env:

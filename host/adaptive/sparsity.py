@@ -41,9 +41,11 @@ import numpy as np
 
 from firmware.config import NPUConfig
 
-from ..compiler import CompiledModel, CompileError
+from ..compiler import CompiledModel, CompileError, compile_model
+from ..compiler.compile import SharedConsts
 from ..ir import Graph, QGemm, Subgraph
 from ..reference import run_reference
+from ..runtime import PAGE
 from .cache import CompileCache
 from .input_stats import GemmInput, ZeroProfile, gemm_inputs
 from .profiler import Profiler
@@ -66,18 +68,22 @@ class SparsityConfig:
     warmup : inputs served before the first proposal (a proposal also needs a
         full window).
     measure_runs : warm runs of a validated variant measured against the generic plan.
+    settle : inferences the generic plan must have stayed unchanged before a variant
+        is built on it (a plan change drops the variant: fusion still moving would
+        make it pay cold runs for nothing).
     """
 
     min_hit: float = 0.9
     window: int = 32
     warmup: int = 32
     measure_runs: int = 3
+    settle: int = 12
 
     def __post_init__(self):
         if not 0 < self.min_hit <= 1:
             raise ValueError(f"min_hit must be in (0, 1], got {self.min_hit}")
-        if self.window < 1 or self.warmup < 0 or self.measure_runs < 1:
-            raise ValueError("window and measure_runs must be >= 1, warmup >= 0")
+        if self.window < 1 or self.warmup < 0 or self.measure_runs < 1 or self.settle < 0:
+            raise ValueError("window and measure_runs must be >= 1, warmup and settle >= 0")
 
 
 def _wrap32(x: np.ndarray) -> np.ndarray:
@@ -123,6 +129,8 @@ class SparseVariant:
     skip : the skipped positions along K.
     generic : the graph it specializes (whose inputs callers pass).
     plan : the unit ids of the generic plan it was built on.
+    tail_at : where its own constants start when it shares the generic plan's
+        (:class:`~host.compiler.compile.SharedConsts`).
     """
 
     model: CompiledModel
@@ -130,6 +138,7 @@ class SparseVariant:
     skip: tuple[int, ...]
     generic: Graph
     plan: tuple[int, ...] = ()
+    tail_at: int | None = None
     keep: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -201,6 +210,8 @@ class SparseServer:
         self.kept_cycles: list[int] = []  # cycles of recent inferences beside it (both paths)
         self.fast = self.guarded = 0  # inputs served by the variant / that met a variant
         self.trials: list[dict] = []
+        self._plan_seen: tuple[int, ...] = ()
+        self._plan_since = 0  # the inference since which the generic plan is unchanged
 
     # ---- profiling -----------------------------------------------------------------------
     def observe(self, inputs: dict) -> dict[str, np.ndarray]:
@@ -242,7 +253,7 @@ class SparseServer:
             self.log.emit("guard-failed", (), f"{v.name}: {why}; running the generic plan")
             return None
         t0 = time.perf_counter()
-        res = self.resident.to_variant(v.model).run(v.compact(inputs))
+        res = self.resident.to_variant(v.model, v.tail_at).run(v.compact(inputs))
         checked = False
         if self.state == "validating" or self.check:
             bad = mismatch(res.outputs, run_reference(self.graph, inputs))
@@ -307,7 +318,11 @@ class SparseServer:
         propose one from the profile."""
         if self.variant is not None:
             self._review()
-        if self.variant is not None or n < self.config.warmup or self.generic.changing():
+        plan = self._plan_ids()
+        if plan != self._plan_seen:
+            self._plan_seen, self._plan_since = plan, n
+        if self.variant is not None or n < self.config.warmup or self.generic.changing() \
+                or n - self._plan_since < self.config.settle:
             return
         for p in self.profiles:
             if len(p.masks) < self.config.window:
@@ -343,15 +358,29 @@ class SparseServer:
                       f"of {source.input!r} were zero together in {100 * hit:.0f}% of the "
                       f"last {self.config.window} inputs; GEMMs "
                       f"{', '.join(source.gemms)} skip them")
+        # The variant's constants go around the generic plan's, so a switch between
+        # the two rewrites no constants and invalidates no tag of a shared blob.
+        session = self.resident.generic
+        arena = session.arena_base - session.const_base
+        tail_at = -(-(arena + 2 * plan.place.arena_bytes + PAGE) // PAGE) * PAGE
+        share = SharedConsts(plan.place, tail_at)
+        around = hashlib.sha256(plan.const_image()).hexdigest()[:12]
         try:
             g = sparse_graph(plan.graph, source, skip)
-            model, hit_cache = self.cache.get_or_compile(g, units, self.hw, specialization=spec)
+            model, hit_cache = self.cache.get_or_compile(
+                g, units, self.hw, specialization=f"{spec}:around:{around}:{tail_at}",
+                compile_fn=lambda: compile_model(g, self.hw, units, simplified=True,
+                                                 share_consts=share))
+            if model.place.arena_bytes > plan.place.arena_bytes:
+                raise CompileError(f"its activations take {model.place.arena_bytes} bytes, "
+                                   f"more than the generic plan's {plan.place.arena_bytes}")
         except CompileError as e:
             self.refused.add((skip, self._plan_ids()))
             self.log.emit("specialize-refused", (), f"{spec}: {e}")
             return
         self.log.compiles += not hit_cache
-        self.variant = SparseVariant(model, source, skip, plan.graph, self._plan_ids())
+        self.variant = SparseVariant(model, source, skip, plan.graph, self._plan_ids(),
+                                     tail_at)
         self.log.emit("compiled", tuple(u.id for u in model.units),
                       f"{spec} ({'cache hit' if hit_cache else 'compiled'}): "
                       f"{len(model.program)} instructions, "

@@ -96,7 +96,8 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
                   fuse: bool = True, simplified: bool = False,
                   weight_budget: int | None = None, relocatable: bool = False,
                   unit_store: UnitStore | None = None, paging: bool = False,
-                  variants: dict[tuple, Variant] | None = None) -> CompiledModel:
+                  variants: dict[tuple, Variant] | None = None,
+                  share_consts: SharedConsts | None = None) -> CompiledModel:
     """Compile ``graph`` for ``config`` into one program.
 
     Parameters
@@ -128,6 +129,8 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     variants : per unit (its node names, a tuple) the :class:`~.variants.Variant`
         overriding the compiler's choices; a unit not named takes its own choices.
         With ``units`` only (the fused plan's units are not known in advance).
+    share_consts : lay the constants out around another program's of the same model
+        (:class:`SharedConsts`; with ``units``, lowered in place).
 
     Raises :class:`~host.compiler.plan.CompileError` (a ``ModelError``) naming the
     node or unit that does not fit, and ``UnsupportedOpError`` for NPU-placed
@@ -144,8 +147,10 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
         raise ValueError("variants name units: pass the plan's units with them")
     if units is not None or not fuse:
         plan = initial_units(graph) if units is None else units
-        return _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
-                         reloc, paging, variants).run()
+        c = _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
+                      reloc, paging, variants)
+        c.share = share_consts
+        return c.run()
     with blobs_remembered():
         try:
             fused = fuse_units(graph, config, weight_budget=weight_budget)
@@ -228,7 +233,28 @@ def prices_to_fit(choices, length: int, depth: int) -> list[float]:
     return [p for p in flips if p >= fits[0]] + [1e9] if fits else [1e9]
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedConsts:
+    """Constants laid out to coexist with another program's (a guarded variant that
+    the host switches to and from per input).
+
+    A blob whose bytes equal the other program's blob of the same node takes its DRAM
+    offset, tag slot and scratchpad place, so its tag stays valid across switches;
+    any other blob goes at ``tail_at`` onwards (beyond the other program's
+    constants and arena) into the other's slot and place when it fits there (a tag
+    names its DRAM address, so it misses once after each switch), else unpinned.
+    The other program's constants stay in DRAM as they are; only the blobs from
+    ``tail_at`` on are this program's own (``CompiledModel.const_image()`` holds
+    zeros between).
+    """
+
+    place: Placement
+    tail_at: int
+
+
 class _Compiler:
+    share: SharedConsts | None = None
+
     def __init__(self, graph, config, subs, log, weight_budget, unit_store=None,
                  relocatable=False, paging=False, variants=None):
         self.g, self.config, self.subs, self.log = graph, config, subs, log
@@ -545,6 +571,7 @@ class _Compiler:
         # Relocatable: no tensor or blob sits at offset 0, so each address is one
         # ``addi`` from its base whatever the plan.
         place = Placement()
+        self._tail_at = align(self.share.tail_at, DRAM_ALIGN) if self.share else 0
         at = base = DRAM_ALIGN if self.reloc else 0
         for r in self.dram:
             place.arena[r] = at
@@ -576,6 +603,9 @@ class _Compiler:
                                    avgpool_blob(n, c, self.config))
                 else:
                     continue
+                if self.share is not None:
+                    place.blobs[n.name] = self._share_blob(n.name, blob)
+                    continue
                 blob.dram = const_at
                 const_at = align(const_at + len(blob.data), DRAM_ALIGN)
                 size = align(len(blob.data))
@@ -586,7 +616,23 @@ class _Compiler:
                 place.blobs[n.name] = blob
         place.const_bytes = const_at
         place.weights_bytes = sp_at
+        if self.share is not None:
+            place.const_bytes = max(self._tail_at, self.share.place.const_bytes)
+            place.weights_bytes = self.share.place.weights_bytes
         return place
+
+    def _share_blob(self, name: str, blob):
+        """Place ``blob`` as :class:`SharedConsts` says."""
+        share = self.share
+        other = share.place.blobs.get(name)
+        if other is not None and other.data == blob.data:
+            blob.dram, blob.slot, blob.sp = other.dram, other.slot, other.sp
+            return blob
+        blob.dram = self._tail_at
+        self._tail_at = align(blob.dram + len(blob.data), DRAM_ALIGN)
+        if other is not None and other.slot and len(blob.data) <= align(len(other.data)):
+            blob.slot, blob.sp = other.slot, other.sp
+        return blob
 
     # ---- emission ------------------------------------------------------------------------
     def _emit_scope(self, g: Graph, take=lambda n: True):
