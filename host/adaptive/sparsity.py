@@ -47,7 +47,7 @@ from ..ir import Graph, QGemm, Subgraph
 from ..reference import run_reference
 from ..runtime import PAGE
 from .cache import CompileCache
-from .input_stats import GemmInput, ZeroProfile, gemm_inputs
+from .input_stats import GemmInput, RangeProfile, ZeroProfile, gemm_inputs
 from .profiler import Profiler
 from .records import AdaptiveInference, StreamLog, mismatch
 from .resident import ResidentProgram
@@ -200,6 +200,7 @@ class SparseServer:
         self.graph, self.hw, self.cache = graph, hw, cache
         self.generic, self.resident, self.profiler, self.log = generic, resident, profiler, log
         self.profiles = [ZeroProfile(s, config.window) for s in gemm_inputs(graph)]
+        self.ranges = RangeProfile(graph)  # value ranges before clamps (report only)
         self.variant: SparseVariant | None = None
         self.state = "none"  # none | validating | measuring | kept
         self._left = 0
@@ -216,6 +217,8 @@ class SparseServer:
     # ---- profiling -----------------------------------------------------------------------
     def observe(self, inputs: dict) -> dict[str, np.ndarray]:
         """Profile one input; its quantized values per profiled source."""
+        if self.ranges.nodes:  # (a second reference run: only where a clamp can act)
+            self.ranges.observe(run_reference(self.graph, inputs, keep_all=True))
         out = {}
         for p in self.profiles:
             v = p.source.quantized(self.graph, inputs[p.source.input])
@@ -406,6 +409,7 @@ class SparseServer:
     def report(self) -> dict:
         """JSON-ready: the profiles, the variant serving, the trials, the fast-path share."""
         return {"inputs": [p.report(self.hw.rows) for p in self.profiles],
+                "ranges": self.ranges.report(),
                 "variant": None if self.variant is None else
                 {"name": self.variant.name, "state": self.state,
                  "skipped": list(self.variant.skip)},
