@@ -217,3 +217,12 @@ def test_a_variant_shares_the_generic_constants_it_does_not_change():
     assert changed.dram >= tail_at and changed.slot == mine["fc1"].slot
     assert len(changed.data) < len(mine["fc1"].data)
     assert v.place.weights_bytes == generic.place.weights_bytes
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("name", ["mlp", pytest.param("moe", marks=pytest.mark.slow)])
+def test_sparsity_variants_on_rtl_equal_the_golden_model(name, seed):
+    from verif.fastsim import run_scenario
+
+    run_scenario("verif.model_scenarios:sparsity_vs_golden", "default", seed=seed,
+                 extra_env={"NPU_MODEL": name, "NPU_INPUTS": "36"})

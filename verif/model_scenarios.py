@@ -128,6 +128,59 @@ def adaptive_vs_golden(device, config, seed):
           f"rollbacks, plan {rt.report()['plan']}; all equal the reference and the golden model")
 
 
+def sparsity_vs_golden(device, config, seed):
+    """Sparsity variants on the RTL: the adaptive runtime with ``--sparsity`` on the
+    RTL and a twin on the golden model, fed the same digits in lockstep, take the
+    same decisions; every inference (variant runs, guard failures on the generic
+    plan, the switches between them with the constants they share) equals the
+    reference and the golden model's, exact counters and trace fields, cycles where
+    the golden model counts them exactly. Column 0 of every image is zero; from the
+    18th input on every third lights one of its pixels (the guard fails).
+
+    Environment: ``NPU_MODEL``, ``NPU_INPUTS`` (stream length).
+    """
+    from host.adaptive import AdaptiveConfig, AdaptiveRuntime
+    from host.adaptive.sparsity import SparsityConfig
+    from host.datasets import class_mix_stream
+
+    name = os.environ.get("NPU_MODEL", "mlp")
+    count = int(os.environ.get("NPU_INPUTS", "36"))
+    graph = load_onnx(model_path(name))
+    runtimes = []
+    for dev in (device, golden_twin(device, config)):
+        rt = AdaptiveRuntime(NPUDriver(dev), graph, AdaptiveConfig(
+            async_compile=False, sparsity=SparsityConfig(window=8, warmup=8, min_hit=0.5,
+                                                         settle=0)))
+        rt.load()
+        runtimes.append(rt)
+    rtl_rt, gold_rt = runtimes
+    twin = gold_rt.driver.device
+    inp = graph.inputs[0]
+    shape = rtl_rt.graph.tensors[inp].shape
+    fast = 0
+    for i, s in enumerate(class_mix_stream(count, [{c: 1.0 for c in range(10)}], seed)):
+        x = np.maximum(s.x.reshape(1, 64), 0.1).astype(np.float32)
+        x[0, ::8] = 0.0
+        if i >= 18 and i % 3 == 0:
+            x[0, 8 * (i % 8)] = 0.7
+        inputs = {inp: x.reshape(shape)}
+        mark = twin.machine.inexact_runs
+        rtl, gold = rtl_rt.run(inputs), gold_rt.run(inputs)
+        where = f"{name} inference {rtl.index} ({rtl.model.graph.name})"
+        assert rtl.checked and gold.checked, where
+        assert rtl.model.graph.name == gold.model.graph.name, where
+        assert_same_inference(where, rtl, gold, cycles=golden_cycles_exact(twin, mark))
+        fast += "@sparse" in rtl.model.graph.name
+        for e in rtl.events:
+            print(e)
+    kinds = {e.kind for e in rtl_rt.events}
+    for k in ("sparsity-validated", "guard-failed"):
+        assert k in kinds, f"no {k!r} event in {sorted(kinds)}"
+    assert 0 < fast < count
+    print(f"{name} on the RTL: {count} inferences, {fast} on the sparsity variant; all equal "
+          "the reference and the golden model")
+
+
 def zoo_vs_golden(device, config, seed):
     """Run zoo files (``tests/zoo/``, the real tools' models) on the RTL and the golden
     model side by side: outputs equal the reference interpreter on both, every exact
