@@ -11,6 +11,7 @@ import pytest
 
 from firmware.config import CONFIGS
 from host.adaptive import AdaptiveConfig, AdaptiveRuntime
+from host.adaptive.faults import corrupt_requant
 from host.adaptive.input_stats import RangeProfile, ZeroProfile, clamped_nodes, gemm_inputs
 from host.adaptive.sparsity import SparsityConfig, sparse_graph
 from host.cli import model_path
@@ -226,3 +227,28 @@ def test_sparsity_variants_on_rtl_equal_the_golden_model(name, seed):
 
     run_scenario("verif.model_scenarios:sparsity_vs_golden", "default", seed=seed,
                  extra_env={"NPU_MODEL": name, "NPU_INPUTS": "36"})
+
+
+def test_a_wrong_stored_variant_is_evicted(seed):
+    rt = _runtime("mlp", SparsityConfig(window=8, warmup=8, settle=0))
+    real = rt.cache.get_or_compile
+    evicted = []
+
+    def served_broken(graph, plan, config, specialization="", compile_fn=None):
+        model, _ = real(graph, plan, config, specialization, compile_fn)
+        if "sparse" in specialization:  # as if a stored entry were damaged
+            model = corrupt_requant(model, model.units[0].id)
+            return model, True
+        return model, False
+
+    rt.cache.get_or_compile = served_broken
+    rt.cache.evict = lambda *a, **kw: evicted.append(kw["specialization"]) or True
+    xs = _digits(16, seed)
+    for x in xs:
+        x[0, ::8] = 0.0
+    for x in xs:
+        r = rt.run({"input": x})
+        np.testing.assert_array_equal(r.outputs["logits"],
+                                      run_reference(rt.graph, {"input": x})["logits"])
+    assert _kinds(rt, "cache-evicted") and _kinds(rt, "rollback")
+    assert evicted and all(k.startswith("sparse:input:") for k in evicted)

@@ -205,14 +205,15 @@ class SparseServer:
         self.state = "none"  # none | validating | measuring | kept
         self._left = 0
         self._measured: list[int] = []
-        self.refused: set[tuple[tuple[int, ...], tuple[str, ...]]] = set()
+        self.refused: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()  # (skip, plan)
         self.generic_warm: dict[tuple[int, ...], float] = {}  # plan -> mean warm cycles
-        self.guard_log: list[bool] = []  # the kept variant's recent guard outcomes
+        self.guard_log: list[bool] = []  # the variant's recent guard outcomes
         self.kept_cycles: list[int] = []  # cycles of recent inferences beside it (both paths)
         self.fast = self.guarded = 0  # inputs served by the variant / that met a variant
         self.trials: list[dict] = []
         self._plan_seen: tuple[int, ...] = ()
         self._plan_since = 0  # the inference since which the generic plan is unchanged
+        self._served: tuple | None = None  # the cache key of a variant the cache served
 
     # ---- profiling -----------------------------------------------------------------------
     def observe(self, inputs: dict) -> dict[str, np.ndarray]:
@@ -265,6 +266,10 @@ class SparseServer:
                 self.log.emit("rollback", (), f"{v.name} failed shadow validation: {bad}")
                 self._refuse(v)
                 self._drop("", retry=False, quiet=True)
+                if self._served is not None:  # a stored program is trusted no more
+                    self.cache.evict(*self._served[:2], self.hw, specialization=self._served[2])
+                    self.log.emit("cache-evicted", (), f"{v.name}: the stored program "
+                                  f"differs from the reference ({bad})")
                 return None
             checked = True
         self.fast += 1
@@ -370,8 +375,9 @@ class SparseServer:
         around = hashlib.sha256(plan.const_image()).hexdigest()[:12]
         try:
             g = sparse_graph(plan.graph, source, skip)
+            key = f"{spec}:around:{around}:{tail_at}"
             model, hit_cache = self.cache.get_or_compile(
-                g, units, self.hw, specialization=f"{spec}:around:{around}:{tail_at}",
+                g, units, self.hw, specialization=key,
                 compile_fn=lambda: compile_model(g, self.hw, units, simplified=True,
                                                  share_consts=share))
             if model.place.arena_bytes > plan.place.arena_bytes:
@@ -382,6 +388,7 @@ class SparseServer:
             self.log.emit("specialize-refused", (), f"{spec}: {e}")
             return
         self.log.compiles += not hit_cache
+        self._served = (g, units, key) if hit_cache else None
         self.variant = SparseVariant(model, source, skip, plan.graph, self._plan_ids(),
                                      tail_at)
         self.log.emit("compiled", tuple(u.id for u in model.units),
