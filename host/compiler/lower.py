@@ -267,6 +267,25 @@ class Lowering:
         and streamed, and :func:`.stream.fastest` keeps the faster. Pointwise
         convolutions are lowered as the GEMMs they are (:meth:`gemm_view`).
         """
+        from .bandpair import band_pair, stream_pair  # it builds on this module
+
+        self.variant = v = variant_of(self.variants, u.nodes)
+        if v.m_tiles is not None:
+            return self._unit_m_tiles(u, v.m_tiles)
+        checkpoint = self.e.checkpoint()
+        viewed = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
+        if band_pair(viewed, self.config):
+            # A depthwise + pointwise pair too large for the other ways streams
+            # its image in bands, the intermediate on chip.
+            try:
+                return self._unit_ways(u, viewed, checkpoint)
+            except CompileError as err:
+                self.e.rollback(checkpoint)
+                return stream_pair(self, viewed, err)
+        return self._unit_ways(u, viewed, checkpoint)
+
+    def _unit_ways(self, u: UnitInfo, viewed: UnitInfo, checkpoint) -> dict:
+        """:meth:`unit`'s ways but the band-streamed pair."""
         from .stream import (  # they build on this module
             STREAM_BYTES,
             NotStreamable,
@@ -275,11 +294,6 @@ class Lowering:
             with_prologue,
         )
 
-        self.variant = v = variant_of(self.variants, u.nodes)
-        if v.m_tiles is not None:
-            return self._unit_m_tiles(u, v.m_tiles)
-        checkpoint = self.e.checkpoint()
-        viewed = dataclasses.replace(u, nodes=[self.gemm_view(n) for n in u.nodes])
         if viewed.nodes != u.nodes and streamable(u, self.config) \
                 and not self._fits_whole(viewed):
             # A pointwise convolution too large to sit on chip whole streams its

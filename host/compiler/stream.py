@@ -373,12 +373,18 @@ class _ConvStream:
     and no pad rows above), the buffer holds a block of every ``SH``-th input row
     per phase a kernel row reads, each block loaded with a DRAM stride of ``SH``
     rows.
+
+    With ``then`` (a pointwise convolution as its GEMM, reading the depthwise
+    convolution ``n`` on the depthwise engine: :mod:`.bandpair`), each band's
+    depthwise rows go to one buffer on chip and the GEMM turns them into the
+    band's output rows: the intermediate never leaves the scratchpad.
     """
 
-    def __init__(self, low, u, n: QConv, more: int = 0):
+    def __init__(self, low, u, n: QConv, more: int = 0, then: QGemm | None = None):
         self.low, self.u, self.n = low, u, n
         self.e, self.cfg = low.e, low.config
         self.more = more  # bands beyond the fewest that fit
+        self.then = then
         self.predicted = 0.0  # cycles band_cycles predicts (set by emit)
 
     def _geometry(self):
@@ -400,10 +406,12 @@ class _ConvStream:
         c, h, w, oc, kh, oh, ow, pt, pl, pr, wp = self._geometry()
         sh = n.strides[0]
         low._need_nhwc(n, n.inputs[0])
-        x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
+        then = self.then
+        x, y = low.root(n.inputs[0]), low.root((then or n).outputs[0])
         blob = low.place.blobs[n.name]
         work = e.work.snapshot()
         low._reset()
+        oc_out = then.weight.shape[1] if then else oc  # output bytes per pixel
         # A band's rows share their pad columns (one or more output rows per gemm).
         # With a row stride and no pad rows above, a band may hold its rows by phase
         # (a block of every SH-th row per phase a kernel row reads: one output row
@@ -420,6 +428,9 @@ class _ConvStream:
             raise CompileError(f"padded input rows of {wp * c} bytes exceed one DMA row")
         try:
             wpart, wsp = low._place_blob(blob)
+            if then:
+                tblob = low.place.blobs[then.name]
+                tpart, tsp = low._place_blob(tblob)
             room = low.work_limit() - low._top
         except TooBig as err:
             raise CompileError(f"{err} (not built: streaming convolution weights)") from None
@@ -427,11 +438,17 @@ class _ConvStream:
         def held(r):  # buffer rows of a band of r output rows
             return used * -(-((r - 1) * sh + kh) // skip)
 
+        def out_bytes(r):
+            return r * ow * oc_out if then else rows.out_bytes(r, ow, oc)
+
         def set_bytes(r):  # one buffer set: a band of input rows and its output rows
-            return align(row0 + held(r) * wp * c + lead * c) + align(rows.out_bytes(r, ow, oc))
+            return align(row0 + held(r) * wp * c + lead * c) + align(out_bytes(r))
+
+        def mid_bytes(r):  # the band's depthwise rows, read by ``then`` (one buffer)
+            return align(r * ow * oc) if then else 0
 
         fits = [r for r in range(1, min(oh, rows.per, MAX_ROWS) + 1)
-                if 2 * set_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
+                if 2 * set_bytes(r) + mid_bytes(r) <= room and (r - 1) * sh + kh <= MAX_ROWS]
         if not fits:
             raise CompileError(f"one output row of {n.name} needs {2 * set_bytes(1)} bytes "
                                f"of scratchpad (double-buffered), {max(0, room)} are left")
@@ -443,6 +460,7 @@ class _ConvStream:
         q = -(-hb // skip)  # rows of a block
         inb = align(row0 + held(rb) * wp * c + lead * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
+        mid = low.alloc(mid_bytes(rb), f"band rows of {n.name}") if then else 0
         fill = n.pad_value
 
         def band(s):
@@ -458,11 +476,14 @@ class _ConvStream:
         if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
             raise CompileError(f"top padding of {pt} rows spans more than two bands")
         _, lo, hi, _ = band(0)
+        # What band_cycles (or for a pair bandpair.pair_cycles) predicts from.
+        self.bands = [band(s)[3] for s in range(steps)]
+        self.first_load = sum(block_rows(0, f)[2] for f in range(used)) * wp * c
+        self.last_store = self.bands[-1] * ow * oc_out
         self.predicted = band_cycles(
-            self.cfg, convrows.plan(rows, [band(s)[3] for s in range(steps)], ow),
+            self.cfg, convrows.plan(rows, self.bands, ow),
             len(conv_tiles(kh, n.weight.shape[3] * c, self.cfg.rows)), oc,
-            sum(block_rows(0, f)[2] for f in range(used)) * wp * c,
-            band(steps - 1)[3] * ow * oc)
+            self.first_load, self.last_store)
         low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows)")
         ibuf, isum, ldram, sdram, stride, obuf, xq = pipe_regs(e, 7, n.name)
         e.op(f"li {ibuf}, {sets[0]}")
@@ -471,6 +492,8 @@ class _ConvStream:
         e.op(f"addi {sdram}, r2, {low.place.arena[y]}")
         e.op(f"li {stride}, {skip * w * c}")
         low._load_blob(blob, "")  # resident: a tag hit after the first run
+        if then:
+            low._load_blob(tblob, "")
         primed = steps >= 3  # every compute pops its output buffer's store token
         if primed:  # the first two take theirs from stores of one byte (rewritten later)
             for i in range(2):
@@ -530,7 +553,9 @@ class _ConvStream:
             e.op(f"addi {obuf}, {ibuf}, {inb}")
             if n.group != 1:  # depthwise, on the depthwise engine (streamable)
                 engine_rows(low, n, wpart, wsp, blob, (ibuf, row0 + rows.skew * c), wp * c,
-                            hb, 0, nr, (obuf, 0))
+                            hb, 0, nr, mid if then else (obuf, 0))
+                if then:
+                    self._then(tpart, tsp, tblob, mid, nr * ow, obuf)
             else:
                 wo, xo, ao, *cols = e.scratch(6)
                 chain = low.conv_chain(n, wpart, rows, hb, nr, ow,
@@ -539,14 +564,15 @@ class _ConvStream:
                                   chain, cols, split=rows.split(nr, ow, oc, (xo, ao)),
                                   breg=wo)
             e.marker(push="prev,next" if push else "next")
-            low.store_rows(obuf, sdram, nr, rows.out_pitch(ow) * oc, ow * oc, e.scratch(3),
+            pitch = ow * oc_out if then else rows.out_pitch(ow) * oc
+            low.store_rows(obuf, sdram, nr, pitch, ow * oc_out, e.scratch(3),
                            pop="prev", push="prev" if s + 2 < steps else "")
 
         def toggle():
             e.op(f"sub {ibuf}, {isum}, {ibuf}")
 
         def advance():
-            e.op(f"addi {sdram}, {sdram}, {rb * ow * oc}")
+            e.op(f"addi {sdram}, {sdram}, {rb * ow * oc_out}")
 
         def uniform_load(s):
             nominal, lo, hi, _ = band(s)
@@ -560,10 +586,24 @@ class _ConvStream:
         pipeline(e, steps, load, compute, toggle, advance, same)
         e.op(f"region.end {self.u.id}")
         macs = oh * ow * oc * n.weight.shape[1] * kh * n.weight.shape[3]
+        if then:
+            macs += oh * ow * oc * oc_out
         stats = _Stats(macs, steps).finish(low, e, work)
         if n.group == 1 and steps > 1:  # one band overlaps nothing: as whole
             stats["cycles"] = self.predicted
         return stats
+
+    def _then(self, part: str, wsp: int, blob, mid: int, m: int, obuf: str):
+        """The pointwise GEMM ``then`` of a band: ``m`` depthwise pixels at ``mid``
+        to the band's output buffer at register ``obuf``."""
+        low, e, then = self.low, self.e, self.then
+        k, nn = then.weight.shape
+        e.set_cfg("gemm_stride", k)
+        e.set_cfg("out_stride", nn)
+        low._requant_cfg(then.requant)
+        wo, xt, *regs = e.scratch(5)
+        chain = low.gemm_chain(part, k, m, mid, wo, xt, unroll=4)
+        low._column_tiles(then, part, wsp, blob, nn, m, (obuf, 0), chain, regs, breg=wo)
 
     def _fill(self, at, rows: int, row_bytes: int, reg: bool = False):
         """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``at``

@@ -1,0 +1,96 @@
+"""Band-pipelined depthwise + pointwise pairs: the intermediate stays on chip.
+
+MobileNet's 48x48 and 24x24 depthwise + pointwise pairs are too large to run
+whole in the working partition, and their intermediates (18 to 37 KB) would
+cross DRAM between two streamed units. Fused, the pair walks the image in bands
+of output rows (:class:`.stream._ConvStream` with ``then``): each band loads its
+input rows with the depthwise kernel's halo into one of two band buffers, the
+depthwise engine writes the band's depthwise rows to one buffer on chip, and
+the pointwise GEMM (weights resident) turns them into the band's output rows,
+which leave for DRAM while the next band computes.
+
+How many bands: more, shorter bands let the pointwise GEMM's column tiles take
+accumulator rows of their own (a tile's requantization runs beside the next
+tile's GEMMs) and the depthwise strips fit the engine's rows, at the price of
+each band's fixed work; :func:`pair_cycles` predicts each count that fits.
+"""
+
+from __future__ import annotations
+
+from ..ir import QConv, QGemm
+from .cost import BAND_DMA_LATENCY, BAND_FIXED, conv_cycles
+from .depthwise import _strips, on_engine
+from .lower import CompileError
+from .units import is_instruction
+
+MORE_BANDS = 6  # band counts tried beyond the fewest that fit
+
+DWLOAD_CYCLES = 18  # a dwload's 14 tap windows and its latency (docs/isa.md)
+DWCONV_EXTRA = 6  # a dwconv beyond its window reads and rows: latency, handoff
+VREQ_EXTRA = 15  # a vreq beyond its rows: the vector pipeline's latency
+
+
+def band_pair(u, config) -> bool:
+    """A depthwise convolution on the depthwise engine and the pointwise one (as
+    its GEMM) reading it, the unit's only output."""
+    if len(u.nodes) != 2:
+        return False
+    n, then = u.nodes
+    return isinstance(n, QConv) and n.is_depthwise and on_engine(n, config) \
+        and isinstance(then, QGemm) and then.inputs == [n.outputs[0]] \
+        and u.outputs == [then.outputs[0]]
+
+
+def pair_cycles(config, n: QConv, then: QGemm, bands: list[int], ow: int,
+                first_load: int, last_store: int) -> float:
+    """Predicted cycles of the pair in ``bands`` (output rows of each): per band
+    the depthwise engine's strips and requantization per channel group, then the
+    pointwise GEMM (:func:`.cost.conv_cycles`), and the fixed work; the first
+    band's load and the last one's store overlap nothing."""
+    _, _, kh, kw = n.weight.shape
+    s = n.strides[0]
+    k, nn = then.weight.shape
+    c = n.weight.shape[0]
+    channel_groups = -(-c // config.cols)
+    tallest = (config.dw_rows - kh) // s + 1
+    ktiles = -(-k // config.rows)
+    total = 0.0
+    for nr in bands:
+        m = nr * ow
+        strips = sum(((hh - 1) * s + kh) * ((ow - 1) * s + kw) + hh + DWCONV_EXTRA
+                     for hh in _strips(nr, tallest))
+        total += channel_groups * (DWLOAD_CYCLES + strips + m + VREQ_EXTRA)
+        total += conv_cycles(config, [(m, 1, m, 1, m)], ktiles, nn) + BAND_FIXED
+    bus = config.bus_bytes
+    return total + -(-first_load // bus) + -(-last_store // bus) + BAND_DMA_LATENCY
+
+
+def stream_pair(low, u, why: CompileError) -> dict:
+    """Emit a :func:`band_pair` unit in the number of bands :func:`pair_cycles`
+    predicts fastest (its instructions priced at ``low.instruction_price`` cycles
+    each); raise ``CompileError`` (saying ``why`` it had to stream) when no band
+    fits."""
+    from .stream import _ConvStream  # it builds on lower, which imports this module
+
+    n, then = u.nodes
+    e = low.e
+    start = e.checkpoint()
+    len_at = len(e.lines)
+    options, refusal = [], None
+    _, _, _, ow = low.tensor[n.outputs[0]].shape
+    for more in range(MORE_BANDS + 1):
+        way = _ConvStream(low, u, n, more, then=then)
+        try:
+            way.emit()
+        except CompileError as err:
+            refusal = refusal or err
+        else:
+            size = sum(map(is_instruction, e.lines[len_at:]))
+            cycles = pair_cycles(low.config, n, then, way.bands, ow, way.first_load,
+                                 way.last_store)
+            options.append((cycles + low.instruction_price * size, more))
+        e.rollback(start)
+    if not options:
+        raise low._refuse(why, f"streaming in bands: {refusal}")
+    more = min(options)[1]
+    return _ConvStream(low, u, n, more, then=then).emit()
