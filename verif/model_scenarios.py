@@ -368,6 +368,17 @@ def _depthwise_graphs(rng) -> dict:
     b.output(b.qconv(x, w, None, pads=(1, 1, 1, 1), group=8,
                      requant=Requant(mults, shifts, 2, -128, 127)), "y")
     graphs["depthwise_streamed"] = b.build()
+    # a depthwise + pointwise pair too large to run whole: fused, in bands, the
+    # depthwise rows kept on chip for the pointwise GEMM (host/compiler/bandpair.py)
+    b = GraphBuilder("pair_bands")
+    x = b.input("x", (1, 8, 48, 48), scale=0.05, zp=3)
+    h = b.qconv(x, rng.integers(-128, 128, (8, 1, 3, 3), dtype=np.int8),
+                rng.integers(-999, 999, 8).astype(np.int32), pads=(1, 1, 1, 1), w_scale=0.01,
+                out_scale=0.4, relu=True, group=8)
+    b.output(b.qconv(h, rng.integers(-128, 128, (16, 8, 1, 1), dtype=np.int8),
+                     rng.integers(-999, 999, 16).astype(np.int32), w_scale=0.01,
+                     out_scale=0.4, out_zp=-3, relu=True), "y")
+    graphs["pair_bands"] = b.build()
     b = GraphBuilder("avgpool")
     x = b.input("x", (1, 12, 9, 7), scale=0.05, zp=3)
     b.output(b.avgpool(x, (3, 3), (1, 1), (1, 1, 1, 1), out_scale=0.3, out_zp=1), "y")
