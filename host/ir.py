@@ -581,10 +581,11 @@ class Dequantize(Node):
 @dataclass(eq=False)
 class FoldRows(Node):
     """Layout op on the CPU: an NCHW image's rows folded into its channels,
-    ``factor`` rows at a time, after ``top`` and ``bottom`` rows of ``fill``.
+    ``factor`` rows at a time, ``step`` rows apart (0: ``factor``, no row twice),
+    after ``top`` and ``bottom`` rows of ``fill``.
 
-    Output ``(N, factor * C, (top + H + bottom) / factor, W)``: channel
-    ``p * C + c`` of row ``i`` is row ``i * factor + p - top`` of channel ``c``.
+    Output ``(N, factor * C, (top + H + bottom - factor) / step + 1, W)``: channel
+    ``p * C + c`` of row ``i`` is row ``i * step + p - top`` of channel ``c``.
     The compiler inserts it where a convolution with a row stride runs faster on
     the folded rows (:mod:`host.compiler.foldrows`): the host writes the input
     in the order the array reads it, and the values do not change.
@@ -594,7 +595,13 @@ class FoldRows(Node):
     top: int = 0
     bottom: int = 0
     fill: int = 0
+    step: int = 0
     op: ClassVar[str] = "FoldRows"
+
+    @property
+    def row_step(self) -> int:
+        """Input rows from one folded row to the next."""
+        return self.step or self.factor
 
     def check(self):
         if self.device != "cpu":
@@ -602,6 +609,8 @@ class FoldRows(Node):
         if self.factor < 2 or min(self.top, self.bottom) < 0:
             self._fail(f"factor {self.factor} must be at least 2 and the added rows "
                        f"({self.top}, {self.bottom}) non-negative")
+        if not 0 <= self.step <= self.factor:
+            self._fail(f"step {self.step} must be 0 or 1 to the factor {self.factor}")
         _check_int8(self, fill=self.fill)
 
     def infer(self, ins):
@@ -610,10 +619,11 @@ class FoldRows(Node):
         if len(x.shape) != 4:
             self._fail(f"input {x.name!r} {x.shape} is not NCHW")
         n, c, h, w = x.shape
-        rows = self.top + h + self.bottom
-        if rows % self.factor:
-            self._fail(f"{rows} rows do not fold by {self.factor}")
-        return [((n, self.factor * c, rows // self.factor, w), "int8")]
+        rows = self.top + h + self.bottom - self.factor
+        if rows < 0 or rows % self.row_step:
+            self._fail(f"{rows + self.factor} rows do not fold by {self.factor} "
+                       f"{self.row_step} apart")
+        return [((n, self.factor * c, rows // self.row_step + 1, w), "int8")]
 
 
 @dataclass(eq=False)

@@ -155,7 +155,7 @@ def _eval(node: Node, xs: list, scope: ChainMap) -> list[np.ndarray]:
         _run_graph(branch, inner)
         return [inner[o] for o in branch.outputs]
     if isinstance(node, FoldRows):
-        return [fold_rows(xs[0], node.factor, node.top, node.bottom, node.fill)]
+        return [fold_rows(xs[0], node.factor, node.top, node.bottom, node.fill, node.row_step)]
     if isinstance(node, Quantize):
         # ONNX QuantizeLinear: float32 division, round half to even, saturate.
         q = np.rint(xs[0].astype(np.float32) / np.float32(node.scale))
@@ -180,13 +180,18 @@ def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, pad_value: int,
     return np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, oc, oh, ow)
 
 
-def fold_rows(x: np.ndarray, factor: int, top: int, bottom: int, fill: int) -> np.ndarray:
+def fold_rows(x: np.ndarray, factor: int, top: int, bottom: int, fill: int,
+              step: int = 0) -> np.ndarray:
     """NCHW ``x`` with ``top`` and ``bottom`` rows of ``fill`` added, its rows folded
-    into channels ``factor`` at a time (:class:`host.ir.FoldRows`)."""
+    into channels ``factor`` at a time, ``step`` rows apart (0: ``factor``;
+    :class:`host.ir.FoldRows`)."""
     n, c, h, w = x.shape
+    step = step or factor
     xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (0, 0)), constant_values=fill)
-    folded = xp.reshape(n, c, -1, factor, w).transpose(0, 3, 1, 2, 4)
-    return np.ascontiguousarray(folded.reshape(n, factor * c, -1, w))
+    rows = (xp.shape[2] - factor) // step + 1
+    folded = np.stack([xp[:, :, p:p + (rows - 1) * step + 1:step] for p in range(factor)],
+                      axis=1)
+    return np.ascontiguousarray(folded.reshape(n, factor * c, rows, w))
 
 
 def window_sum(x: np.ndarray, kernel, strides, pads, zero_point: int) -> np.ndarray:

@@ -17,11 +17,14 @@ from verif.conv_shapes import conv_layer
 DEFAULT = CONFIGS["default"]
 
 # (C, H, W, OC, (KH, KW), strides, pads): DS-CNN's first convolution, a row stride
-# of 3, and an odd top pad (a fill row above the image) on two channels.
+# of 3, and an odd top pad (a fill row above the image) on two channels; kernel
+# rows folded all at once (rows read twice): MobileNet's stem, and a top pad.
 SHAPES = {
     "ds_cnn_stem": (1, 49, 10, 16, (10, 4), (2, 2), (4, 1, 5, 1)),
     "stride_3": (1, 20, 9, 8, (7, 3), (3, 1), (2, 1, 3, 1)),
     "odd_top_pad": (2, 15, 12, 12, (5, 2), (2, 2), (1, 0, 2, 1)),
+    "mobilenet_stem": (3, 20, 18, 8, (3, 3), (2, 2), (0, 0, 1, 1)),
+    "kernel_rows_top_pad": (3, 13, 11, 12, (3, 3), (2, 2), (1, 1, 1, 1)),
 }
 
 
@@ -61,7 +64,7 @@ def test_folded_convolution_runs_equal_to_the_reference(name, seed):
     graph = conv_graph(seed, *SHAPES[name])
     model = run_checked(graph, DEFAULT, np.random.default_rng(seed))
     (fold,) = folds(model.graph)
-    assert fold.factor == SHAPES[name][5][0]
+    assert fold.row_step == SHAPES[name][5][0]
 
 
 def test_the_ds_cnn_stem_runs_five_full_tiles(seed):
@@ -72,9 +75,22 @@ def test_the_ds_cnn_stem_runs_five_full_tiles(seed):
     assert [[int(v) for v in w] for w in wloads] == [[8, 8]] * 5
 
 
+def test_the_mobilenet_stem_runs_its_kernel_rows_in_four_tiles(seed):
+    # Unfolded: 3 kernel rows of 9 bytes, 6 tiles (8 + 1 each); every kernel row
+    # folded: one window of 27 bytes, 4 tiles.
+    model = compile_model(conv_graph(seed, *SHAPES["mobilenet_stem"]), DEFAULT, fuse=False)
+    wloads = [line.split(",")[2:4] for line in model.source.splitlines()
+              if line.strip().startswith("wload")]
+    assert {int(w[0]) for w in wloads} == {8, 3}  # no 1-row tile (a loop runs the 8s)
+    (fold,) = folds(model.graph)
+    assert (fold.factor, fold.row_step) == (3, 2)
+    (conv,) = [n for n in model.graph.nodes if n.device == "npu"]
+    assert conv.weight.shape == (8, 9, 1, 3) and conv.strides == (1, 2)
+
+
 def test_no_fold_without_a_saved_tile_or_a_host_input(seed):
-    # MobileNet's stem (3x3, 3 channels, stride 2): 6 tiles either way.
-    mobilenet = conv_graph(seed, 3, 16, 16, 8, 3, (2, 2), (0, 0, 1, 1))
+    # 3x3, 8 channels, stride 2: 9 tiles unfolded, 12 by the stride, 9 by the kernel.
+    mobilenet = conv_graph(seed, 8, 16, 16, 8, 3, (2, 2), (0, 0, 1, 1))
     # An input the NPU produces stays as it is (the fold runs on the CPU).
     on_chip = conv_graph(seed, *SHAPES["ds_cnn_stem"], on_chip=True)
     for graph in (mobilenet, on_chip):

@@ -10,6 +10,14 @@ channel ``p * C + c`` holding padded row ``i * s + p``) the same outputs are a
 convolution of ``ceil(KH / s)`` kernel rows of ``s * KW * C`` bytes at row
 stride 1: DS-CNN's in 5 tiles of 8 rows.
 
+Where a kernel row is short and the kernel taller than the stride (MobileNet's
+stem: 3x3, three channels, stride 2: a kernel row of 9 bytes, two tiles of 8
+and 1), the fold may take every kernel row at once, ``KH`` rows ``s`` apart
+(rows read twice): output row ``r`` is then one folded row of ``KH * KW * C``
+bytes, row stride 1, in 4 tiles instead of 6 for MobileNet's stem. Whichever
+fold needs fewer tiles is taken (the plain one on a tie: it copies no row
+twice).
+
 The fold is a :class:`~host.ir.FoldRows` node on the CPU, so it is taken only
 where the convolution's input comes from the host (a graph input or a CPU
 node's output) and nothing else reads it: the host writes the input in the
@@ -54,14 +62,39 @@ def foldable(g: Graph, n, config: NPUConfig) -> bool:
     if x in g.outputs or g.consumers(x) != [n] \
             or (producer is not None and producer.device != "cpu"):
         return False
-    geometry = _geometry(g.tensors[x].shape, n)
-    if geometry is None:
-        return False
-    _, c, _, _ = g.tensors[x].shape
-    oc, _, kh, kw = n.weight.shape
-    s = n.strides[0]
-    return len(conv_tiles(-(-kh // s), s * kw * c, config.rows)) \
-        < len(conv_tiles(kh, kw * c, config.rows))
+    return _best_fold(g.tensors[x].shape, n, config) is not None
+
+
+def _tiles(n: QConv, c: int, config: NPUConfig, fold: int) -> int:
+    """Reduction tiles per column tile of ``n`` on ``c`` channels, its rows folded
+    by ``fold`` (1: not folded; KH: every kernel row at once)."""
+    _, _, kh, kw = n.weight.shape
+    return len(conv_tiles(-(-kh // fold), fold * kw * c, config.rows))
+
+
+def _best_fold(shape, n: QConv, config: NPUConfig) -> int | None:
+    """The fold of ``n``'s input with the fewest reduction tiles, fewer than
+    unfolded: the stride (``s``), every kernel row (``KH``, rows ``s`` apart), or
+    None."""
+    _, c, _, _ = shape
+    kh, s = n.weight.shape[2], n.strides[0]
+    options = []
+    if _geometry(shape, n) is not None:
+        options.append((_tiles(n, c, config, s), 0, s))
+    if kh > s and _overlap_bottom(shape, n) >= 0:
+        options.append((_tiles(n, c, config, kh), 1, kh))
+    best = min(options, default=None)
+    return best[2] if best and best[0] < _tiles(n, c, config, 1) else None
+
+
+def _overlap_bottom(shape, n: QConv) -> int:
+    """Fill rows below the image that folding every kernel row needs (negative
+    where the last rows are never read: then it does not fold)."""
+    _, _, h, _ = shape
+    kh, s, pt = n.weight.shape[2], n.strides[0], n.pads[0]
+    oh = (h + pt + n.pads[2] - kh) // s + 1
+    bottom = (oh - 1) * s + kh - pt - h
+    return bottom if bottom <= n.pads[2] else -1
 
 
 def _geometry(shape, n: QConv):
@@ -84,6 +117,8 @@ def _geometry(shape, n: QConv):
 
 def _fold(g: Graph, n: QConv, config: NPUConfig) -> str:
     x = g.tensors[n.inputs[0]]
+    if _best_fold(x.shape, n, config) != n.strides[0]:
+        return _fold_kernel_rows(g, n, config)
     bn, c, h, w = x.shape
     oc, _, kh, kw = n.weight.shape
     s = n.strides[0]
@@ -104,3 +139,29 @@ def _fold(g: Graph, n: QConv, config: NPUConfig) -> str:
     return (f"folded the rows of {x.name} by {s} into channels for {n.name}: "
             f"{len(conv_tiles(folded.shape[2], s * kw * c, config.rows))} reduction tiles "
             f"per column tile instead of {tiles}")
+
+
+def _fold_kernel_rows(g: Graph, n: QConv, config: NPUConfig) -> str:
+    """Fold every kernel row of ``n`` into channels: folded row ``r`` holds the
+    ``KH`` padded rows ``r * s ..`` output row ``r`` reads."""
+    x = g.tensors[n.inputs[0]]
+    bn, c, h, w = x.shape
+    oc, _, kh, kw = n.weight.shape
+    s = n.strides[0]
+    top, bottom = n.pads[0], _overlap_bottom(x.shape, n)
+    folded = np.ascontiguousarray(
+        n.weight.transpose(0, 2, 1, 3).reshape(oc, kh * c, 1, kw))
+    rows = (top + h + bottom - kh) // s + 1
+    name = g.add_tensor(Tensor(f"{x.name}/rows_folded", (bn, kh * c, rows, w), "int8",
+                               quant=x.quant)).name
+    g.nodes.insert(g.nodes.index(n), FoldRows(
+        f"{n.name}/fold_rows", [x.name], [name], device="cpu", factor=kh, top=top,
+        bottom=bottom, fill=n.pad_value, step=s))
+    tiles = len(conv_tiles(kh, kw * c, config.rows))
+    n.inputs = [name] + n.inputs[1:]
+    n.weight = folded
+    n.strides = (1, n.strides[1])
+    n.pads = (0, n.pads[1], 0, n.pads[3])
+    return (f"folded the rows of {x.name}, {kh} at a time {s} apart, into channels for "
+            f"{n.name}: {_tiles(n, kh * c, config, 1)} reduction tiles per column tile "
+            f"instead of {tiles}")
