@@ -13,6 +13,7 @@ import pytest
 from firmware.config import CONFIGS
 from host.builder import GraphBuilder
 from host.compiler import bandpair, compile_model, simplify
+from host.compiler.variants import Variant
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.runtime import Session
@@ -96,3 +97,17 @@ def test_band_count_follows_the_golden_model(seed, monkeypatch):
         assert abs(predicted[more] - cycles) <= 0.02 * cycles, (more, predicted, measured)
     assert chosen <= 1.01 * min(measured.values()), (chosen, measured)
     assert chosen < 0.85 * measured[0]  # fewest bands: the column tiles share rows
+
+
+def test_a_variant_sets_the_band_count(seed):
+    """The unit's variant's ``extra_bands`` overrides the predicted band count."""
+    rng = np.random.default_rng(seed)
+    graph = _pair_graph(rng, 8, 48, 1, 16)
+    unit = [n.name for n in graph.nodes if n.device == "npu"]
+    bands = {}
+    for extra in (0, 2):
+        model = compile_model(graph, CONFIG, [unit], simplified=True,
+                              variants={tuple(unit): Variant(extra_bands=extra)})
+        bands[extra] = int(model.source.split(" bands of")[0].rsplit(" ", 1)[1])
+        _run(graph, model, rng, runs=1)
+    assert bands[2] == bands[0] + 2

@@ -68,8 +68,8 @@ def pair_cycles(config, n: QConv, then: QGemm, bands: list[int], ow: int,
 def stream_pair(low, u, why: CompileError) -> dict:
     """Emit a :func:`band_pair` unit in the number of bands :func:`pair_cycles`
     predicts fastest (its instructions priced at ``low.instruction_price`` cycles
-    each); raise ``CompileError`` (saying ``why`` it had to stream) when no band
-    fits."""
+    each), or the unit's variant's ``extra_bands``; raise ``CompileError``
+    (saying ``why`` it had to stream) when no band fits."""
     from .stream import _ConvStream  # it builds on lower, which imports this module
 
     n, then = u.nodes
@@ -78,7 +78,8 @@ def stream_pair(low, u, why: CompileError) -> dict:
     len_at = len(e.lines)
     options, refusal = [], None
     _, _, _, ow = low.tensor[n.outputs[0]].shape
-    for more in range(MORE_BANDS + 1):
+    extra = low.variant.extra_bands
+    for more in range(MORE_BANDS + 1) if extra is None else (extra,):
         way = _ConvStream(low, u, n, more, then=then)
         try:
             way.emit()
