@@ -26,6 +26,12 @@ SHAPES = {
     "mobilenet_stem": (3, 20, 18, 8, (3, 3), (2, 2), (0, 0, 1, 1)),
     "kernel_rows_top_pad": (3, 13, 11, 12, (3, 3), (2, 2), (1, 1, 1, 1)),
 }
+# The fold each shape takes, (factor, step): by the row stride (step 0: no row read
+# twice), or every kernel row at once, the stride apart. A row stride of 3 under a
+# 7-row kernel takes all seven rows (3 reduction tiles, not 7; the host writes each
+# row 7/3 times).
+FOLDS = {"ds_cnn_stem": (2, 0), "stride_3": (7, 3), "odd_top_pad": (2, 0),
+         "mobilenet_stem": (3, 2), "kernel_rows_top_pad": (3, 2)}
 
 
 def conv_graph(seed: int, *shape, on_chip: bool = False):
@@ -65,6 +71,7 @@ def test_folded_convolution_runs_equal_to_the_reference(name, seed):
     model = run_checked(graph, DEFAULT, np.random.default_rng(seed))
     (fold,) = folds(model.graph)
     assert fold.row_step == SHAPES[name][5][0]
+    assert (fold.factor, fold.step) == FOLDS[name]
 
 
 def test_the_ds_cnn_stem_runs_five_full_tiles(seed):
