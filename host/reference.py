@@ -102,15 +102,16 @@ def _run_graph(graph: Graph, scope: ChainMap):
             scope[name] = value
 
 
-def _wrap32(x) -> np.ndarray:
+def wrap32(x) -> np.ndarray:
+    """int32 with two's-complement wrap, as the accumulator adds."""
     return np.asarray(x, dtype=np.int64).astype(np.int32)
 
 
 def _acc_finish(node, acc, bias_shape) -> np.ndarray:
     """Bias add (int32, wrapping) and requantization of int64 raw products."""
-    acc = _wrap32(acc)
+    acc = wrap32(acc)
     if node.bias is not None:
-        acc = _wrap32(acc.astype(np.int64) + node.bias.astype(np.int64).reshape(bias_shape))
+        acc = wrap32(acc.astype(np.int64) + node.bias.astype(np.int64).reshape(bias_shape))
     return node.requant.apply(acc, bias_shape) if node.requant is not None else acc
 
 

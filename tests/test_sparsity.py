@@ -92,22 +92,26 @@ def test_range_profile_measures_values_before_the_clamp():
     # (output zero point -128): there is no clamp narrower than int8 to drop.
     for name in ("mlp", "cnn", "moe", "early_exit"):
         assert clamped_nodes(_graph(name)) == []
-    g = _graph("mlp")
+    g, open_fc2 = _graph("mlp"), _graph("mlp")
+    for graph in (g, open_fc2):
+        rq = graph.node("fc1").requant  # a ReLU above the zero point
+        graph.node("fc1").requant = Requant(rq.mult, rq.shift, rq.zp, lo=-120)
     fc1, fc2 = g.node("fc1"), g.node("fc2")
-    rq = fc1.requant
-    fc1.requant = Requant(rq.mult, rq.shift, rq.zp, lo=-120)  # a ReLU above the zero point
     rq = fc2.requant
     fc2.requant = Requant(rq.mult, rq.shift, rq.zp, hi=126)
     assert clamped_nodes(g) == [fc1, fc2]
     rp = RangeProfile(g)
+    before_clamp = []  # fc2's values with no clamp: what the profile must have seen
     for x in _digits(16, 0):
         env = run_reference(g, {"input": x}, keep_all=True)
         rp.observe(env)
+        before_clamp.append(run_reference(open_fc2, {"input": x}, keep_all=True)[fc2.outputs[0]])
     rep = rp.report()["clamps"]
     # fc1's values before the clamp reach the saturation (-128): the clamp acts.
     assert rep["fc1"]["observed"][0] == -128 and "fc1" not in rp.identity()
-    lo, hi = rep["fc2"]["observed"]
-    assert ("fc2" in rp.identity()) == (lo >= -128 and hi <= 126)
+    hi = int(np.max(before_clamp))
+    assert rep["fc2"]["observed"] == [int(np.min(before_clamp)), hi]
+    assert ("fc2" in rp.identity()) == (hi <= 126)
 
 
 def _runtime(name, sparsity, **kw):

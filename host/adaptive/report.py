@@ -145,10 +145,8 @@ def print_sparsity(sp: dict | None, console: Console) -> None:
                              f"{t['tiles_saved']} K-tiles fewer: {t['cycles']:.0f} cycles per "
                              f"inference against {t['generic_cycles'] or 0:.0f}: "
                              f"{t['verdict']}"), highlight=False)
-    ranges = sp.get("ranges")
-    if ranges is not None:
-        console.print(f"clamps narrower than int8: {len(ranges['clamps'])} (identity on every "
-                      f"input seen: {len(ranges['identity'])})", highlight=False)
+    if sp.get("clamps") is not None:
+        console.print(f"clamps narrower than int8: {len(sp['clamps'])}", highlight=False)
     if sp["guarded"]:
         console.print(f"sparsity fast path: {sp['fast_path']} of {sp['guarded']} guarded "
                       f"inputs ({100 * sp['fast_path'] / sp['guarded']:.0f}%)", highlight=False)

@@ -44,10 +44,10 @@ from firmware.config import NPUConfig
 from ..compiler import CompiledModel, CompileError, compile_model
 from ..compiler.compile import SharedConsts
 from ..ir import Graph, QGemm, Subgraph
-from ..reference import run_reference
+from ..reference import run_reference, wrap32
 from ..runtime import PAGE
 from .cache import CompileCache
-from .input_stats import GemmInput, RangeProfile, ZeroProfile, gemm_inputs
+from .input_stats import GemmInput, ZeroProfile, clamped_nodes, gemm_inputs
 from .profiler import Profiler
 from .records import AdaptiveInference, StreamLog, mismatch
 from .resident import ResidentProgram
@@ -86,10 +86,6 @@ class SparsityConfig:
             raise ValueError("window and measure_runs must be >= 1, warmup and settle >= 0")
 
 
-def _wrap32(x: np.ndarray) -> np.ndarray:
-    return ((np.asarray(x, dtype=np.int64) + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
-
-
 def sparse_graph(graph: Graph, source: GemmInput, skip) -> Graph:
     """A copy of ``graph`` whose input ``source.input`` holds only the elements not in
     ``skip`` (positions along K), for inputs whose ``skip`` elements equal
@@ -113,7 +109,7 @@ def sparse_graph(graph: Graph, source: GemmInput, skip) -> Graph:
         folded = source.zero * w[skip].astype(np.int64).sum(axis=0)
         base = np.zeros(w.shape[1], np.int64) if n.bias is None else n.bias.astype(np.int64)
         n.weight = np.ascontiguousarray(w[keep])
-        n.bias = _wrap32(base + folded)
+        n.bias = wrap32(base + folded)
     g.validate()
     return g
 
@@ -200,7 +196,9 @@ class SparseServer:
         self.graph, self.hw, self.cache = graph, hw, cache
         self.generic, self.resident, self.profiler, self.log = generic, resident, profiler, log
         self.profiles = [ZeroProfile(s, config.window) for s in gemm_inputs(graph)]
-        self.ranges = RangeProfile(graph)  # value ranges before clamps (report only)
+        # Clamps narrower than int8: what a value-range variant could drop (not built:
+        # it would save one cfg write per clamp), so their ranges are not profiled here.
+        self.clamps = [n.name for n in clamped_nodes(graph)]
         self.variant: SparseVariant | None = None
         self.state = "none"  # none | validating | measuring | kept
         self._left = 0
@@ -218,8 +216,6 @@ class SparseServer:
     # ---- profiling -----------------------------------------------------------------------
     def observe(self, inputs: dict) -> dict[str, np.ndarray]:
         """Profile one input; its quantized values per profiled source."""
-        if self.ranges.nodes:  # (a second reference run: only where a clamp can act)
-            self.ranges.observe(run_reference(self.graph, inputs, keep_all=True))
         out = {}
         for p in self.profiles:
             v = p.source.quantized(self.graph, inputs[p.source.input])
@@ -416,7 +412,7 @@ class SparseServer:
     def report(self) -> dict:
         """JSON-ready: the profiles, the variant serving, the trials, the fast-path share."""
         return {"inputs": [p.report(self.hw.rows) for p in self.profiles],
-                "ranges": self.ranges.report(),
+                "clamps": self.clamps,
                 "variant": None if self.variant is None else
                 {"name": self.variant.name, "state": self.state,
                  "skipped": list(self.variant.skip)},
