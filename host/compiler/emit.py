@@ -39,9 +39,10 @@ class Emitter:
         self.result_regs: dict[str, str] = {}  # tensor name -> register
         self._pending_pop = ""  # token flags the next compute instruction pops
         self._last_compute: int | None = None
-        self._last_compute_looped = False
+        self._last_compute_loops: tuple = ()  # the loops around it (their lines)
         self.work = Work()
         self._mult = [1]
+        self._loops: list[int] = []  # the lines of the loops open here, outermost first
 
     # ---- text ---------------------------------------------------------------------------
     def comment(self, text: str):
@@ -60,10 +61,11 @@ class Emitter:
                 pop = ",".join(p for p in ("prev", "next") if p in want)
                 self._pending_pop = ""
             self._last_compute = len(self.lines)
-            self._last_compute_looped = self._mult[-1] > 1
+            self._last_compute_loops = tuple(self._loops)
         self.work.add(text, self._mult[-1])
         if text.startswith("loop "):
             self._mult.append(self._mult[-1] * int(text.split()[1].rstrip(",")))
+            self._loops.append(len(self.lines))
         flags = [f"pop={p}" for p in pop.split(",") if p]
         flags += [f"push={p}" for p in push.split(",") if p]
         self.lines.append("    " + ", ".join([text, *flags]) if flags else "    " + text)
@@ -92,7 +94,8 @@ class Emitter:
         instruction emitted so far completes."""
         if self._last_compute is None:
             raise ValueError("no compute instruction to push a token from")
-        if self._last_compute_looped:  # it runs once per pass: push after the loop
+        if self._last_compute_loops != tuple(self._loops):
+            # it runs once per pass of a loop that ended: push after the loop
             self.marker(push=direction)
             return
         line = self.lines[self._last_compute]
@@ -124,8 +127,9 @@ class Emitter:
         self._hit_at = {}
         self._pending_pop = ""
         self._last_compute = None
-        self._last_compute_looped = False
+        self._last_compute_loops = ()
         self._mult = [1]
+        self._loops = []
 
     def run_start(self):
         """State at the start of a run: cfg at reset, registers unknown."""
@@ -215,6 +219,7 @@ class Emitter:
         (the loop body must not change what the caches track)."""
         self.lines.append(f"{label}:")
         self._mult.pop()
+        self._loops.pop()
 
     def clobber(self, reg: str):
         self._reg_value.pop(reg, None)

@@ -926,15 +926,17 @@ class Lowering:
         e.loop_end(end)
 
     def _column_tiles(self, n: Node, part: str, wsp, blob: Blob, nn: int, m: int,
-                      y_off, chain, regs, j0: int = 0, split=None, breg: str | None = None):
+                      y_off, chain, regs, j0: int = 0, split=None, breg: str | None = None,
+                      acc=0):
         """For each output-column tile: ``chain`` (the GEMMs into ``m`` accumulator
         rows), bias, requantization to ``y_off + j*cols`` (row pitch cfg.out_stride;
         ``split``: only some rows, ``breg``: a register the chain leaves free, see
         :meth:`requant_tile`).
 
-        ``wsp`` and ``y_off`` are offsets, or ``(register, offset)`` where a base
-        register holds part of the address; ``j0`` is the blob's first column tile
-        here (streamed weights hold a group of column tiles, ``wsp`` at its start).
+        ``wsp``, ``y_off`` and ``acc`` (the first accumulator row) are offsets, or
+        ``(register, offset)`` where a base register holds part of the address; ``j0``
+        is the blob's first column tile here (streamed weights hold a group of column
+        tiles, ``wsp`` at its start).
         Full column tiles run in a hardware loop stepping three registers.
         """
         cfg, e = self.config, self.e
@@ -952,7 +954,7 @@ class Lowering:
         wj, yj, aj = regs
         e.point(wj, wsp if isinstance(wsp, tuple) else wsp + blob.tiles[(0, 0)])
         e.point(yj, y_off)
-        e.op(f"li {aj}, 0")
+        e.point(aj, acc)
 
         def one(j: int, n_j: int):
             chain(wj, aj, n_j)

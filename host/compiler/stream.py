@@ -50,6 +50,11 @@ from .variants import refuse
 STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
 
 
+def free_pipe_regs(e) -> int:
+    """How many of :data:`PIPE_REGS` the scalar results leave free."""
+    return sum(r not in e.result_regs.values() for r in PIPE_REGS)
+
+
 def pipe_regs(e, count: int, what: str) -> list[str]:
     free = [r for r in PIPE_REGS if r not in e.result_regs.values()]
     if len(free) < count:
@@ -302,7 +307,11 @@ class _GemmStream:
             raise CompileError(str(err)) from None
         steps = len(pieces)
         low._begin(self.u, f" (streamed weights: {steps} steps of {g} column tiles)")
-        ibuf, isum, ldram, yreg = pipe_regs(e, 4, n.name)
+        # With two accumulator read ports a step's requantization runs beside the next
+        # step's GEMMs when the two steps take turns between two accumulator regions.
+        alternate = (g == 1 and steps >= 2 and cfg.acc_ports == 2 and 2 * m <= cfg.acc_rows
+                     and free_pipe_regs(e) >= 6)
+        ibuf, isum, ldram, yreg, *turns = pipe_regs(e, 6 if alternate else 4, n.name)
         if len(self.u.nodes) > 1:
             macs = self._prologue()
         else:
@@ -320,12 +329,13 @@ class _GemmStream:
             wo, xt, *regs = e.scratch(5)
             chain = low.gemm_chain(P_WORK, k, m, x_off, wo, xt, unroll=4)
             low._column_tiles(n, P_WORK, (ibuf, 0), blob, cols, m, (yreg, 0), chain, regs,
-                              j0=j0, breg=wo)
+                              j0=j0, breg=wo, acc=(turns[0], 0) if turns else 0)
             if push:
                 e.push_after_last_compute("prev")
 
         column_steps(e, pieces, g, nn, cfg.cols, (ibuf, isum, ldram, yreg),
-                     (bufs, blob.dram, y_off), compute)
+                     (bufs, blob.dram, y_off), compute,
+                     turns=(*turns, m) if turns else ())
         e.push_after_last_compute("next")
         low._store_tensor(y)
         e.op(f"region.end {self.u.id}")
@@ -633,19 +643,24 @@ def column_groups(low, blob, nn: int, red_tiles, name: str):
     return g, pieces, bufs
 
 
-def column_steps(e, pieces, g: int, nn: int, cols: int, regs, at, compute):
+def column_steps(e, pieces, g: int, nn: int, cols: int, regs, at, compute, turns=()):
     """Emit the double-buffered steps of streamed column groups (:func:`pipeline`):
     step ``s`` loads group ``pieces[s]`` into the buffer register ``ibuf`` points
     at, from ``ldram``, and ``compute(s, push)`` emits its columns into the output
     at ``yreg``. ``regs`` = (ibuf, isum: the sum of the two buffers' offsets,
     ldram, yreg), set here from ``at`` = (the two buffers, the blob's offset in
-    the constants, the output's offset)."""
+    the constants, the output's offset). ``turns`` = (areg, asum, rows): ``areg``
+    toggles with the buffers between accumulator rows 0 and ``rows``."""
     ibuf, isum, ldram, yreg = regs
     bufs, dram, y_off = at
     e.op(f"li {ibuf}, {bufs[0]}")
     e.op(f"li {isum}, {bufs[0] + bufs[1]}")
     e.op(f"addi {ldram}, r1, {dram}")
     e.op(f"li {yreg}, {y_off}")
+    if turns:
+        areg, asum, rows = turns
+        e.op(f"li {areg}, 0")
+        e.op(f"li {asum}, {rows}")
     steps = len(pieces)
     step_bytes = pieces[1][2] - pieces[0][2] if steps > 1 else 0
 
@@ -655,6 +670,8 @@ def column_steps(e, pieces, g: int, nn: int, cols: int, regs, at, compute):
 
     def toggle():
         e.op(f"sub {ibuf}, {isum}, {ibuf}")
+        if turns:
+            e.op(f"sub {areg}, {asum}, {areg}")
 
     def advance():
         e.op(f"addi {yreg}, {yreg}, {g * cols}")
