@@ -1058,9 +1058,32 @@ class Lowering:
             e.set_cfg("out_stride", nn)
         self._requant_cfg(n.requant)
         wo, xt, *cols = e.scratch(5)
-        chain = self.gemm_chain(part, k, m, x_off, wo, xt)
-        self._column_tiles(n, part, wsp, blob, nn, m, y_off, chain, cols, breg=wo)
+        for r0, rows in self._row_pieces(m, k, nn):
+            chain = self.gemm_chain(part, k, rows, x_off + r0 * k, wo, xt)
+            self._column_tiles(n, part, wsp, blob, nn, rows, y_off + r0 * nn, chain, cols,
+                               breg=wo)
         return m * k * nn
+
+    def _row_pieces(self, m: int, k: int, nn: int) -> list[tuple[int, int]]:
+        """(first row, rows) of the pieces a resident-weights GEMM of ``m`` rows runs
+        in: whole, or where its column tiles cannot take turns between two
+        accumulator regions of ``m`` rows (so each tile's requantization waits for
+        the array and the next tile for it), in pieces short enough for two regions
+        when :func:`.cost.gemm_tile_cycles` says the requantizations then hidden
+        beside the GEMMs outweigh the weight tiles loaded once per piece."""
+        from .cost import gemm_tile_cycles
+
+        cfg = self.config
+        half = cfg.acc_rows // 2
+        if cfg.acc_ports != 2 or m <= half or nn <= cfg.cols or \
+                ceil_div(nn, cfg.cols) * m <= cfg.acc_rows:
+            return [(0, m)]
+        sizes = tile_sizes(m, ceil_div(m, half))
+        if sum(gemm_tile_cycles(cfg, t, k, nn) for t in sizes) >= \
+                gemm_tile_cycles(cfg, m, k, nn):
+            return [(0, m)]
+        starts = itertools.accumulate([0, *sizes[:-1]])
+        return list(zip(starts, sizes, strict=True))
 
     def qconv(self, n: QConv) -> int:
         cfg, e = self.config, self.e
