@@ -14,7 +14,7 @@ from test_compiler_tiling import race_free
 
 from firmware.config import CONFIGS
 from host.builder import GraphBuilder
-from host.compiler import CompileError, compile_model
+from host.compiler import CompileError, compile_model, simplify
 from host.compiler.stream import pipeline, transfers
 from host.device import GoldenDevice
 from host.driver import NPUDriver
@@ -202,3 +202,46 @@ def test_per_channel_scales_stream_with_their_weights(seed):
     b.output(z, "z")
     model = run_checked(b.build(), SMALL, rng)
     assert all(steps(model)) and "tab=1" in model.source
+
+
+def separable_chain(rng, c, side, layers):
+    """A chain of depthwise 3x3 and pointwise convolutions (``layers``: "dw" or the
+    pointwise output channels), each reading the one before, MobileNet-like."""
+    b = GraphBuilder("chain")
+    h = b.input("x", (1, c, side, side), scale=0.05, zp=3)
+    for layer in layers:
+        if layer == "dw":
+            w, group, pads = rng.integers(-128, 128, (c, 1, 3, 3), dtype=np.int8), c, (1,) * 4
+        else:
+            w, group, pads = rng.integers(-128, 128, (layer, c, 1, 1), dtype=np.int8), 1, None
+            c = layer
+        h = b.qconv(h, w, rng.integers(-999, 999, c).astype(np.int32), pads=pads or (0,) * 4,
+                    w_scale=0.01, out_scale=0.4, relu=True, group=group)
+    b.output(h, "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("layers", [["dw", 96, "dw", 64], [96, "dw", 64, "dw", 96]],
+                         ids=["from-depthwise", "from-gemm"])
+def test_a_separable_chain_streams_every_gemm_in_one_unit(layers, seed):
+    """Depthwise + pointwise pairs fused into one unit, whose pointwise weights are
+    not resident: every GEMM streams its weights (two pairs of buffers taking turns),
+    the intermediates stay on chip, and only the input and output cross DRAM."""
+    rng = np.random.default_rng(seed)
+    graph, _ = simplify(separable_chain(rng, 64, 6, layers))
+    unit = [n.name for n in graph.nodes if n.device == "npu"]
+    model = compile_model(graph, DEFAULT, [unit], simplified=True, weight_budget=0)
+    (u,) = model.units
+    gemms = sum(isinstance(x, int) for x in layers)
+    assert f"a chain streaming the weights of {gemms} GEMMs" in u.instructions[1]
+    assert u.resources["streamed_steps"] == sum(x // 8 for x in layers if x != "dw")
+    device = GoldenDevice(DEFAULT)
+    s = Session(NPUDriver(device), model, check=True)
+    s.load()
+    assert race_free(model, s)
+    for _ in range(2):
+        x = {"x": rng.integers(-128, 128, (1, 64, 6, 6), dtype=np.int8)}
+        r = s.run(x)
+        assert r.checked
+        assert not {ch: len(q) for ch, q in device.machine.tokens.items() if q}
+        assert r.counters["dram_write_bytes"] == graph.tensors["y"].size

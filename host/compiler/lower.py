@@ -291,6 +291,8 @@ class Lowering:
             NotStreamable,
             stream_unit,
             streamable,
+            streamed_chain,
+            streams_weights,
             with_prologue,
         )
 
@@ -308,7 +310,9 @@ class Lowering:
         gemm = self.place.blobs.get(u.nodes[-1].name)
         if (streamable(u, self.config) and isinstance(u.nodes[0], QGemm)
                 or with_prologue(u, self.config)) and not gemm.slot \
-                and len(gemm.data) > STREAM_BYTES:
+                and len(gemm.data) > STREAM_BYTES \
+                or streamed_chain(u, self.config, self.root) \
+                and any(streams_weights(n, self) for n in u.nodes):
             try:
                 return stream_unit(self, u, CompileError("weights stream"))
             except CompileError:

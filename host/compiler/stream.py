@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from firmware.isa import QTAB_ENTRY_BYTES
 
-from ..ir import QConv, QGemm
+from ..ir import QAvgPool, QConv, QGemm
 from . import convrows
 from .cost import band_cycles
 from .depthwise import engine_rows, on_engine
@@ -178,12 +178,31 @@ def with_prologue(u, config) -> bool:
                and m.outputs[0] == f for m, f in zip(prologue, feeds, strict=True))
 
 
+def streamed_chain(u, config, root=lambda t: t) -> bool:
+    """GEMMs (at least two), depthwise convolutions on the depthwise engine and
+    average pooling, each reading the one before, the last one's output the unit's
+    only output (MobileNet's depthwise + pointwise pairs, several in one unit, up to
+    its pooling and classifier): the GEMMs whose weights are not resident stream
+    them (:class:`_ChainStream`). ``root`` resolves aliases (a Flatten between)."""
+    if sum(isinstance(m, QGemm) for m in u.nodes) < 2 or \
+            [root(t) for t in u.outputs] != [root(u.nodes[-1].outputs[0])]:
+        return False
+    feeds = [root(m.outputs[0]) for m in u.nodes[:-1]]
+    return all(isinstance(m, QGemm) and m.weight.ndim == 2 or isinstance(m, QAvgPool)
+               or isinstance(m, QConv) and m.is_depthwise and on_engine(m, config)
+               for m in u.nodes) and \
+        all(len(m.inputs) == 1 and root(m.inputs[0]) == f
+            for m, f in zip(u.nodes[1:], feeds, strict=True))
+
+
 def stream_unit(low, u, why: CompileError) -> dict:
     """Emit unit ``u`` (one GEMM or convolution, or a GEMM :func:`with_prologue`)
     as streamed steps; raise ``CompileError`` (saying ``why`` it had to stream)
     when even one step does not fit."""
     n = u.nodes[-1]
     try:
+        if streamed_chain(u, low.config, low.root):
+            return _ChainStream(low, u).emit()
         if isinstance(n, QGemm):
             from .gemv import GemvBlob, emit_streamed  # it builds on this module
 
@@ -307,16 +326,36 @@ class _GemmStream:
             raise CompileError(str(err)) from None
         steps = len(pieces)
         low._begin(self.u, f" (streamed weights: {steps} steps of {g} column tiles)")
-        # With two accumulator read ports a step's requantization runs beside the next
-        # step's GEMMs when the two steps take turns between two accumulator regions.
-        alternate = (g == 1 and steps >= 2 and cfg.acc_ports == 2 and 2 * m <= cfg.acc_rows
-                     and free_pipe_regs(e) >= 6)
-        ibuf, isum, ldram, yreg, *turns = pipe_regs(e, 6 if alternate else 4, n.name)
+        regs = self._regs(n, steps, g, m)
         if len(self.u.nodes) > 1:
             macs = self._prologue()
         else:
             low._load_tensor(x, "")
             macs = 0
+        macs += self._steps(n, x_off, y_off, g, pieces, bufs, regs)
+        e.push_after_last_compute("next")
+        low._store_tensor(y)
+        e.op(f"region.end {self.u.id}")
+        return _Stats(macs, steps).finish(low, e, work)
+
+    def _regs(self, n: QGemm, steps: int, g: int, m: int) -> list[str]:
+        """The registers of ``n``'s steps (:func:`column_steps`): with two accumulator
+        read ports a step's requantization runs beside the next step's GEMMs when the
+        two steps take turns between two accumulator regions (two registers more)."""
+        cfg, e = self.cfg, self.e
+        alternate = (g == 1 and steps >= 2 and cfg.acc_ports == 2 and 2 * m <= cfg.acc_rows
+                     and free_pipe_regs(e) >= 6)
+        return pipe_regs(e, 6 if alternate else 4, n.name)
+
+    def _steps(self, n: QGemm, x_off: int, y_off: int, g: int, pieces, bufs, regs) -> int:
+        """Emit ``n``'s weight steps (``pieces`` through ``bufs``, registers ``regs``
+        of :meth:`_regs`) from its input at ``x_off`` to its output at ``y_off``;
+        return its MACs."""
+        low, e, cfg = self.low, self.e, self.cfg
+        blob = low.place.blobs[n.name]
+        k, nn = n.weight.shape
+        m = low.tensor[low.root(n.inputs[0])].size // k
+        ibuf, isum, ldram, yreg, *turns = regs
         if m > 1:
             e.set_cfg("gemm_stride", k)
             e.set_cfg("out_stride", nn)
@@ -336,10 +375,96 @@ class _GemmStream:
         column_steps(e, pieces, g, nn, cfg.cols, (ibuf, isum, ldram, yreg),
                      (bufs, blob.dram, y_off), compute,
                      turns=(*turns, m) if turns else ())
+        return m * k * nn
+
+
+class _ChainStream(_GemmStream):
+    """A chain of GEMMs, depthwise convolutions on the depthwise engine and average
+    pooling, each reading the one before (:func:`streamed_chain`: MobileNet's
+    depthwise + pointwise pairs, several in one unit), whose GEMMs with weights
+    that are not resident stream them: the intermediates stay on chip.
+
+    The GEMMs' steps take turns between two pairs of weight buffers, allocated
+    before any tensor: a GEMM's first two loads, which pop no token, land in the
+    pair of the streamed GEMM two before it, whose every step has completed once
+    the load queue has passed the last load of the GEMM between (it pops the token
+    of that GEMM's third step from the end). The other nodes' constants and the
+    unit's input load first, with one token; a tensor no later node reads is
+    released (only compute writes the space again, in order)."""
+
+    def __init__(self, low, u):  # (the last node need not be a GEMM with a blob)
+        self.low, self.u, self.n = low, u, u.nodes[-1]
+        self.e, self.cfg = low.e, low.config
+
+    def emit(self) -> dict:
+        low, e, cfg, u = self.low, self.e, self.cfg, self.u
+        streams = {m.name: self._pieces(m) for m in u.nodes if streams_weights(m, low)}
+        order = list(streams)
+        if any(len(streams[m][1]) < 3 for m in order[1:-1]):
+            raise NotStreamable("a GEMM of fewer than three steps between two that stream")
+        work = e.work.snapshot()
+        low._reset()
+        try:
+            bufs = [[low.alloc(max(streams[m][-1] for m in order[i::2]),
+                               f"weight buffer {j} of {order[i]}") for j in range(2)]
+                    for i in range(min(2, len(order)))]
+        except TooBig as err:
+            raise CompileError(str(err)) from None
+        low._begin(u, f" (a chain streaming the weights of {len(order)} GEMMs)")
+        loads = [(low._load_tensor, t) for t in u.inputs]
+        loads += [(low._load_blob, low.place.blobs[m.name]) for m in u.nodes
+                  if m.name not in streams and m.name in low.place.blobs]
+        # A first GEMM's first step pops the token of its weights' load, which comes
+        # after these in the load queue.
+        token = u.nodes[0].name not in streams
+        for i, (load, what) in enumerate(loads):
+            load(what, "next" if token and i == len(loads) - 1 else "")
+        if token:
+            e.pop_next_compute()
+        macs = steps = 0
+        for i, m in enumerate(u.nodes):
+            later = {low.root(t) for x in u.nodes[i + 1:] for t in x.inputs}
+            low._dead = {low.root(t) for t in m.inputs} - later - set(u.outputs)
+            low._to_dram, low._later = set(), u.nodes[i + 1:]
+            if m.name in streams:
+                g, pieces = streams[m.name][:2]
+                k, nn = m.weight.shape
+                x = low.root(m.inputs[0])
+                rows = low.tensor[x].size // k
+                if rows > min(cfg.acc_rows, 4096):
+                    raise CompileError(f"{rows} rows with streamed weights exceed the "
+                                       f"{min(cfg.acc_rows, 4096)} accumulator rows")
+                y_off = low.out(m.outputs[0])
+                regs = self._regs(m, len(pieces), g, rows)
+                j = order.index(m.name)
+                macs += self._steps(m, low.at(x), y_off, g, pieces, bufs[j % 2], regs)
+                steps += len(pieces)
+            else:
+                macs += low.node(m)
+            low._release(low._dead)
         e.push_after_last_compute("next")
-        low._store_tensor(y)
-        e.op(f"region.end {self.u.id}")
-        return _Stats(macs + m * k * nn, steps).finish(low, e, work)
+        low._store_tensor(low.root(u.outputs[0]))
+        e.op(f"region.end {u.id}")
+        return _Stats(macs, steps).finish(low, e, work)
+
+    def _pieces(self, n: QGemm):
+        """(column tiles per step, the steps' :func:`column_pieces`, their largest
+        bytes) of GEMM ``n``."""
+        cfg, blob = self.cfg, self.low.place.blobs[n.name]
+        k, nn = n.weight.shape
+        pieces = column_pieces(blob, ceil_div(nn, cfg.cols), nn, gemm_tiles(k, cfg.rows), 1,
+                               cfg.cols)
+        return 1, pieces, max(p[3] for p in pieces)
+
+
+def streams_weights(n, low) -> bool:
+    """Whether GEMM ``n`` streams its weights in a chain: they are not resident and
+    larger than :data:`STREAM_BYTES`, and it is no GEMV (which streams alone)."""
+    from .gemv import GemvBlob  # it builds on this module
+
+    blob = low.place.blobs.get(n.name)
+    return isinstance(n, QGemm) and blob is not None and not blob.slot \
+        and len(blob.data) > STREAM_BYTES and not isinstance(blob, GemvBlob)
 
 
 def _fewer_band_cycles(low, u, n: QConv) -> dict:
