@@ -108,6 +108,9 @@ class CostModel:
     # vreq, vreqb or vclip writes its last window vector_write_end before its end.
     load_write_lead: int = 2
     vector_write_end: int = 2
+    # A vreqb.col reads its bias words within this long after its first bias window
+    # (an array command beside it no earlier meets none of its reads).
+    vector_read_lag: int = 3
 
     def dma_beats(self, addr: int, nbytes: int, bus: int) -> int:
         return (addr % bus + nbytes + bus - 1) // bus
@@ -201,6 +204,9 @@ class RunResult:
     #: banks in overlapping cycles (the bank arbitration may hold the transfer back by
     #: cycles the cost model does not count).
     cycles_exact: bool = True
+    #: Why not (when the cycles are exact: empty): the cause of the first hazard the cost
+    #: model does not play out, or the error.
+    inexact_cause: str = ""
 
     @property
     def ok(self) -> bool:
@@ -282,6 +288,10 @@ class Machine:
         self.last: RunResult | None = None
         self.inexact_runs = 0  # runs whose cycles are not exact (RunResult.cycles_exact)
         self.counted_inexact = 0  # ... of them since the counters were reset
+        # Per cause of inexact cycles (RunResult.inexact_cause): the runs it made inexact
+        # first, and how often it fired in all.
+        self.inexact_firsts: dict[str, int] = {}
+        self.inexact_fired: dict[str, int] = {}
         self._cursor: _Cursor | None = None
         self._reset_run_state()
 
@@ -447,6 +457,13 @@ class Machine:
             self.counters[name] += value
         result.cycles = cycles
         result.cycles_exact = result.ok and not self._time.contended
+        fired = self._time.inexact_causes
+        for cause, n in fired.items():
+            self.inexact_fired[cause] = self.inexact_fired.get(cause, 0) + n
+        if not result.cycles_exact:
+            result.inexact_cause = ("error" if not result.ok else next(iter(fired)))
+            self.inexact_firsts[result.inexact_cause] = \
+                self.inexact_firsts.get(result.inexact_cause, 0) + 1
         self.inexact_runs += not result.cycles_exact
         self.counted_inexact += not result.cycles_exact
         result.instructions = self.counters["instructions"] - cur.start_instr
@@ -853,6 +870,7 @@ class Machine:
         self._time.spans = (_span(rows, n), (acc.start, acc.stop - 1))
         if o["col"]:  # the bias words first, then an accumulator row a cycle
             self._uses(reads=[(base, 4 * n)], writes=[(rows, n)])
+            self._time.vector_reads = self._vec_cycles(1, 4 * n)
             return self._vec_cycles(1, 4 * n) + self._vec_cycles(mrows, n)
         self._uses(reads=[(base + 4 * np.arange(mrows), 4)], writes=[(rows, n)])
         self._time.vector_writes = (rows, n)
@@ -994,6 +1012,15 @@ STORE_UNTIMED = 2  # of a store's latency and data cycles, less its beats
 ENGINE_BUSY = {"gemm": (2, 0),  # (an idle array takes a gemm gemm_intake before its start)
                 "wload": (0, 0), "vector": (0, -1), "depthwise": (0, -1)}
 
+# The counter by cause of a token wait: (queue, popped flag, engine) -> counter.
+_TOKEN_WAIT_CAUSE = {
+    **{(q, flag, e): name for (q, flag), name in (
+        (("load", Token.POP_NEXT), "stall_out_load"),
+        (("store", Token.POP_PREV), "stall_in_store")) for e in ("array", "vector")},
+    **{("compute", flag, e): f"{way}_{e}" for flag, way in (
+        (Token.POP_PREV, "stall_in"), (Token.POP_NEXT, "stall_out"))
+       for e in ("array", "vector")},
+}
 _VECTOR_OPS = ("vbias", "vreq", "vreqb", "vadd", "vclip", "vmax", "vargmax", "vqtab")
 # The depthwise engine shares the accumulator and the GEMM engine's scratchpad port,
 # and takes turns with both engines as the vector unit does.
@@ -1029,6 +1056,7 @@ class _Timeline:
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
+        self.bank_stolen = [False, False]  # ... since a wload held up the last of them
         self.stall = 0
         self.causes = dict.fromkeys(CAUSE_COUNTERS, 0)  # firmware.regs.CAUSE_COUNTERS
         self._busy_until = {"array": 0, "vector": 0}  # the engines' busy intervals' end
@@ -1045,6 +1073,7 @@ class _Timeline:
         self.sp_use: dict[str, list[tuple[int, int]]] = {
             k: [] for k in ("dma_read", "dma_write", "compute_read", "compute_write")}
         self.contended = False
+        self.inexact_causes: dict[str, int] = {}  # what made it contended, how often
         self.footprint = (0, 0)  # banks (masks) the instruction being timed reads, writes
         # The vector unit's scratchpad writes, one window a cycle: (first cycle, banks of
         # each write) of the vreq, vreqb and vclip ops that a later load may meet. Its
@@ -1061,6 +1090,9 @@ class _Timeline:
         # end and scratchpad banks (None otherwise).
         self.spans = None
         self.beside = None
+        # The cycles from its start in which the vector op being timed reads the
+        # scratchpad, where it reads only at first (None: throughout).
+        self.vector_reads = None
         self.array_free = 0  # when the queue could start the next array command
 
     def _wait(self, t: int, cause: str = "stall_in_seq", dispatching: int = 0):
@@ -1103,12 +1135,11 @@ class _Timeline:
         if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
             # (the steps before it ran meanwhile)
             oldest, kind = starts.popleft()
-            if (kind in ("gemm", "wload", "cfg after array")
-                    and oldest - self.cost.fire_overlap > self.now):
-                # The array takes a command before it starts it (a gemm queues behind a
-                # streaming one): the entry frees earlier than the model's start says,
-                # and a cfg waiting for the array frees as the array's commands do.
-                self.contended = True
+            if kind == "cfg after array" and oldest - self.cost.fire_overlap > self.now:
+                # A cfg waiting for the array frees its entry as the array's commands
+                # end, by cycles the model does not play out. (An array command's entry
+                # frees as the array takes it: see _accept.)
+                self._flag("queue full behind a cfg waiting for the array")
             self._wait(oldest - self.cost.fire_overlap, "stall_out_seq")
         ready = self.now + self.cost.queue_start
         # its queue's head from then on: the compute queue moves on as an engine
@@ -1132,8 +1163,8 @@ class _Timeline:
         start = self._start
         late = False
         vector_done = self.vector_done
-        banks = self.footprint[0] | self.footprint[1]  # (a vreq's, for _runs_beside)
-        spans = self.spans
+        banks = self.footprint[0]  # (the banks a vreqb reads, for _runs_beside)
+        spans, reads = self.spans, self.vector_reads
         beside = m in ("gemm", "wload") and self._runs_beside()
         if beside:
             # It starts while the vector unit requantizes: its queue moves on as the
@@ -1149,7 +1180,7 @@ class _Timeline:
             elif self.wload_pending:
                 # It streams on the old weights while the wload's reads take the
                 # array's scratchpad port first: the model does not play that out.
-                self.contended = True
+                self._flag("gemm on old weights after a wload")
             self.wload_pending = False
             issue, latency = cycles, (cycles + self.config.rows + self.config.cols
                                       + c.array_stages + c.sp_read - 3)
@@ -1201,20 +1232,22 @@ class _Timeline:
             busy -= max(0, min(vector_done, start + busy) - start)
         self.busy[q] += busy
         self._count_causes(q, m, start, end)
-        if q == "compute":
-            self._accept(m, start)
-        # (a cfg behind the array frees its entry as the array's last command ends)
-        self.starts[q].append((start, "cfg after array" if m == "cfg" and late else m))
+        # An entry leaves its queue as its engine takes the instruction, which for an
+        # array command may be before it starts (the array queues a gemm behind a
+        # streaming one, and a wload beside it).
+        taken = self._accept(m, start) if q == "compute" else start
+        self.starts[q].append((taken, "cfg after array" if m == "cfg" and late else m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
             self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles))
         if self.vector_writes is not None:
             self._plan_vector_writes(end, *self.vector_writes)
         self.footprint = (0, 0)
-        self.vector_writes = self.load_rows = self.spans = None
+        self.vector_writes = self.load_rows = self.spans = self.vector_reads = None
         if m == "gemm":
             self.gemm_end = end
             self.array_done = max(self.array_done, end)
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
+            self.bank_stolen[self.front] = False
         elif m == "wload":
             self.wload_done = end
             self.wload_pending = True  # until a gemm (with swap or not) follows it
@@ -1227,7 +1260,8 @@ class _Timeline:
             self.vector_done = end
             self.beside = None
             if m in ("vreq", "vreqb") and self.config.acc_ports == 2:
-                self.beside = (*spans, start, end, banks)
+                until = end if reads is None else start + reads + c.vector_read_lag
+                self.beside = (*spans, until, end, banks)
             if m == "vargmax":
                 self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
                 self._after_vargmax = 1
@@ -1235,34 +1269,39 @@ class _Timeline:
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(token)
 
+    def _flag(self, cause: str):
+        """Note that the run's cycles are an estimate, and why."""
+        self.contended = True
+        self.inexact_causes[cause] = self.inexact_causes.get(cause, 0) + 1
+
     def _runs_beside(self) -> bool:
         """Whether the wload or gemm being timed may start while the vector unit runs
         its latest instruction (two accumulator read ports): that one is a vreq or
         vreqb still running, whose written bytes the command does not read and whose
-        accumulator rows a gemm does not touch. Where the two use the same scratchpad
-        banks the array's reads win them and the vreq's writes wait, cycles the model
-        does not play out: the run is flagged."""
+        accumulator rows a gemm does not touch. Where the command may read the banks a
+        vreqb reads its bias words from while it reads them, the array's reads win and
+        the vreqb's wait, cycles the model does not play out: the run is flagged (writes
+        are arbitrated apart from reads, and a vreqb.col's bias reads are over before
+        the command can start)."""
         if self.beside is None or self.spans is None:
             return False
-        sp, acc, _, end, banks = self.beside
+        sp, acc, reads_until, end, banks = self.beside
         my_sp, my_acc = self.spans
-        if end <= max(self._ready, self.accepted) or _meet(sp, my_sp) or _meet(acc, my_acc):
+        earliest = max(self._ready, self.accepted)
+        if end <= earliest or _meet(sp, my_sp) or _meet(acc, my_acc):
             return False
-        if banks & self.footprint[0]:
-            self.contended = True
+        if banks & self.footprint[0] and earliest < reads_until:
+            self._flag("array beside a vreqb reading its banks")
         return True
 
     def _count_causes(self, q: str, m: str, start: int, end: int):
         """Count an instruction's token waits and its engine's busy cycles into the
         counters by cause."""
         engine = "vector" if m in _VECTOR_OPS or m == "cfg" else "array"
-        names = {("load", Token.POP_NEXT): "stall_out_load",
-                 ("store", Token.POP_PREV): "stall_in_store",
-                 ("compute", Token.POP_PREV): f"stall_in_{engine}",
-                 ("compute", Token.POP_NEXT): f"stall_out_{engine}"}
-        for flag, wait in self._token_waits:
-            self.causes[names[q, flag]] += max(0, wait)
-        self._token_waits = []
+        if self._token_waits:
+            for flag, wait in self._token_waits:
+                self.causes[_TOKEN_WAIT_CAUSE[q, flag, engine]] += max(0, wait)
+            self._token_waits = []
         if q != "compute" or m == "cfg":  # a cfg never makes the vector unit busy
             return
         before, after = ENGINE_BUSY[m if m in ("gemm", "wload") else
@@ -1274,16 +1313,25 @@ class _Timeline:
         self.causes["busy_" + engine] += max(0, last - max(first, until))
         self._busy_until[engine] = max(until, last)
 
-    def _accept(self, m: str, start: int):
+    def _accept(self, m: str, start: int) -> int:
         """Note when the compute queue's next entry is at its front: a cycle after an
         engine took the instruction that starts at ``start`` (a gemm while the gemm
         before it streams: the array queues one; a wload once the wload before it
-        is done; anything else as it starts)."""
+        is done; anything else as it starts). Returns when the instruction's entry
+        left the queue (a gemm queued behind a streaming one: as that one took over
+        the stream, a cycle before it starts)."""
         front = max(self._front, self._ready)  # ... and its tokens are in
+        leaves = None
+        if m in ("gemm", "wload"):
+            # an array command waits at the front while the vector unit runs (but
+            # beside a vreq: then vector_done is when the hazard clears)
+            front = max(front, self.vector_done)
         if m == "gemm":
             taken = front
             if self._gemm_rows_end > front:  # queued behind the gemm that streams
                 taken = max(front, self._gemm_start)
+                if self._gemm_start > front:
+                    leaves = self._gemm_start - 1
             taken = min(taken, start - self.cost.gemm_intake)
             self._gemm_start, self._gemm_rows_end = start, self.free["compute"]
         elif m == "wload":
@@ -1291,6 +1339,7 @@ class _Timeline:
         else:
             taken = start
         self.accepted = taken + 1
+        return taken if leaves is None else min(taken, leaves)
 
     def _port_windows(self, q: str, m: str, start: int, end: int, cycles: int):
         """The cycles, with a margin, in which an instruction may read and write the
@@ -1315,8 +1364,6 @@ class _Timeline:
         whose windows overlap them is played out (:meth:`_load_delay`) but flagged,
         since random programs (default 10003 and 30031, small 10003) end a cycle later
         on the RTL than the beat-by-beat play says, with or without a delay."""
-        if self.contended:
-            return
         who = "compute" if q == "compute" else "dma"
         rival = "dma" if who == "compute" else "compute"
         horizon = min(self.free.values()) - 8  # later instructions use no earlier cycles
@@ -1326,7 +1373,7 @@ class _Timeline:
                 continue
             if any(s < end and start < e and mask & b
                    for s, e, b in self.sp_use[f"{rival}_{kind}"]):
-                self.contended = True
+                self._flag(f"{who} {kind} beside {rival} {kind}")
                 return
             uses = self.sp_use[f"{who}_{kind}"]
             uses.append((start, end, mask))
@@ -1394,14 +1441,29 @@ class _Timeline:
         # rows wait for them (k cycles; the wload retires after the gemm, and the gemm's
         # rows leave the array a cycle later still), and the wload needs no cycle after
         # its last read.
-        stealing = self.last_compute == "gemm" and ready + c.handoff < self.free[q]
+        # (It may have to wait for the rows of the gemms before the last swap first.)
+        reads = max(ready + c.handoff, self.bank_free[self.front ^ 1])
+        stealing = self.last_compute == "gemm" and reads < self.free[q]
+        if (self.bank_stolen[self.front ^ 1] and self.last_compute == "gemm"
+                and ready + c.handoff < self.free[q] <= reads and self.accepted > self._ready):
+            # It waits for the rows of a gemm a wload took its reads from: when they
+            # leave the array the model does not play out.
+            self._flag("a wload waiting for a bank a wload held up")
+        if self.wload_pending and self._stealing:
+            # ... or for a wload that took its reads from a gemm, whose rows no gemm used.
+            self._flag("a wload after a wload that held up a gemm")
         self._stealing = stealing
         if stealing:
+            # (a gemm queued behind the streaming one starts k later, too)
+            self._gemm_rows_end += k
+            if self._gemm_start > reads:
+                self._gemm_start += k
             self.gemm_end += k
             self.array_done = max(self.array_done, self.gemm_end)
             self.retired = max(self.retired, self.gemm_end)
             self.done[q] = max(self.done[q], self.gemm_end)
-            self.bank_free[self.front] = self.gemm_end + c.handoff - c.array_exit
+            self.bank_free[self.front] = self.gemm_end - c.array_exit
+            self.bank_stolen[self.front] = True
         elif self.last_compute == "gemm":  # it may take over in the gemm's last row's cycle
             start = max(self._ready, self.free[q] - c.handoff)
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
