@@ -112,6 +112,7 @@ def golden_figures(name: str, graph, compiled, config,
     session = Session(NPUDriver(GoldenDevice(config, dram_latency=latency)), compiled,
                       check=True)
     session.load()
+    machine = session.driver.device.machine
     runs = [session.run(x) for x in model_inputs(name, graph)]
     warm = runs[1:] or runs
     cycles = _per_inference(runs, "cycles")
@@ -141,6 +142,12 @@ def golden_figures(name: str, graph, compiled, config,
         "pages": len(compiled.pages),
         "host_writes": round(float(np.mean([r.host_writes for r in warm]))),
         "late_pages": sum(r.late_pages for r in runs),
+        # Why the golden model's cycles of a run are an estimate (RunResult.inexact_cause):
+        # the runs each cause made inexact first, and how often each fired in all.
+        "golden_inexact_runs": machine.inexact_runs,
+        "golden_runs": machine.counters["runs"],
+        "golden_inexact_first": dict(machine.inexact_firsts),
+        "golden_inexact_fired": dict(machine.inexact_fired),
     }
 
 
@@ -240,6 +247,13 @@ def print_table(rows: dict[str, dict]) -> None:
         lines += [(name, _cell(r["instructions"]), _cell(r["pages"]), _cell(r["host_writes"]),
                    _cell(r["late_pages"])) for name, r in rows.items() if "cycles" in r]
         _print_lines(lines)
+    if opts_causes := [n for n, r in rows.items() if r.get("golden_inexact_runs")]:
+        print("\nruns whose cycles the golden model estimates, by first cause (fired):")
+        for name in opts_causes:
+            r = rows[name]
+            causes = ", ".join(f"{c} {k} ({r['golden_inexact_fired'].get(c, 0)})"
+                               for c, k in r["golden_inexact_first"].items())
+            print(f"  {name}: {r['golden_inexact_runs']} of {r['golden_runs']}: {causes}")
     for name, r in rows.items():
         if "reason" in r:
             print(f"{name}: {r['reason']}")

@@ -282,45 +282,48 @@ Parameters (`firmware.golden.CostModel`):
   for the load queue (each ends `drain` cycles after the last completion). A run's
   cycles end `end_cycle` after its
   `end` (the cycle `end` completes in counts).
-* Where it is exact (`RunResult.cycles_exact`): a run that ends without an error,
-  with the simulation's memory answering without pauses, in which no DMA transfer
-  uses scratchpad banks in cycles a compute instruction uses them too (a load
-  against the writes of a `vreq`, `vreqb` or `vclip` before it is played out beat by
-  beat, above, but flagged: random programs end a cycle later on the RTL than the
-  play says): a load's writes against the writes of a vector
-  op, a store's reads against compute reads (the
-  DMA's ports come last in the scratchpad's priority; the model flags such overlaps,
-  with a margin of a few cycles); in which no `gemm` without `swap` follows a
-  `wload` (the wload's reads take the array's port first); in which no `wload` or
-  `gemm` beside a `vreq`/`vreqb` reads scratchpad banks the vector op reads or
-  writes (the array's port comes first, and the vector op waits for the bank); and
-  in which no dispatch
-  waits on a full compute queue whose oldest entry is a `gemm`, a `wload` or a `cfg`
-  that waited for the array (the array takes a command before it starts it; the
-  model frees the entry at the start). There the run's `cycles` and every trace
-  record's start and end equal the RTL's; the verification compares them on every
-  such run (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`).
-  Measured: the 124 programs of `verif.scenarios.COST_PROGRAMS`
-  (`test_golden_cost_model_is_exact` in `tests/test_npu.py`: every kind of
-  instruction alone, back to back, through each token channel early and late, wloads
-  and GEMMs in tiles of 1 to 32 rows, a GEMV's one-column wloads and its `vreqb`,
-  vadd's bank conflicts, loads behind vector writes, stores of one-beat rows, full
-  queues); random compute-queue programs (`test_compute_queue_programs_on_the_rtl`
-  in `tests/test_golden.py`: gemms, wloads and cfgs filling the queue before a long
-  load, 60 a run): of 600 (four seeds, one generator run adding vreqs), those the
-  model calls exact all take its cycles; random programs (the fast library
-  against the model, 40 programs of `verif.randprog` x 2 runs on each of seeds 1,
-  2, 3 and 5): 102 of 320 runs exact on `default` and 100 of 320 on `small`, every
-  exact run equal. The bundled and zoo models (`make bench-models ARGS="--rtl mlp
-  cnn fc_autoencoder ds_cnn resnet8 mobilenet_v1_025"`, first and later
-  inferences) take the model's cycles on `mlp`, `cnn`, `ds_cnn` and
-  `mobilenet_v1_025` (warm), but the model flags every run of them (a full compute
-  queue behind long GEMMs in `mlp` and `fc_autoencoder`; a `vclip` writing banks
-  an earlier load writes in `cnn`, `ds_cnn`, `resnet8` and `mobilenet_v1_025`), so
-  their cycles go unchecked (`rtl_cycles_equal_golden` true,
-  `golden_cycles_exact_runs` 0); `resnet8` takes 4 cycles more on the RTL and
-  `fc_autoencoder` 118 more (warm). Under random AXI
-  backpressure (the memory's wait states) cycles are not compared.
+* Where it is exact (`RunResult.cycles_exact`; otherwise `RunResult.inexact_cause`
+  names the first hazard, and `Machine.inexact_firsts`/`inexact_fired` count them): a
+  run that ends without an error, with the simulation's memory answering without
+  pauses, in which no DMA transfer uses scratchpad banks in cycles a compute
+  instruction uses them too (a load against the writes of a `vreq`, `vreqb` or
+  `vclip` before it is played out beat by beat, above, but flagged: random programs
+  end a cycle later on the RTL than the play says): a load's writes against the
+  writes of a vector op, a store's reads against compute reads (the DMA's ports come
+  last in the scratchpad's priority; the model flags such overlaps, with a margin of
+  a few cycles); in which no `gemm` without `swap` follows a `wload` (the wload's
+  reads take the array's port first); in which no `wload` or `gemm` beside a `vreqb`
+  may read the banks the vreqb reads its bias words from while it reads them (the
+  array's port comes first; writes are arbitrated apart from reads, so a `vreq`
+  never holds the array up); in which no `wload` waits for the weight bank of a gemm
+  that an earlier wload took its reads from, with that gemm's rows ending before the
+  wait does (GEMV tiles: the RTL ends up to 16 cycles earlier), and none follows a
+  wload that took its reads from a gemm without a gemm between them; and in which no
+  dispatch waits on a full compute queue whose oldest entry is a `cfg` that waited
+  for the array. (An array command leaves the compute queue as the array takes it: a
+  `gemm` behind a streaming one as that one takes over the stream, a cycle before it
+  starts.) There the run's `cycles` and every trace record's start and end equal the
+  RTL's; the verification compares them on every such run
+  (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`), and the random
+  program scenario fails when a batch compared none. Measured: the 130 programs of
+  `verif.scenarios.COST_PROGRAMS` (`test_golden_cost_model_is_exact` in
+  `tests/test_npu.py`: every kind of instruction alone, back to back, through each
+  token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, a GEMV's
+  one-column wloads and its `vreqb`, vadd's bank conflicts, loads behind vector
+  writes, stores of one-beat rows, full queues, gemms queued in a full queue, a gemm
+  beside a `vreq` on its banks); random compute-queue programs
+  (`compute_queue_program` in `tests/test_golden.py`, 300 on each of seeds 1 to 4 on
+  the fast library): 337 of 1,200 exact, all equal; random programs (`verif.randprog`,
+  240 programs x 2 runs on seeds 1 and 9): 316 of 960 runs exact, all equal. The
+  bundled and zoo models (`python -m bench.models` lists each model's runs by first
+  cause; `--rtl` compares them): every run of them is flagged, by a store's reads
+  beside compute reads (`resnet8`, `early_exit`), a load's writes beside a later
+  vector op's (`ds_cnn`, `mobilenet_v1_025`, `fc_autoencoder`, `cnn`), an array
+  command beside a `vreqb` reading its bias words (`ds_cnn`, `cnn`) or GEMV tiles
+  (`mlp`, `moe`); the RTL takes the model's cycles on `mlp`, `cnn`, `early_exit`,
+  `ds_cnn` and `mobilenet_v1_025`, 4 cycles more on `resnet8`, fewer on `moe`
+  (GEMV tiles) and more on `fc_autoencoder`. Under random AXI backpressure (the
+  memory's wait states) cycles are not compared.
 * A slow DRAM (`firmware.bursts.DramLatency(read, write)`, each 0 or at least 16; the
   `slowmem` profile's is 64/64) serves one burst at a time per direction. A load's
   first burst waits `read` before its first beat, each later one `read - min(b, 2)`

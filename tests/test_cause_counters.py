@@ -3,10 +3,10 @@ it count in the golden model, exactly, and the RTL counts the same."""
 
 import pytest
 
-from firmware import asm
-from firmware.golden import Machine
+from firmware import asm, isa
+from firmware.golden import CostModel, Machine
 from firmware.regs import CAUSE_COUNTERS, TRACE_FIELDS
-from verif.scenarios import CAUSE_PROGRAMS, COST_ARGS, TABLE
+from verif.scenarios import CAUSE_PROGRAMS, COST_ARGS, COST_PROGRAMS, TABLE
 
 
 def _run(source: str) -> Machine:
@@ -26,10 +26,31 @@ def test_program_makes_its_counter_count(name):
 
 
 def test_sequencer_stalls_split_by_cause():
-    """stall_cycles is the sum of its two causes."""
+    """stall_cycles is the sum of its two causes, and each is the one that made it."""
     for body in CAUSE_PROGRAMS.values():
         c = _run(body).counters
         assert c["stall_cycles"] == c["stall_in_seq"] + c["stall_out_seq"]
+    # a full queue stalls the dispatch, a register being written waits for it
+    full, reg = (_run(CAUSE_PROGRAMS[n]).counters for n in ("stall_out_seq", "stall_in_seq"))
+    assert full["stall_out_seq"] > 0 and reg["stall_in_seq"] > 0 and reg["stall_out_seq"] == 0
+
+
+STRAIGHT = {name: body for name, body in {**COST_PROGRAMS, **CAUSE_PROGRAMS}.items()
+            if not any(op in body for op in ("vargmax", "br.", "loop"))}
+
+
+@pytest.mark.parametrize("name", sorted(STRAIGHT))
+def test_sequencer_stalls_are_its_idle_cycles(name):
+    """Measured apart from the counters: in a straight-line program the sequencer
+    spends its dispatch cycles and stalls for the rest, until its end fires."""
+    cost = CostModel()
+    program = asm.assemble(STRAIGHT[name] + "end\n")
+    machine = Machine()
+    result = machine.load_and_run(program, TABLE, args=COST_ARGS)
+    dispatch = sum(cost.dispatch if isa.decode(w).spec.queue is isa.Queue.SEQ
+                   else cost.dispatch_queue for w in program.words)
+    idle = result.cycles - cost.end_cycle - dispatch
+    assert machine.counters["stall_cycles"] == idle
 
 
 def test_idle_program_counts_nothing():
