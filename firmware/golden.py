@@ -289,7 +289,7 @@ class Machine:
         self.inexact_runs = 0  # runs whose cycles are not exact (RunResult.cycles_exact)
         self.counted_inexact = 0  # ... of them since the counters were reset
         # Per cause of inexact cycles (RunResult.inexact_cause): the runs it made inexact
-        # first, and how often it fired in all.
+        # first, and how often it fired (a DMA overlap: only as a run's first cause).
         self.inexact_firsts: dict[str, int] = {}
         self.inexact_fired: dict[str, int] = {}
         self._cursor: _Cursor | None = None
@@ -1364,6 +1364,8 @@ class _Timeline:
         whose windows overlap them is played out (:meth:`_load_delay`) but flagged,
         since random programs (default 10003 and 30031, small 10003) end a cycle later
         on the RTL than the beat-by-beat play says, with or without a delay."""
+        if self.contended:  # (the run's first cause is named: the rest need no search)
+            return
         who = "compute" if q == "compute" else "dma"
         rival = "dma" if who == "compute" else "compute"
         horizon = min(self.free.values()) - 8  # later instructions use no earlier cycles
