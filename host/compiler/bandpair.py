@@ -18,16 +18,14 @@ each band's fixed work; :func:`pair_cycles` predicts each count that fits.
 from __future__ import annotations
 
 from ..ir import QConv, QGemm
-from .cost import BAND_DMA_LATENCY, BAND_FIXED, conv_cycles
+from .cost import BAND_DMA_LATENCY, BAND_FIXED, VREQ_EXTRA, conv_cycles
 from .depthwise import _strips, on_engine
 from .lower import CompileError
-from .units import is_instruction
 
 MORE_BANDS = 6  # band counts tried beyond the fewest that fit
 
 DWLOAD_CYCLES = 18  # a dwload's 14 tap windows and its latency (docs/isa.md)
 DWCONV_EXTRA = 6  # a dwconv beyond its window reads and rows: latency, handoff
-VREQ_EXTRA = 15  # a vreq beyond its rows: the vector pipeline's latency
 
 
 def band_pair(u, config) -> bool:
@@ -67,31 +65,13 @@ def pair_cycles(config, n: QConv, then: QGemm, bands: list[int], ow: int,
 
 def stream_pair(low, u, why: CompileError) -> dict:
     """Emit a :func:`band_pair` unit in the number of bands :func:`pair_cycles`
-    predicts fastest (its instructions priced at ``low.instruction_price`` cycles
-    each), or the unit's variant's ``extra_bands``; raise ``CompileError``
-    (saying ``why`` it had to stream) when no band fits."""
-    from .stream import _ConvStream  # it builds on lower, which imports this module
+    predicts fastest, up to :data:`MORE_BANDS` beyond the fewest that fit, or the
+    unit's variant's ``extra_bands``; raise ``CompileError`` (saying ``why`` it had
+    to stream) when no band fits."""
+    from .stream import _fewer_band_cycles  # it builds on lower, which imports this module
 
     n, then = u.nodes
-    e = low.e
-    start = e.checkpoint()
-    len_at = len(e.lines)
-    options, refusal = [], None
-    _, _, _, ow = low.tensor[n.outputs[0]].shape
-    extra = low.variant.extra_bands
-    for more in range(MORE_BANDS + 1) if extra is None else (extra,):
-        way = _ConvStream(low, u, n, more, then=then)
-        try:
-            way.emit()
-        except CompileError as err:
-            refusal = refusal or err
-        else:
-            size = sum(map(is_instruction, e.lines[len_at:]))
-            cycles = pair_cycles(low.config, n, then, way.bands, ow, way.first_load,
-                                 way.last_store)
-            options.append((cycles + low.instruction_price * size, more))
-        e.rollback(start)
-    if not options:
-        raise low._refuse(why, f"streaming in bands: {refusal}")
-    more = min(options)[1]
-    return _ConvStream(low, u, n, more, then=then).emit()
+    try:
+        return _fewer_band_cycles(low, u, n, then, range(MORE_BANDS + 1))
+    except CompileError as refusal:
+        raise low._refuse(why, f"streaming in bands: {refusal}") from None

@@ -208,7 +208,7 @@ def conv_cycles(config: NPUConfig, plan, tiles: int, oc: int, copy_bytes: int = 
         array = tiles * gemms * max(gemm_rows + rows + 2, round_trip)
         words = -(-4 * cols // bus)  # the bias words: vreqb col=1 reads them per vreq
         vector = min(vreqs * words, acc_rows + words + 7)  # (or one vbias pass)
-        vector += vreq_rows + vreqs * 15  # vreq
+        vector += vreq_rows + vreqs * VREQ_EXTRA  # vreq
         last = vector / max(vreqs, 1)
         total += ncol * (array + drain + vector) - (ncol - 1) * beside_cycles(
             config, array, last, acc_rows)
@@ -253,6 +253,7 @@ def m_tiled_cycles(config: NPUConfig, sizes: list[int], k: int, n: int,
 
 BAND_DMA_LATENCY = 21  # a load's and a store's latency (docs/isa.md, the cycle rules)
 BAND_FIXED = 30  # per band: the pad columns' fix-up vclip and the cfg writes
+VREQ_EXTRA = 15  # a vreq beyond its rows: the vector pipeline's latency
 
 
 def band_cycles(config: NPUConfig, plan, tiles: int, oc: int, first_load: int,

@@ -467,20 +467,24 @@ def streams_weights(n, low) -> bool:
         and len(blob.data) > STREAM_BYTES and not isinstance(blob, GemvBlob)
 
 
-def _fewer_band_cycles(low, u, n: QConv) -> dict:
-    """Emit ``n`` streamed in bands: as few as fit, or one more if
-    :func:`.cost.band_cycles` predicts that faster (shorter bands expose less of
+def _fewer_band_cycles(low, u, n: QConv, then: QGemm | None = None,
+                       more_ways=None) -> dict:
+    """Emit ``n`` (with ``then``: a band pair, :mod:`.bandpair`) streamed in bands:
+    as few as fit plus each of ``more_ways`` (default: one more where the prediction
+    knows the array), the count :func:`.cost.band_cycles` (a pair:
+    :func:`.bandpair.pair_cycles`) predicts fastest (shorter bands expose less of
     the first load and the last store, and add each band's fixed work), its
     instructions priced at ``low.instruction_price`` cycles each."""
     e = low.e
     start = e.checkpoint()
     len_at = len(e.lines)
     options, refusal = [], None
-    more_ways = (0, 1) if n.group == 1 else (0,)  # the prediction knows the array
+    if more_ways is None:
+        more_ways = (0, 1) if n.group == 1 else (0,)
     if low.variant.extra_bands is not None:
         more_ways = (low.variant.extra_bands,)
     for more in more_ways:
-        way = _ConvStream(low, u, n, more)
+        way = _ConvStream(low, u, n, more, then=then)
         try:
             way.emit()
         except CompileError as err:
@@ -615,10 +619,16 @@ class _ConvStream:
         self.bands = [band(s)[3] for s in range(steps)]
         self.first_load = sum(block_rows(0, f)[2] for f in range(used)) * wp * c
         self.last_store = self.bands[-1] * ow * oc_out
-        self.predicted = band_cycles(
-            self.cfg, convrows.plan(rows, self.bands, ow),
-            len(conv_tiles(kh, n.weight.shape[3] * c, self.cfg.rows)), oc,
-            self.first_load, self.last_store)
+        if then:
+            from .bandpair import pair_cycles  # it builds on this module
+
+            self.predicted = pair_cycles(self.cfg, n, then, self.bands, ow,
+                                         self.first_load, self.last_store)
+        else:
+            self.predicted = band_cycles(
+                self.cfg, convrows.plan(rows, self.bands, ow),
+                len(conv_tiles(kh, n.weight.shape[3] * c, self.cfg.rows)), oc,
+                self.first_load, self.last_store)
         low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows)")
         ibuf, isum, ldram, sdram, stride, obuf, xq = pipe_regs(e, 7, n.name)
         e.op(f"li {ibuf}, {sets[0]}")
