@@ -310,7 +310,8 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
                                  specialize=SpecializeConfig() if opts.specialize else None,
                                  sparsity=SparsityConfig() if opts.sparsity else None,
                                  start_fused=opts.start_fused),
-                             cache=cache, state=state, on_event=lambda e: console.print(
+                             cache=cache, state=state, dram_latency=_hardware(opts)[1],
+                             on_event=lambda e: console.print(
                                  f"[cyan]{escape(str(e))}", highlight=False, soft_wrap=True))
         rt.load()
     except ProgramTooLong as err:

@@ -13,7 +13,8 @@ one (``npu run MODEL --profile slowmem``, ``python -m bench.models --config slow
 where only measurement shows what the latency costs.
 
 :func:`profile_key` is what the compiled-unit cache keys on: two devices that
-report the same CAPS share every compiled program.
+report the same CAPS share every compiled program. :func:`measured_key` is what
+measurements key on: the build and the memory's latency where the host knows it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def profile_key(config: NPUConfig) -> str:
         raise TypeError(f"expected an NPUConfig, got {type(config).__name__}")
     text = json.dumps(sorted(config.as_dict().items()), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def measured_key(config: NPUConfig, latency: DramLatency | None = None) -> str:
+    """What measurements on a device are keyed by: :func:`profile_key` of its build
+    and, where the host knows of one (``--profile slowmem``), the extra latency of its
+    memory, which CAPS do not report. Programs are the same behind either memory;
+    their measured cycles are not (``default`` and ``slowmem`` get different keys).
+    """
+    key = profile_key(config)
+    if latency is None or not (latency.read or latency.write):
+        return key
+    return f"{key}+dram{latency.read}/{latency.write}"
 
 
 def timing_key() -> str:

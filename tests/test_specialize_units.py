@@ -5,11 +5,11 @@ reverted by measurement, validated in shadow, remembered per unit and profile.""
 import pytest
 
 from firmware.config import CONFIGS
-from host.adaptive.bottleneck import Bottleneck
+from host.adaptive.bottleneck import classify
 from host.adaptive.cache import CompileCache
 from host.adaptive.engine import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.faults import corrupt_requant
-from host.adaptive.specialize_units import SpecializeConfig, addresses
+from host.adaptive.specialize_units import KNOBS, Outcomes, SpecializeConfig, addresses
 from host.cli import main, model_path
 from host.compiler.variants import Variant
 from host.device import GoldenDevice
@@ -95,18 +95,72 @@ def test_measurements_are_remembered_per_unit_and_profile(served):
     assert "step bytes 2048 (measured" in first.detail
 
 
-@pytest.mark.parametrize("kind, variant, ok", [
-    ("memory", Variant(step_bytes=2048), True),
-    ("memory", Variant(stream_weights=True), False),
-    ("overhead", Variant(m_tiles=1), True),
-    ("conflict", Variant(m_tiles=2), False),
-    ("compute", Variant(), False),
+_CAUSES = {"busy_load": 0, "busy_store": 0, "busy_array": 0, "busy_vector": 0,
+           "sp_conflicts": 0}
+
+
+@pytest.mark.parametrize("causes, variant, ok", [
+    ({"busy_load": 90}, Variant(step_bytes=2048), True),
+    ({"busy_store": 90}, Variant(stream_weights=True), False),
+    ({"busy_load": 10}, Variant(m_tiles=1), True),
+    ({"busy_array": 90, "sp_conflicts": 20}, Variant(m_tiles=2), False),
+    ({"busy_array": 90}, Variant(), False),
+    ({"busy_vector": 90}, Variant(way="bands"), True),
 ])
-def test_the_knobs_that_address_a_bottleneck(kind, variant, ok):
+def test_the_knobs_that_address_a_bottleneck(causes, variant, ok):
+    """Each class the counters classify into (100 cycles) has knobs of its own."""
+    kind = classify(100, {**_CAUSES, **causes}).kind
+    assert kind in KNOBS
     assert addresses(kind, variant) is ok
-    assert Bottleneck(kind, {}).kind == kind
 
 
 def test_specialize_needs_adaptive(capsys):
     assert main(["run", "mlp", "--specialize"]) != 0
     assert "--specialize" in capsys.readouterr().err
+
+
+def test_outcomes_are_keyed_by_the_memory_the_host_knows_of(tmp_path):
+    """default and slowmem are one build: their measurements are kept apart."""
+    from firmware.bursts import DramLatency
+    from host.profiles import measured_key
+
+    fast = measured_key(CONFIGS["default"])
+    slow = measured_key(CONFIGS["default"], DramLatency(64, 64))
+    assert fast != slow and measured_key(CONFIGS["default"], DramLatency()) == fast
+    outcomes = Outcomes(CompileCache(tmp_path / "c.sqlite"))
+    outcomes.put("unit", slow, Variant(step_bytes=2048), 100.0)
+    outcomes.put("unit", slow, Variant(), 120.0)
+    assert Outcomes(CompileCache(tmp_path / "c.sqlite")).get("unit", slow) == {
+        "step bytes 2048": 100.0, "default": 120.0}
+    assert outcomes.get("unit", fast) == {}
+
+
+def test_outcomes_in_a_read_only_cache_stay_in_memory(tmp_path):
+    path = tmp_path / "c.sqlite"
+    with CompileCache(path) as writer:  # closing checkpoints the log into the file
+        Outcomes(writer).put("unit", "p", Variant(m_tiles=2), 5.0)
+    before = path.read_bytes()
+    path.chmod(0o444)
+    try:
+        cache = CompileCache(path)
+        assert cache.read_only
+        outcomes = Outcomes(cache)
+        outcomes.put("unit", "p", Variant(m_tiles=4), 3.0)
+        assert outcomes.get("unit", "p") == {"m tiles 2": 5.0, "m tiles 4": 3.0}
+        assert path.read_bytes() == before
+    finally:
+        path.chmod(0o644)
+
+
+def test_a_state_saved_behind_a_slow_memory_is_not_restored_on_a_fast_one():
+    from firmware.bursts import DramLatency
+
+    graph = load_onnx(model_path(NAME), allow_cpu_fallback=True)
+    slow = AdaptiveRuntime(NPUDriver(GoldenDevice(CONFIGS["default"],
+                                                  dram_latency=DramLatency(64, 64))),
+                           graph, AdaptiveConfig(), dram_latency=DramLatency(64, 64))
+    state = slow.state()
+    fast = AdaptiveRuntime(NPUDriver(GoldenDevice(CONFIGS["default"])), graph,
+                           AdaptiveConfig(), state=state)
+    ignored = _events(fast, "state-ignored")
+    assert ignored and "memory latency" in ignored[0].detail

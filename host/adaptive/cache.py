@@ -35,6 +35,10 @@ relocatable code (:mod:`host.compiler.units`) under the key
 A plan the cache has not seen compiles only the units it lacks and links them
 (:func:`~host.compiler.compile_model` with the cache as ``unit_store``).
 
+A third table keeps what the specializer measured (:meth:`CompileCache.measured`):
+per unit signature and measured profile (:func:`host.profiles.measured_key`), the
+cycles of each variant tried.
+
 The store is one sqlite table in WAL mode (readers never wait for a writer);
 every process and thread may open the same file. An entry that cannot be read
 back (damaged, written by another cache format or another compiler version) is a
@@ -81,8 +85,14 @@ FORMAT_VERSION = 1
 
 _TABLE = "compiled"
 _UNITS = "units"
+_OUTCOMES = "specialize_outcomes"
 _KEYS = {"compiled": ("graph", "names", "plan", "profile", "specialization"),
-         "units": ("unit", "profile", "variant")}
+         "units": ("unit", "profile", "variant"),
+         _OUTCOMES: ("unit", "profile")}
+_OUTCOME_COLUMNS = ("unit", "profile", "measured")
+_OUTCOME_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {_OUTCOMES} (
+    unit TEXT NOT NULL, profile TEXT NOT NULL, measured TEXT NOT NULL,
+    PRIMARY KEY (unit, profile))"""
 _UNIT_COLUMNS = ("unit", "profile", "variant", "version", "kind", "model", "digest", "blob",
                  "size", "created")
 _UNIT_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {_UNITS} (
@@ -478,6 +488,7 @@ class CompileCache:
         self._hidden: set = set()  # (table, key) a read-only cache evicted or dropped
         self._lock = threading.RLock()
         self._orphans: list = []
+        self._outcomes_readable = True  # a read-only file may lack the outcomes table
         self._db = self._connect()
 
     # ---- connection --------------------------------------------------------------------------
@@ -487,6 +498,7 @@ class CompileCache:
             db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             db.execute(_SCHEMA)
             db.execute(_UNIT_SCHEMA)
+            db.execute(_OUTCOME_SCHEMA)
             return db
         if _refuse_unless_usable(self.path):
             self.read_only = True
@@ -520,7 +532,8 @@ class CompileCache:
             if status != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {status}")
             for table, schema, columns in ((_TABLE, _SCHEMA, _COLUMNS),
-                                           (_UNITS, _UNIT_SCHEMA, _UNIT_COLUMNS)):
+                                           (_UNITS, _UNIT_SCHEMA, _UNIT_COLUMNS),
+                                           (_OUTCOMES, _OUTCOME_SCHEMA, _OUTCOME_COLUMNS)):
                 db.execute(schema)
                 cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({table})"))
                 if cols != columns:
@@ -546,6 +559,9 @@ class CompileCache:
                 cols = tuple(r[1] for r in db.execute(f"PRAGMA table_info({table})"))
                 if cols != columns:
                     raise sqlite3.DatabaseError(f"table {table} has another format")
+            # A file written before the specializer's table had it has no outcomes.
+            self._outcomes_readable = tuple(r[1] for r in db.execute(
+                f"PRAGMA table_info({_OUTCOMES})")) == _OUTCOME_COLUMNS
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -809,7 +825,7 @@ class CompileCache:
 
     @staticmethod
     def _insert(db, table: str, row: tuple) -> None:
-        columns = _COLUMNS if table == _TABLE else _UNIT_COLUMNS
+        columns = {_TABLE: _COLUMNS, _UNITS: _UNIT_COLUMNS, _OUTCOMES: _OUTCOME_COLUMNS}[table]
         db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES "
                    f"({', '.join('?' * len(columns))})", row)
 
@@ -858,6 +874,30 @@ class CompileCache:
             pass
         with self._lock:
             return sum(self._delete(_UNITS, key) for key in store.seen)
+
+    # ---- measurements ----------------------------------------------------------------------
+    def measured(self, unit: str, profile: str) -> dict[str, float]:
+        """What the specializer measured of unit signature ``unit``'s variants on
+        ``profile`` (a :func:`~host.profiles.measured_key`): variant (as
+        :meth:`~host.compiler.variants.Variant.describe` says it) -> cycles."""
+        if self.fresh:
+            return {}
+        key = (unit, profile)
+        with self._lock:
+            found = (self._held_rows or {}).get((_OUTCOMES, key)) or \
+                self._kept.get((_OUTCOMES, key))
+            if found is not None:
+                return json.loads(found[1][2])
+            if not self._outcomes_readable:
+                return {}
+            row = self._conn().execute(
+                f"SELECT measured FROM {_OUTCOMES} WHERE unit=? AND profile=?", key).fetchone()
+        return json.loads(row[0]) if row else {}
+
+    def put_measured(self, unit: str, profile: str, measured: dict[str, float]) -> None:
+        """Store what :meth:`measured` returns for ``unit`` on ``profile`` (a
+        read-only cache keeps it in this object)."""
+        self._write(_OUTCOMES, (unit, profile, json.dumps(measured, sort_keys=True)))
 
     # ---- inspection ------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -922,11 +962,12 @@ class CompileCache:
             return n > 0
 
     def clear(self) -> int:
-        """Remove every entry, plans and units (the counters are kept); returns how
-        many plan entries there were."""
+        """Remove every entry, plans, units and measured outcomes (the counters are
+        kept); returns how many plan entries there were."""
         if self.read_only:
             _refuse(self.path, "is read-only: it cannot be cleared")
         with self._lock:
+            self._conn().execute(f"DELETE FROM {_OUTCOMES}")
             self._conn().execute(f"DELETE FROM {_UNITS}")
             return self._conn().execute(f"DELETE FROM {_TABLE}").rowcount
 

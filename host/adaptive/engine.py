@@ -33,6 +33,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from firmware.bursts import DramLatency
+
 from ..compiler import CompiledModel
 from ..compiler.cost import CostModel
 from ..compiler.plan import CompileError, initial_units, simplify
@@ -165,8 +167,13 @@ class AdaptiveRuntime:
                  *, cache: CompileCache | None = None,
                  on_event: Callable[[RuntimeEvent], None] | None = None,
                  fault: Callable[[CompiledModel, int], CompiledModel] | None = None,
-                 state: dict | None = None):
+                 state: dict | None = None, dram_latency: DramLatency | None = None):
+        from ..profiles import measured_key
+
         self.driver, self.config = driver, config or AdaptiveConfig()
+        # What the specializer's measurements and the saved state are keyed by: the
+        # build and, where the host was told of one, its memory's latency.
+        self.measured_key = measured_key(driver.config, dram_latency)
         self._words_at_load = (0, 0)  # the driver's program-word counters at load()
         self.hw = driver.config
         self.cache = cache if cache is not None else CompileCache(None)
@@ -202,7 +209,7 @@ class AdaptiveRuntime:
         self.batches = BatchServer(self.config, self.graph, self.hw, self.cache, self,
                                    self.resident, self.profiler, self.log)
         self.specializer = None if self.config.specialize is None else Specializer(
-            self.config.specialize, Outcomes(self.cache.path))
+            self.config.specialize, Outcomes(self.cache))
         self.sparse = None if self.config.sparsity is None else SparseServer(
             self.config.sparsity, self.config.validate_runs, self.config.check, self.graph,
             self.hw, self.cache, self, self.resident, self.profiler, self.log)
@@ -719,23 +726,23 @@ class AdaptiveRuntime:
         """What a later run of this model on this profile starts from (JSON-ready):
         the profiler's state and the merged units of the plan (as chains of original
         units; speculative bets are re-learned)."""
-        from ..profiles import profile_key, timing_key
+        from ..profiles import timing_key
         from .cache import graph_signature
 
         merged = [self.units.originals(u.id) for u in self.units.active() if u.kind == MERGED]
         return {"version": 1, "graph": graph_signature(self.graph),
-                "profile": profile_key(self.hw), "timing": timing_key(),
+                "profile": self.measured_key, "timing": timing_key(),
                 "profiler": self.profiler.to_dict(), "merged": merged, "inferences": self.n,
                 "start": "fused" if self.config.start_fused else "per-layer"}
 
     def _restore(self, state: dict) -> None:
-        from ..profiles import profile_key, timing_key
+        from ..profiles import timing_key
         from .cache import graph_signature
 
         mismatch = [why for key, want, why in (
             ("version", 1, "another state format"),
             ("graph", graph_signature(self.graph), "another model"),
-            ("profile", profile_key(self.hw), "another hardware profile"),
+            ("profile", self.measured_key, "another hardware profile or memory latency"),
             # Timings measured on another hardware revision would steer the plan.
             ("timing", timing_key(), "another hardware timing revision"),
             ("start", "fused" if self.config.start_fused else "per-layer",

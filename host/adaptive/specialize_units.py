@@ -24,11 +24,8 @@ change when fusion has nothing to do. The specializer
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -119,50 +116,23 @@ class Trial:
 
 
 class Outcomes:
-    """Measured cycles per (unit signature, hardware profile, variant), kept in a
-    table of its own in the compile cache's file (in memory without one)."""
+    """Measured cycles per (unit signature, measured profile, variant), kept in the
+    compile cache's file (:meth:`~.cache.CompileCache.measured`: its read-only,
+    fork and held-write handling apply; an in-memory cache keeps them for the run)."""
 
-    _TABLE = "specialize_outcomes"
-
-    def __init__(self, path: str | Path | None):
-        self.path = Path(path) if path is not None else None
-        self._mem: dict[tuple[str, str], dict[str, float]] = {}
+    def __init__(self, cache):
+        self.cache = cache
         self._lock = threading.Lock()
-
-    def _db(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30)
-        db.execute(f"CREATE TABLE IF NOT EXISTS {self._TABLE} (unit TEXT, profile TEXT, "
-                   "measured TEXT, PRIMARY KEY (unit, profile))")
-        return db
 
     def get(self, unit: str, profile: str) -> dict[str, float]:
         """Variant (as :meth:`Variant.describe` says it) -> measured cycles."""
-        with self._lock:
-            if (unit, profile) in self._mem or self.path is None:
-                return dict(self._mem.get((unit, profile), {}))
-            try:
-                with self._db() as db:
-                    row = db.execute(f"SELECT measured FROM {self._TABLE} WHERE unit = ? AND "
-                                     "profile = ?", (unit, profile)).fetchone()
-            except sqlite3.Error:
-                row = None
-            found = json.loads(row[0]) if row else {}
-            self._mem[(unit, profile)] = found
-            return dict(found)
+        return self.cache.measured(unit, profile)
 
     def put(self, unit: str, profile: str, variant: Variant, cycles: float) -> None:
-        measured = self.get(unit, profile)
-        measured[variant.describe()] = cycles
         with self._lock:
-            self._mem[(unit, profile)] = measured
-            if self.path is None:
-                return
-            try:
-                with self._db() as db:
-                    db.execute(f"INSERT OR REPLACE INTO {self._TABLE} VALUES (?, ?, ?)",
-                               (unit, profile, json.dumps(measured)))
-            except sqlite3.Error:  # a read-only or busy file: remembered in memory only
-                pass
+            measured = self.get(unit, profile)
+            measured[variant.describe()] = cycles
+            self.cache.put_measured(unit, profile, measured)
 
 
 @dataclass
@@ -184,9 +154,7 @@ class SpecializeConfig:
 
 
 def _profile(rt) -> str:
-    from ..profiles import profile_key
-
-    return profile_key(rt.hw)
+    return rt.measured_key
 
 
 class Specializer:
@@ -194,7 +162,11 @@ class Specializer:
 
     def __init__(self, config: SpecializeConfig | None = None, outcomes: Outcomes | None = None):
         self.config = config or SpecializeConfig()
-        self.outcomes = outcomes or Outcomes(None)
+        if outcomes is None:
+            from .cache import CompileCache
+
+            outcomes = Outcomes(CompileCache(None))
+        self.outcomes = outcomes
         self.trial: Trial | None = None  # the variant on trial (planned, landed, measured)
         self.trials: list[Trial] = []
         self.tried: dict[tuple, set] = {}  # unit key -> variants tried

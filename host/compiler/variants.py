@@ -192,12 +192,13 @@ def compile_with(model, variants: Mapping[UnitKey, Variant], **kw):
 
 
 def enumerate_variants(model, unit, base: Mapping[UnitKey, Variant] | None = None,
-                       ) -> list[Option]:
+                       **kw) -> list[Option]:
     """The legal variants of ``unit`` (a ``Subgraph`` of ``model``, a compiled
     model), ranked by predicted cycles, fastest first. A variant is legal when
     the plan compiles with it and the unit's code differs from the compiler's own
     choice (``DEFAULT``, or ``base``'s variant of the unit, always listed) and
-    every other variant listed; ``base`` gives the variants of the other units."""
+    every other variant listed; ``base`` gives the variants of the other units;
+    ``kw`` go to :func:`compile_with` (``paging``, ``unit_store``)."""
     cost = CostModel(model.config)
     key = tuple(unit.nodes)
     base = dict(base or {})
@@ -206,7 +207,7 @@ def enumerate_variants(model, unit, base: Mapping[UnitKey, Variant] | None = Non
     seen: set[tuple] = set()
     for v in [mine, *(c for c in candidates(model.graph, unit.nodes) if c != mine)]:
         try:
-            m = compile_with(model, {**base, key: v})
+            m = compile_with(model, {**base, key: v}, **kw)
         except CompileError:
             continue
         sub = next(s for s in m.units if tuple(s.nodes) == key)
