@@ -75,6 +75,8 @@ def test_default_variants_leave_the_program_as_it_was(name, store):
     ("resnet8", "/stem/stem.1/Conv", Variant(way="whole")),
     ("resnet8", "/Add", Variant(m_tiles=8)),
     ("fc_autoencoder", "/body/body.0/Gemm", Variant(step_bytes=2048)),
+    ("fc_autoencoder", "/body/body.0/Gemm", Variant(buffers=2)),
+    ("fc_autoencoder", "/body/body.18/Gemm", Variant(block_outputs=128)),
     ("resnet8", "/s2/s2.0/s2.0.1/Conv", Variant(stream_weights=True)),
 ])
 def test_each_knob_changes_the_code_and_keeps_the_results(name, first, variant):
@@ -144,13 +146,15 @@ def test_the_library_is_ranked_and_holds_the_compilers_choice():
 
 @pytest.mark.parametrize("v", [DEFAULT, Variant(way="bands", extra_bands=2),
                                Variant(m_tiles=3, stream_weights=True),
-                               Variant(step_bytes=512)])
+                               Variant(step_bytes=512),
+                               Variant(step_bytes=2048, block_outputs=128, buffers=4)])
 def test_a_variant_reads_back_from_its_description(v):
     assert Variant.parse(v.describe()) == v
 
 
 @pytest.mark.parametrize("knobs", [{"way": "diagonal"}, {"m_tiles": 0},
-                                   {"extra_bands": -1}, {"step_bytes": 0}])
+                                   {"extra_bands": -1}, {"step_bytes": 0},
+                                   {"buffers": 1}, {"block_outputs": 0}])
 def test_bad_knobs_are_refused(knobs):
     with pytest.raises(ValueError):
         Variant(**knobs)
@@ -160,3 +164,23 @@ def test_npu_compile_lists_the_variants(capsys):
     assert main(["compile", "cnn", "--variants"]) == 0
     out = capsys.readouterr().out
     assert "* default" in out and "predicted cycles" in out
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("variants", [
+    {"/body/body.0/Gemm": "buffers 4"},
+    {"/body/body.18/Gemm": "step bytes 2048, block outputs 128"},
+], ids=["buffers", "block_outputs"])
+def test_gemv_knobs_on_the_rtl_behind_a_slow_dram(variants):
+    """Each GEMV knob's instruction stream on the fast library behind the slowmem
+    DRAM: outputs equal the reference, counters and trace the golden model's,
+    cycles too where it counts them exactly (the scenario fails on any difference)."""
+    import json
+
+    from host.profiles import dram_latency
+    from verif.fastsim import run_scenario
+
+    run_scenario("verif.model_scenarios:variants_vs_golden", "default",
+                 dram_latency=dram_latency("slowmem"),
+                 extra_env={"NPU_MODEL": "fc_autoencoder", "NPU_INPUTS": "2",
+                            "NPU_VARIANTS": json.dumps(variants)})

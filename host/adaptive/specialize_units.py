@@ -35,7 +35,6 @@ from ..compiler.variants import (
     DEFAULT,
     Variant,
     candidates,
-    compile_with,
     predicted_cycles,
     unit_code,
 )
@@ -43,7 +42,7 @@ from .bottleneck import CAUSE_FIELDS, Bottleneck, classify
 
 KNOBS = {
     # Deeper or coarser prefetch, or a streaming way that overlaps the DMA.
-    "memory": ("step_bytes", "extra_bands", "m_tiles", "way"),
+    "memory": ("step_bytes", "block_outputs", "extra_bands", "m_tiles", "way"),
     # Another tiling of the array's work.
     "compute": ("m_tiles", "way", "extra_bands"),
     # Fewer, larger tiles and steps.
@@ -288,13 +287,19 @@ class Specializer:
 
     def _ranked(self, rt, key, options, tried: set) -> list[tuple[float, Variant]]:
         """(predicted cycles, variant) of the ``options`` that compile and change
-        the unit's code (the others join ``tried``)."""
+        the unit's code (the others join ``tried``). Each compiles only the unit it
+        changes: the others come linked from the runtime's cache, as it runs them."""
         cost = CostModel(rt.hw)
         ranked = []
-        now = unit_code(compile_with(rt.model, rt.variants), key)
+        plan = [list(u.nodes) for u in rt.model.units]
+
+        def compiled(variants):
+            return compile_variants(rt.cache, rt.model.graph, plan, rt.hw, variants)
+
+        now = unit_code(compiled(rt.variants), key)
         for v in options:
             try:
-                m = compile_with(rt.model, {**rt.variants, key: v})
+                m = compiled({**rt.variants, key: v})
             except CompileError:
                 tried.add(v)
                 continue

@@ -579,7 +579,8 @@ class _Compiler:
         place.arena_bytes = at
         const_at, sp_at, slot = base, 0, 0
         for u in self.units:
-            pin = not variant_of(self.variants, u.nodes).stream_weights
+            variant = variant_of(self.variants, u.nodes)
+            pin = not variant.stream_weights
             for n in u.nodes:
                 if isinstance(n, QGemm):
                     x = self.tensors[n.inputs[0]]
@@ -590,9 +591,10 @@ class _Compiler:
                         raise CompileError(str(err), n.name) from None
                     order = None if perm is None else np.asarray(perm).tobytes()
                     gemv = takes_gemv(n, rows, self.config)
-                    blob = _packed(n, (self.config, order, gemv),
-                                   lambda n=n, perm=perm, gemv=gemv:
-                                   gemv_blob(n, self.config, perm) if gemv
+                    most = variant.block_outputs if gemv else None
+                    blob = _packed(n, (self.config, order, gemv, most),
+                                   lambda n=n, perm=perm, gemv=gemv, most=most:
+                                   gemv_blob(n, self.config, perm, most) if gemv
                                    else gemm_blob(n, self.config, perm))
                 elif isinstance(n, QConv):
                     blob = _packed(n, (self.config,), lambda n=n: conv_blob(n, self.config)

@@ -86,10 +86,10 @@ def tiled_cycles(k: int, nn: int, m: int, config: NPUConfig) -> int:
     return tiles * per_tile + ceil_div(nn, config.cols) * (m + 26)
 
 
-def output_blocks(nn: int, config: NPUConfig) -> tuple:
-    """``(first output, nb)`` of each block: equal blocks of at most
-    :data:`BLOCK_OUTPUTS` outputs and the accumulator rows."""
-    cap = min(BLOCK_OUTPUTS, config.acc_rows, (GEMM_OFF_LIMIT - 1) // config.rows)
+def output_blocks(nn: int, config: NPUConfig, most: int | None = None) -> tuple:
+    """``(first output, nb)`` of each block: equal blocks of at most ``most``
+    (default :data:`BLOCK_OUTPUTS`) outputs and the accumulator rows."""
+    cap = min(most or BLOCK_OUTPUTS, config.acc_rows, (GEMM_OFF_LIMIT - 1) // config.rows)
     count = ceil_div(nn, cap)
     nb = ceil_div(nn, count)
     return tuple((o0, min(nb, nn - o0)) for o0 in range(0, nn, nb))
@@ -111,13 +111,14 @@ def takes_gemv(n: QGemm, rows: int, config: NPUConfig) -> bool:
     return gemv_cycles(k, nn, config) < tiled_cycles(k, nn, 1, config)
 
 
-def gemv_blob(n: QGemm, config: NPUConfig, perm) -> GemvBlob:
+def gemv_blob(n: QGemm, config: NPUConfig, perm, block_outputs: int | None = None
+              ) -> GemvBlob:
     """Pack ``n``'s weights (reduction rows permuted by ``perm``) as transposed chunks,
-    block by block."""
+    block by block (blocks of at most ``block_outputs``: :func:`output_blocks`)."""
     w = n.weight if perm is None else n.weight[perm, :]
     k, nn = w.shape
     chunks = tuple(gemm_tiles(k, config.rows))
-    blocks = output_blocks(nn, config)
+    blocks = output_blocks(nn, config, block_outputs)
     parts, tiles, bias, at = [], {}, {}, 0
 
     def put(raw: bytes):
@@ -269,7 +270,8 @@ def _steps(blob: GemvBlob, g: int) -> list[_Step]:
 
 def emit_streamed(low, u, n: QGemm) -> dict:
     """Unit ``u`` of one GEMV whose weights are not resident: the chunks stream in
-    steps through three buffers while the array works on earlier steps.
+    steps through :data:`BUFFERS` buffers (the variant's ``buffers``) while the
+    array works on earlier steps.
 
     A step's buffer is free once its last ``gemm`` has completed (results in the
     accumulators, ``nb + rows + cols`` cycles after its first row), so with two
@@ -283,6 +285,7 @@ def emit_streamed(low, u, n: QGemm) -> dict:
     from .stream import _Stats, pipe_regs, transfers  # stream imports lower
 
     e, cfg = low.e, low.config
+    buffers = low.variant.buffers or BUFFERS  # steps in flight: the prefetch depth
     blob: GemvBlob = low.place.blobs[n.name]
     k, nn = n.weight.shape
     x, y = low.root(n.inputs[0]), low.root(n.outputs[0])
@@ -293,21 +296,21 @@ def emit_streamed(low, u, n: QGemm) -> dict:
     total = len(blob.chunks)
     try:
         x_off, y_off = low.out(x), low.out(y)
-        room = (low.work_limit() - low._top) // BUFFERS // ALIGN * ALIGN
+        room = (low.work_limit() - low._top) // buffers // ALIGN * ALIGN
         step_bytes = low.variant.step_bytes or STEP_BYTES
         g = runner.per_pass(max(1, min(step_bytes // chunk_bytes,
                                        (room - 4 * blob.blocks[0][1]) // chunk_bytes,
                                        ceil_div(total, 4))))
         steps = _steps(blob, g)
         size = align(max(s.size for s in steps), 4)
-        bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(BUFFERS)]
+        bufs = [low.alloc(size, f"weight buffer {i} of {n.name}") for i in range(buffers)]
     except TooBig as err:
         raise CompileError(f"{err} (a GEMV streams whole reduction chunks of "
-                           f"{chunk_bytes} bytes through {BUFFERS} buffers)") from None
+                           f"{chunk_bytes} bytes through {buffers} buffers)") from None
     count = len(steps)
     low._begin(u, f" (GEMV, streamed weights: {count} steps of {g} chunks, "
                   f"{len(blob.blocks)} output blocks)")
-    *bregs, ldram, xreg = pipe_regs(e, BUFFERS + 2, n.name)
+    *bregs, ldram, xreg = pipe_regs(e, buffers + 2, n.name)
     low._load_tensor(x, "")
     for r, at in zip(bregs, bufs, strict=True):
         e.op(f"li {r}, {at}")
@@ -317,10 +320,10 @@ def emit_streamed(low, u, n: QGemm) -> dict:
     def load(s, pop):
         st = steps[s]
         for i, (off, rows, row) in enumerate(transfers(st.size)):
-            d, src = bregs[s % BUFFERS], ldram
+            d, src = bregs[s % buffers], ldram
             if off:
                 d, src = e.scratch(2)
-                e.op(f"addi {d}, {bregs[s % BUFFERS]}, {off}")
+                e.op(f"addi {d}, {bregs[s % buffers]}, {off}")
                 e.op(f"addi {src}, {ldram}, {off}")
             last = off + rows * row == st.size
             e.op(f"load {P_WORK}, {d}, {src}, r0, {rows}, {row}",
@@ -336,8 +339,8 @@ def emit_streamed(low, u, n: QGemm) -> dict:
                 if s + 1 < count else 0)
 
     def step(s):
-        st, buf = steps[s], bregs[s % BUFFERS]
-        ahead = s + BUFFERS < count
+        st, buf = steps[s], bregs[s % buffers]
+        ahead = s + buffers < count
         release = "prev" if ahead else ""
         e.pop_next_compute("prev")
         biased = block_last(s) and blob.bias
@@ -350,7 +353,7 @@ def emit_streamed(low, u, n: QGemm) -> dict:
             # The vreqb reads the biases in the buffer: it releases the buffer.
             runner.finish(st.block, yreg, breg, release if biased else "")
         if ahead:
-            load(s + BUFFERS, "next")
+            load(s + buffers, "next")
         if x_step(s):
             e.op(f"addi {xreg}, {xreg}, {x_step(s)}")
 
@@ -359,13 +362,13 @@ def emit_streamed(low, u, n: QGemm) -> dict:
         cannot share a loop body (first or last of its block, partial, no load
         after it)."""
         st = steps[s]
-        if st.first == 0 or block_last(s) or st.count != g or s + BUFFERS >= count:
+        if st.first == 0 or block_last(s) or st.count != g or s + buffers >= count:
             return None
-        nxt = steps[s + BUFFERS]
-        adv = steps[s + BUFFERS + 1].start - nxt.start if s + BUFFERS + 1 < count else 0
+        nxt = steps[s + buffers]
+        adv = steps[s + buffers + 1].start - nxt.start if s + buffers + 1 < count else 0
         return (blob.blocks[st.block][1], st.size, nxt.size, adv, x_step(s))
 
-    for s in range(min(BUFFERS, count)):
+    for s in range(min(buffers, count)):
         load(s, "")
     _prepare(low, n)  # dispatched while the first loads run
     sigs = [signature(s) for s in range(count)]
@@ -374,15 +377,15 @@ def emit_streamed(low, u, n: QGemm) -> dict:
         run = 0
         while sigs[s] is not None and s + run < count and sigs[s + run] == sigs[s]:
             run += 1
-        passes = run // BUFFERS  # a pass covers one step per buffer: the same code each pass
+        passes = run // buffers  # a pass covers one step per buffer: the same code each pass
         if passes >= 2:
             e.forget()  # the body's code must not rely on what the first pass set
             end = e.new_label("steps")
             e.op(f"loop {passes}, {end}")
-            for i in range(BUFFERS):
+            for i in range(buffers):
                 step(s + i)
             e.loop_end(end)
-            s += passes * BUFFERS
+            s += passes * buffers
             continue
         step(s)
         s += 1

@@ -3,8 +3,8 @@
 The lowering chooses, per unit, how many M tiles a GEMM runs in, whether a
 convolution is emitted whole or streamed (its image in bands, its weights, or
 both: :mod:`.tiled2d`), how many bands beyond the fewest that fit, how many
-weight bytes a streamed GEMV moves a step, and whether a blob is pinned in a tag
-slot. It picks each by its cost model. A :class:`Variant` fixes some of those
+weight bytes a streamed GEMV moves a step, how many steps it keeps in flight and
+how many outputs a block of it holds, and whether a blob is pinned in a tag slot. It picks each by its cost model. A :class:`Variant` fixes some of those
 choices for one unit; a knob left ``None`` is the compiler's own choice, so
 :data:`DEFAULT` (every knob ``None``) leaves every program byte for byte as the
 compiler writes it without variants.
@@ -41,6 +41,8 @@ streamed, image and weights streamed together (:mod:`.tiled2d`)."""
 M_TILE_COUNTS = (1, 2, 3, 4, 6, 8)
 EXTRA_BANDS = (0, 1, 2, 3)
 STEP_BYTES = (256, 512, 1024, 2048, 4096)
+BUFFER_COUNTS = (2, 4)
+BLOCK_OUTPUTS = (64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ class Variant:
         granularity: larger steps, fewer transfers and loop passes).
     stream_weights : True: the unit's weight blobs get no tag slot and load on
         every run (the slots and the weights partition go to other units).
+    buffers : steps of a streamed GEMV's weights in flight (the prefetch depth:
+        more buffers, loads further ahead of the array, smaller steps in the
+        same scratchpad).
+    block_outputs : most outputs of a GEMV's output block (the block size: a
+        block's reduction chunk is ``block_outputs x rows`` bytes of one DRAM
+        row, so it sets the length of the weight bursts).
     """
 
     m_tiles: int | None = None
@@ -66,16 +74,20 @@ class Variant:
     extra_bands: int | None = None
     step_bytes: int | None = None
     stream_weights: bool | None = None
+    buffers: int | None = None
+    block_outputs: int | None = None
 
     def __post_init__(self):
         if self.way is not None and self.way not in WAYS:
             raise ValueError(f"way must be one of {', '.join(WAYS)}, got {self.way!r}")
-        for name in ("m_tiles", "step_bytes"):
+        for name in ("m_tiles", "step_bytes", "block_outputs"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if self.extra_bands is not None and self.extra_bands < 0:
             raise ValueError(f"extra_bands must be >= 0, got {self.extra_bands}")
+        if self.buffers is not None and self.buffers < 2:
+            raise ValueError(f"buffers must be >= 2, got {self.buffers}")
 
     @property
     def is_default(self) -> bool:
@@ -143,6 +155,10 @@ def candidates(graph, nodes: list[str]) -> list[Variant]:
         out += [Variant(m_tiles=c) for c in M_TILE_COUNTS]
     if len(ns) == 1 and isinstance(ns[0], QGemm):
         out += [Variant(step_bytes=s) for s in STEP_BYTES]
+        out += [Variant(buffers=b) for b in BUFFER_COUNTS]
+        out += [Variant(block_outputs=b) for b in BLOCK_OUTPUTS]
+        # Blocks whose chunks a long step carries whole: fewer, longer bursts.
+        out += [Variant(step_bytes=STEP_BYTES[-2], block_outputs=b) for b in BLOCK_OUTPUTS]
     if has_weights:
         out += [dataclasses.replace(v, stream_weights=True) for v in [DEFAULT, *out]]
     return out
