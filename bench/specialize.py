@@ -36,12 +36,13 @@ import argparse
 import resource
 import time
 
-from bench.common import report
+from bench.common import RESULTS, report
 from host.adaptive.bottleneck import CAUSE_FIELDS, classify
 from host.adaptive.engine import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.specialize_units import SpecializeConfig
 from host.cli import model_path
 from host.compiler import CompileError, compile_model
+from firmware.bursts import MAX_BURST_BEATS, PAGE
 from host.compiler.variants import DEFAULT, compile_with, enumerate_variants
 from host.device import GoldenDevice
 from host.driver import NPUDriver
@@ -51,6 +52,7 @@ from host.profiles import dram_latency
 from host.profiles import profile as profile_config
 from host.runtime import Session
 from verif.model_scenarios import model_inputs
+from verif.zoo.workload import workload
 
 MODELS = ("resnet8", "ds_cnn", "mobilenet_v1_025", "fc_autoencoder")
 PROFILES = ("default", "small", "slowmem")
@@ -58,11 +60,57 @@ PROFILES = ("default", "small", "slowmem")
 
 def measure(model, config, x, latency=None) -> tuple[int, dict]:
     """Warm cycles of one inference of ``model`` and its regions' records."""
+    r = warm_run(model, config, x, latency)
+    return int(r.cycles), {rec.region: rec for rec in r.trace}
+
+
+def warm_run(model, config, x, latency=None):
+    """The second of two inferences of ``model`` (the first loads the resident weights)."""
     s = Session(NPUDriver(GoldenDevice(config, dram_latency=latency)), model, check=False)
     s.load()
-    s.run(x)  # cold: loads the resident weights
-    r = s.run(x)
-    return int(r.cycles), {rec.region: rec for rec in r.trace}
+    s.run(x)
+    return s.run(x)
+
+
+COUNTERS = ("cycles", "busy_load", "busy_store", "busy_array", "busy_vector",
+            "stall_in_array", "stall_in_load", "stall_in_store", "stall_out_seq",
+            "sp_conflicts", "dram_read_bytes", "dram_write_bytes", "dram_read_bursts",
+            "dram_write_bursts")
+"""The default plan's counters the headroom analysis reads."""
+
+
+def headroom(name: str, model, config, run, x, latency=None) -> dict:
+    """Where the default plan's cycles go and how far any plan could take them.
+
+    ``bound_cycles`` is bench.models' roofline (the array at peak, or the model's
+    fewest DRAM bytes over the bus). Behind a slow DRAM, ``slow_bound_cycles`` adds
+    what those bytes pay in latency at the longest bursts (the memory serves one
+    burst at a time), and ``latency_cycles`` is what the latency costs the default
+    plan: its cycles minus the same program's without it.
+    """
+    work = workload(model_path(name))
+    peak, bus = config.peak_macs_per_cycle, config.bus_bytes
+    c = run.counters
+    out = {"bound_cycles": round(work.bound_cycles(peak, bus)),
+           "bound_by": "compute" if work.macs / peak >= work.min_dram_bytes / bus else "bus",
+           "macs": work.macs, "min_dram_bytes": work.min_dram_bytes,
+           "pages": len(model.pages), "counters": {k: int(c[k]) for k in COUNTERS},
+           "traffic_cycles": round((c["dram_read_bytes"] + c["dram_write_bytes"]) / bus)}
+    best = run.cycles / out["bound_cycles"]
+    if latency is not None and (latency.read or latency.write):
+        fast = warm_run(model, config, x).cycles
+        longest = min(MAX_BURST_BEATS * bus, PAGE)
+        out["fast_memory_cycles"] = int(fast)
+        out["latency_cycles"] = int(run.cycles - fast)
+        out["burst_latency_cycles"] = int(c["dram_read_bursts"] * latency.read
+                                          + c["dram_write_bursts"] * latency.write)
+        out["slow_bound_cycles"] = round(max(
+            work.macs / peak,
+            work.min_dram_bytes / bus + -(-work.min_dram_bytes // longest) * latency.read))
+        out["hidden_latency_speedup"] = run.cycles / fast
+        best = run.cycles / out["slow_bound_cycles"]
+    out["bound_speedup"] = best
+    return out
 
 
 def bottleneck(rec) -> str:
@@ -75,7 +123,7 @@ def exhaustive(model, config, x, base_cycles: int, latency=None) -> dict:
     for u in model.units:
         key = tuple(u.nodes)
         rows = []
-        for o in enumerate_variants(model, u):
+        for o in enumerate_variants(model, u, paging=True):
             cycles, regions = measure(o.model, config, x, latency)
             rows.append({"variant": o.variant.describe(), "predicted": round(o.predicted),
                          "unit_cycles": int(regions[u.id].cycles) if u.id in regions else None,
@@ -89,11 +137,12 @@ def exhaustive(model, config, x, base_cycles: int, latency=None) -> dict:
     chosen: dict = {}
     for key, (_, v) in sorted(best.items(), key=lambda kv: kv[1][0]):
         try:
-            compile_with(model, {**chosen, key: v})
+            compile_with(model, {**chosen, key: v}, paging=True)
         except CompileError:
             continue
         chosen[key] = v
-    combined = (measure(compile_with(model, chosen), config, x, latency)[0] if chosen
+    combined = (measure(compile_with(model, chosen, paging=True), config, x, latency)[0]
+                if chosen
                 else base_cycles)
     single = min([c for c, _ in best.values()], default=base_cycles)
     return {"units": units, "cycles": min(combined, single), "combined_cycles": combined,
@@ -134,32 +183,42 @@ def busy(rt) -> bool:
     return rt.changes.change is not None or t is not None and not t.verdict
 
 
-def one(name: str, profile: str, count: int) -> dict:
+def one(name: str, profile: str, count: int, search: bool = True) -> dict:
     config, latency = profile_config(profile), dram_latency(profile)
     graph = load_onnx(model_path(name), allow_cpu_fallback=True)
     try:
-        model = compile_model(graph, config)
+        model = compile_model(graph, config, paging=True)
     except CompileError as err:
         return {"refused": str(err)}
     inputs = model_inputs(name, graph)
     x = inputs[0]
     t0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-    base, regions = measure(model, config, x, latency)
+    run = warm_run(model, config, x, latency)
+    base, regions = int(run.cycles), {rec.region: rec for rec in run.trace}
+    room = headroom(name, model, config, run, x, latency)
     necks = {u.id: bottleneck(regions[u.id]) for u in model.units if u.id in regions}
+    if not search:
+        return {"default_cycles": base, "bottlenecks": necks, "headroom": room}
     ex = exhaustive(model, config, x, base, latency)
     t1 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-    sp = specialized(graph, config, inputs, count, latency)
+    out = {"default_cycles": base, "bottlenecks": necks, "headroom": room,
+           "exhaustive_cycles": ex["cycles"], "exhaustive_speedup": base / ex["cycles"],
+           "exhaustive": ex}
+    try:
+        sp = specialized(graph, config, inputs, count, latency)
+    except Exception as err:  # noqa: BLE001 - the figure says why the runtime could not
+        out["specialized"] = {"failed": f"{type(err).__name__}: {err}"}
+        return out
     t2 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
     # The runtime's plans link relocatable units: its gain is measured over its
     # own start and applied to the default plan.
     spec_cycles = base / sp["speedup_over_own_start"]
-    return {"default_cycles": base, "bottlenecks": necks,
-            "exhaustive_cycles": ex["cycles"], "exhaustive_speedup": base / ex["cycles"],
-            "specialized_cycles": round(spec_cycles),
-            "specialized_speedup": sp["speedup_over_own_start"],
-            "specialized_vs_exhaustive": spec_cycles / ex["cycles"],
-            "exhaustive": ex, "specialized": sp,
-            "cpu_seconds": {"exhaustive": round(t1 - t0, 1), "specialized": round(t2 - t1, 1)}}
+    out.update({"specialized_cycles": round(spec_cycles),
+                "specialized_speedup": sp["speedup_over_own_start"],
+                "specialized_vs_exhaustive": spec_cycles / ex["cycles"], "specialized": sp,
+                "cpu_seconds": {"exhaustive": round(t1 - t0, 1),
+                                "specialized": round(t2 - t1, 1)}})
+    return out
 
 
 def main(argv=None) -> None:
@@ -168,30 +227,97 @@ def main(argv=None) -> None:
     ap.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=sorted(KNOWN_PROFILES))
     ap.add_argument("--inferences", type=int, default=160)
     ap.add_argument("--name", default="specialize", help="results file name (bench/results/)")
+    ap.add_argument("--combine", nargs="+", metavar="NAME", default=[],
+                    help="measure nothing: write the rows of these results files "
+                    "(bench/results/NAME.json, later files win) as --name, JSON and PNG")
+    ap.add_argument("--headroom-only", action="store_true",
+                    help="the default plan and its headroom only (no search, no runtime)")
     opts = ap.parse_args(argv)
+    if opts.combine:
+        import json
+
+        figures = {}
+        for name in opts.combine:
+            figures.update(json.loads((RESULTS / f"{name}.json").read_text())["figures"])
+        save(opts.name, figures, quiet=False)
+        return
     figures: dict = {}
     for profile in opts.profiles:
         for name in opts.models:
             t = time.perf_counter()
-            r = one(name, profile, opts.inferences)
+            r = one(name, profile, opts.inferences, search=not opts.headroom_only)
             figures[f"{profile}/{name}"] = r
             if "refused" in r:
                 print(f"{profile:8s} {name:18s} does not compile: {r['refused']}")
                 continue
-            print(f"{profile:8s} {name:18s} default {r['default_cycles']:>8,} "
-                  f"exhaustive {r['exhaustive_cycles']:>8,} ({r['exhaustive_speedup']:.4f}x) "
-                  f"specialized {r['specialized_cycles']:>8,} ({r['specialized_speedup']:.4f}x, "
-                  f"{r['specialized_vs_exhaustive']:.4f} of exhaustive) "
+            room = r["headroom"]
+            if opts.headroom_only:
+                print(f"{profile:8s} {name:18s} default {r['default_cycles']:>9,} bound "
+                      f"{room.get('slow_bound_cycles', room['bound_cycles']):>9,} (at most "
+                      f"{room['bound_speedup']:.2f}x) [{time.perf_counter() - t:.0f} s]",
+                      flush=True)
+                save(opts.name, figures)
+                continue
+            spec = (f"specialized {r['specialized_cycles']:>8,} "
+                    f"({r['specialized_speedup']:.4f}x, "
+                    f"{r['specialized_vs_exhaustive']:.4f} of exhaustive)"
+                    if "specialized_cycles" in r else
+                    f"specialized: {r['specialized']['failed']}")
+            print(f"{profile:8s} {name:18s} default {r['default_cycles']:>9,} "
+                  f"exhaustive {r['exhaustive_cycles']:>9,} ({r['exhaustive_speedup']:.4f}x) "
+                  f"{spec} bound {room.get('slow_bound_cycles', room['bound_cycles']):>9,} "
+                  f"(at most {room['bound_speedup']:.2f}x) "
                   f"[{time.perf_counter() - t:.0f} s]", flush=True)
-            for k, v in r["specialized"]["variants"].items():
+            for k, v in r["specialized"].get("variants", {}).items():
                 print(f"    specialized {k}: {v}")
             for k, v in r["exhaustive"]["chosen"].items():
                 print(f"    exhaustive  {k}: {v}")
-    report(opts.name, {"figures": figures, "chosen_by_profile": side_by_side(figures)},
-           quiet=True)
+            save(opts.name, figures)  # after every row: a long run keeps what it measured
+    save(opts.name, figures, quiet=False)
 
 
-def side_by_side(figures: dict) -> dict:
+def save(name: str, figures: dict, quiet: bool = True) -> None:
+    """Write the results so far (JSON and PNG)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    png = plot(figures, RESULTS / f"{name}.png")
+    chosen = side_by_side(figures) if not quiet else side_by_side(figures, echo=False)
+    report(name, {"figures": figures, "chosen_by_profile": chosen,
+                  "plot": str(png.relative_to(RESULTS.parent.parent))}, quiet=True)
+
+
+def plot(figures: dict, path):
+    """Speedups over the default plan per profile and model: exhaustive,
+    specialized, and the bound (log scale), with the 1.3x target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(k, r) for k, r in figures.items() if "refused" not in r and "exhaustive" in r]
+    if not rows:
+        rows = [(k, r) for k, r in figures.items() if "refused" not in r]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))
+    width = 0.27
+    for i, (label, key) in enumerate((("exhaustive", "exhaustive_speedup"),
+                                      ("specialized", "specialized_speedup"),
+                                      ("bound (roofline)", None))):
+        values = [r["headroom"]["bound_speedup"] if key is None else r.get(key, 0.0)
+                  for _, r in rows]
+        ax.bar([j + (i - 1) * width for j in range(len(rows))], values, width, label=label)
+    ax.axhline(1.3, color="k", linestyle="--", linewidth=1, label="target 1.3x")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)), [k.replace("/", "\n") for k, _ in rows], fontsize=8)
+    ax.set_ylabel("speedup over the default plan (x)")
+    ax.set_title("Unit variants at batch 1 (golden model)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def side_by_side(figures: dict, echo: bool = True) -> dict:
     """Per model and unit, the variant each profile's exhaustive search and
     specializer chose (``default`` where it kept the compiler's choice)."""
     out: dict = {}
@@ -199,14 +325,14 @@ def side_by_side(figures: dict) -> dict:
         if "refused" in r:
             continue
         profile, name = where.split("/")
-        for u in r["exhaustive"]["units"]:
+        for u in r.get("exhaustive", {}).get("units", []):
             unit = "|".join(u["nodes"])
             row = out.setdefault(name, {}).setdefault(unit, {})
-            row[profile] = {"exhaustive": u["best"],
-                            "specialized": r["specialized"]["variants"].get(unit, "default")}
+            row[profile] = {"exhaustive": u["best"], "specialized": r["specialized"].get(
+                "variants", {}).get(unit, "default")}
     for name, units in out.items():
         for unit, row in units.items():
-            if len({v["exhaustive"] for v in row.values()}) > 1:
+            if echo and len({v["exhaustive"] for v in row.values()}) > 1:
                 print(f"{name} {unit}: " + "; ".join(f"{p} {v['exhaustive']}"
                                                     for p, v in row.items()))
     return out
