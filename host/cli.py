@@ -268,6 +268,10 @@ def run_on_device(device, opts, console: Console | None = None) -> bool:
             results.append(session.run(inputs))
             bar.advance(task)
     report(model, results, labels, console)
+    if results:
+        from .costgraph_report import run_costgraph
+
+        run_costgraph(model, results[-1], batch[-1], device, console)
     return all(r.checked for r in results) or opts.no_check
 
 
@@ -333,6 +337,9 @@ def run_adaptive(drv, graph, opts, console: Console) -> bool:
     rep = rt.report()
     rep["stream"] = stream_figures(results)
     rep["model_digest"] = model_digest(model_file)
+    from .costgraph_report import adaptive_costgraph
+
+    rep["costgraph"] = adaptive_costgraph(results, batch, drv.device)
     print_report(rep, console)
     path = save_json(rep, report_path(model_file, drv.config))
     if not opts.no_cache:

@@ -101,6 +101,10 @@ def print_report(rep: dict, console: Console) -> None:
             console.print(line, highlight=False)
     print_specializations(rep.get("specializations") or [], console)
     print_sparsity(rep.get("sparsity"), console)
+    if rep.get("costgraph"):
+        from ..costgraph_report import print_costgraph
+
+        print_costgraph(rep["costgraph"], console, title=f"cost graph of plan {rep['plan']}")
     quarantined = [u for u in rep["units"] if u["state"] == "quarantined"]
     for u in quarantined:
         console.print(f"[red]unit {u['id']} quarantined: {u['history'][-1]['reason']}")
