@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import re
 import sys
 import traceback
@@ -697,7 +698,10 @@ def report_cmd(opts) -> int:
     config = "" if opts.config == "default" else f" --config {opts.config}"
     rep = load_report(model_path(opts.model), CONFIGS[opts.config],
                       f"npu run {opts.model} --adaptive{config}")
-    print_report(rep, Console())
+    if opts.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print_report(rep, Console())
     return 0
 
 
@@ -786,6 +790,8 @@ def _parser() -> argparse.ArgumentParser:
     common(p, True)
     p = sub.add_parser("report", help="the report of the last adaptive run of a model")
     p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="print the saved report as JSON "
+                   "(its cost graph under 'costgraph')")
     common(p, False)
     p = sub.add_parser("info", help="the device's CAPS as a hardware profile")
     common(p, True)

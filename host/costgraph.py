@@ -211,14 +211,16 @@ class _Region:
 
 def build(model: CompiledModel, inference, *, sram: SramCounts | None = None,
           dram_latency: DramLatency | None = None,
-          predicted: dict[int, float] | None = None) -> CostGraph:
+          predicted: dict[int, float] | None = None,
+          coefficients: EnergyCoefficients | None = None) -> CostGraph:
     """The cost graph of ``inference`` (a :class:`~host.runtime.Inference` of
     ``model``): see the module text. ``sram``: the replay's SRAM counts (without
-    them the SRAM terms are 0); ``predicted``: region id -> the cost model's cycles."""
+    them the SRAM terms are 0); ``predicted``: region id -> the cost model's cycles;
+    ``coefficients``: pJ per event (default: those of ``model``'s build)."""
     latency = dram_latency or DramLatency()
     cfg, g = model.config, model.graph
     tensors = scope_tensors(g)
-    coef = EnergyCoefficients.for_config(cfg)
+    coef = coefficients or EnergyCoefficients.for_config(cfg)
     regions: dict[int, _Region] = {}
     for t in inference.trace:
         regions.setdefault(t.region, _Region()).add(t)

@@ -59,7 +59,7 @@ def print_costgraph(graph: dict, console: Console, title: str = "cost graph") ->
         if total_pj else "none"
     coef = graph["coefficients"]
     console.print(
-        f"energy: {total_pj / 1e6:.3g} uJ per inference ({parts}); pJ per MAC "
+        f"energy: {_energy(total_pj)} per inference ({parts}); pJ per MAC "
         f"{coef['mac']:g}, scratchpad byte {coef['sp_byte']:g}, accumulator byte "
         f"{coef['acc_byte']:g} (a write x{coef['acc_copies']}), DRAM byte "
         f"{coef['dram_byte']:g}, instruction {coef['fetch']:g} ({escape(coef['source'])}; "
@@ -108,3 +108,7 @@ def adaptive_costgraph(results, batch: list[dict], device) -> dict | None:
         if r.model is not None and not any(isinstance(p, str) for p in r.plan):
             return costgraph_of(r.model, r, inputs, device)
     return None
+
+
+def _energy(pj: float) -> str:
+    return f"{pj / 1e6:,.1f} uJ" if pj >= 1e6 else f"{pj / 1e3:,.1f} nJ"

@@ -1,0 +1,180 @@
+"""The cost graph (host/costgraph.py): its totals are the golden model's counters, its
+energy is the documented coefficients times the counts, and ``npu`` shows it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from firmware.bursts import DramLatency
+from firmware.config import CONFIGS
+from firmware.golden import CostModel
+from host import cli
+from host.adaptive.timeline import zero_inputs
+from host.compiler import compile_model
+from host.costgraph import HOST, build, dma_cycles, explain
+from host.costgraph_energy import (ENERGY_TERMS, EnergyCoefficients, energy_terms,
+                                   sram_access_pj)
+from host.costgraph_sram import count_sram
+from host.device import GoldenDevice
+from host.driver import NPUDriver
+from host.onnx_import import load_onnx
+from host.runtime import Session
+
+DEFAULT = CONFIGS["default"]
+
+
+def measured(name: str, fuse: bool = True):
+    """A compiled bundled model, a warm golden inference of it on zero inputs, and
+    those inputs."""
+    graph = load_onnx(cli.model_path(name), allow_cpu_fallback=True)
+    model = compile_model(graph, DEFAULT, fuse=fuse, paging=True)
+    session = Session(NPUDriver(GoldenDevice(model.config)), model)
+    session.load()
+    x = zero_inputs(model)
+    session.run(x)
+    return model, session.run(x), x
+
+
+@pytest.fixture(scope="module", params=["resnet8", "cnn"])
+def case(request):
+    model, inf, x = measured(request.param)
+    return request.param, model, inf, x, explain(model, inf, x)
+
+
+def test_node_totals_are_the_counters(case):
+    """Cycles, MACs, DRAM bytes and instructions summed over the NPU's nodes equal the
+    inference's counter deltas; each unit's region cycles its trace records' sum."""
+    _, model, inf, _, graph = case
+    npu = [n for n in graph.nodes.values() if n.kind != "host"]
+    assert sum(n.cycles for n in npu) == pytest.approx(inf.counters["cycles"], abs=1e-6)
+    assert graph.total_cycles == pytest.approx(inf.cycles, abs=1e-6)
+    for field, key in (("macs", "macs"), ("instructions", "instructions"),
+                       ("dram_read", "dram_read_bytes"), ("dram_write", "dram_write_bytes")):
+        assert sum(getattr(n, field) for n in npu) == inf.counters[key], field
+    for u in model.units:
+        recs = [t.cycles for t in inf.trace if t.region == u.id]
+        assert graph.nodes[f"u{u.id}"].region_cycles == sum(recs)
+    assert graph.sram_counted and graph.sram_matches
+
+
+def test_transfers_sit_between_their_units(case):
+    """Every tensor crossing a unit boundary is a transfer node on the edge from its
+    producer to its consumers, and its exposed cycles never exceed its DMA alone."""
+    name, model, _, _, graph = case
+    transfers = [n for n in graph.nodes.values() if n.kind == "transfer"]
+    assert transfers
+    for t in transfers:
+        assert 0 <= t.cycles <= t.dma_cycles + 1e-9, t.id
+        ins = [e for e in graph.edges if e.dst == t.id]
+        outs = [e for e in graph.edges if e.src == t.id]
+        assert len(ins) == 1 and outs, t.id
+    # the host writes each graph input's quantized tensor and reads each output's
+    units = {f"u{u.id}" for u in model.units}
+    assert any(e.src.startswith("cpu:") or e.src == HOST for e in graph.edges
+               if graph.nodes[e.dst].kind == "transfer")
+    if name == "resnet8":  # units 1..10: a transfer between each unit and the next
+        between = [t for t in transfers
+                   if any(e.src in units for e in graph.edges if e.dst == t.id)
+                   and any(e.dst in units for e in graph.edges if e.src == t.id)]
+        assert len(between) == 9
+
+
+def test_critical_path_follows_the_data(case):
+    """The critical path over the data edges is a chain of producers and consumers no
+    longer than the sum; ResNet-8's shortcut unit is off it (it runs beside unit 7)."""
+    name, _, _, _, graph = case
+    cycles, path = graph.critical_path()
+    edges = {(e.src, e.dst) for e in graph.edges}
+    assert all((a, b) in edges for a, b in zip(path, path[1:], strict=False))
+    assert cycles == pytest.approx(sum(graph.nodes[k].cycles for k in path))
+    assert cycles <= graph.total_cycles + 1e-6
+    if name == "resnet8":
+        assert "u8" not in path and "u7" in path and cycles < graph.total_cycles
+
+
+def test_energy_is_the_coefficients_times_the_counts(case):
+    """Each term is its coefficient times a count taken from the counters or the
+    replay: zeroing one coefficient takes exactly that term away."""
+    _, model, inf, x, graph = case
+    coef = EnergyCoefficients.for_config(model.config)
+    sram = count_sram(model, x, inf.trace)
+    sp = sum(b.sp for b in sram.regions.values())
+    acc_r = sum(b.acc_read for b in sram.regions.values())
+    acc_w = sum(b.acc_write for b in sram.regions.values())
+    host_bytes = sum(n.host_bytes for n in graph.nodes.values())
+    dram = inf.counters["dram_read_bytes"] + inf.counters["dram_write_bytes"] + host_bytes
+    want = {"mac": inf.counters["macs"] * coef.mac, "sp": sp * coef.sp_byte,
+            "acc": (acc_r + acc_w * coef.acc_copies) * coef.acc_byte,
+            "dram": dram * coef.dram_byte, "fetch": inf.counters["instructions"] * coef.fetch}
+    assert all(want[t] > 0 for t in ENERGY_TERMS)
+    assert graph.energy_by_term() == pytest.approx(want)
+    assert graph.energy_pj == pytest.approx(sum(want.values()))
+    zeroed = {"mac": "mac", "sp": "sp_byte", "acc": "acc_byte", "dram": "dram_byte",
+              "fetch": "fetch"}
+    for term, field in zeroed.items():
+        less = build(model, inf, sram=sram,
+                     coefficients=dataclasses.replace(coef, **{field: 0.0}))
+        assert graph.energy_pj - less.energy_pj == pytest.approx(want[term]), term
+
+
+def test_coefficients_follow_the_published_figures():
+    """Horowitz, ISSCC 2014 (45 nm): 0.2 pJ 8-bit multiply + 0.1 pJ 32-bit add per MAC;
+    10 / 20 / 100 pJ per 64-bit access of an 8 KB / 32 KB / 1 MB SRAM; 1.3-2.6 nJ per
+    64-bit DRAM access (the midpoint)."""
+    assert sram_access_pj(8 * 1024) == 10.0 and sram_access_pj(32 * 1024) == 20.0
+    assert sram_access_pj(1024 * 1024) == 100.0
+    assert sram_access_pj(16 * 1024) == pytest.approx(15.0)  # halfway in log2(size)
+    assert sram_access_pj(1024) == 10.0  # below the smallest figure: that figure
+    c = EnergyCoefficients.for_config(DEFAULT)  # 8 KiB banks, 32 KiB accumulators
+    assert (c.mac, c.sp_byte, c.acc_byte, c.acc_copies) == (pytest.approx(0.3), 1.25, 2.5, 2)
+    assert c.dram_byte == 1950 / 8 and c.fetch == pytest.approx(15.0)  # 16 KiB bank
+    small = EnergyCoefficients.for_config(CONFIGS["small"])
+    assert small.acc_copies == 1 and small.acc_byte == 10.0 / 8  # 4 KiB: the 8 KB figure
+    terms = energy_terms(c, macs=10, sp_bytes=8, acc_read_bytes=4, acc_write_bytes=4,
+                         dram_bytes=8, instructions=1)
+    assert terms == pytest.approx({"mac": 3.0, "sp": 10.0, "acc": 30.0, "dram": 1950.0,
+                                   "fetch": 15.0})
+
+
+def test_dma_alone_is_the_golden_models_transfer_cost():
+    """One row at the bus width: latency plus a beat a cycle; a slow memory adds its
+    read latency before the first burst and its write latency after each."""
+    cost, bus = CostModel(), DEFAULT.bus_bytes
+    assert dma_cycles(64, 0, False, bus, DramLatency()) == cost.load_latency + 8
+    assert dma_cycles(64, 0, True, bus, DramLatency()) == cost.store_latency + 8
+    slow = DramLatency(read=64, write=64)
+    assert dma_cycles(64, 0, False, bus, slow) == cost.load_latency + 8 + 64
+    assert dma_cycles(64, 0, True, bus, slow) == cost.store_latency + 8 + 64
+    assert dma_cycles(0, 0, False, bus, slow) == 0
+
+
+def test_sram_counts_name_every_byte_of_a_gemm_unit():
+    """The replay counts the accumulator: every MAC row of a GEMM writes its words."""
+    model, inf, x = measured("mlp")
+    sram = count_sram(model, x, inf.trace)
+    assert sram.matches
+    unit = sram.regions[model.units[0].id]
+    assert unit.acc_write > 0 and unit.acc_read > 0 and unit.sp_read > 0
+    # every MAC's activation byte is read from the scratchpad at least once per 8 columns
+    assert unit.sp_read >= inf.counters["macs"] / DEFAULT.cols
+
+
+def test_npu_run_and_report_show_the_graph(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NPU_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["run", "mlp", "--digits", "2"]) == cli.ExitCode.OK
+    out = capsys.readouterr().out
+    assert "cost graph (one inference)" in out and "CPU -> unit 1" in out
+    assert "measured" in out and "(equal)" in out and "per inference (mac" in out
+    assert cli.main(["run", "mlp", "--adaptive", "--inline-compile", "--digits", "2"]) == 0
+    assert "cost graph of plan" in capsys.readouterr().out
+    assert cli.main(["report", "mlp"]) == cli.ExitCode.OK
+    assert "cost graph of plan" in capsys.readouterr().out
+    assert cli.main(["report", "mlp", "--json"]) == cli.ExitCode.OK
+    rep = json.loads(capsys.readouterr().out)
+    graph = rep["costgraph"]
+    assert graph["total_cycles"] == pytest.approx(graph["measured_cycles"])
+    assert {n["kind"] for n in graph["nodes"]} >= {"unit", "transfer", "host", "outside"}
