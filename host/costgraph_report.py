@@ -53,6 +53,13 @@ def print_costgraph(graph: dict, console: Console, title: str = "cost graph") ->
         f"{graph['critical_path_cycles']:,.0f} cycles "
         f"({100 * graph['critical_path_cycles'] / max(measured, 1):.1f}% of the measured)",
         highlight=False)
+    units = [n for n in graph["nodes"] if n["kind"] == "unit" and n["predicted"] is not None
+             and n["runs"]]
+    if units:
+        pred = sum(n["predicted"] * n["runs"] for n in units)
+        region = sum(n["region_cycles"] for n in units)
+        console.print(f"cost model: {pred:,.0f} cycles predicted for the units' regions, "
+                      f"measured {region:,} ({_diff(pred, region)})", highlight=False)
     terms = graph["energy_by_term"]
     total_pj = graph["energy_pj"]
     parts = ", ".join(f"{k} {100 * v / total_pj:.0f}%" for k, v in terms.items()) \
