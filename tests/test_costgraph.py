@@ -12,11 +12,11 @@ from firmware.bursts import DramLatency
 from firmware.config import CONFIGS
 from firmware.golden import CostModel
 from host import cli
+from host.adaptive import saved
 from host.adaptive.timeline import zero_inputs
 from host.compiler import compile_model
 from host.costgraph import HOST, build, dma_cycles, explain
-from host.costgraph_energy import (ENERGY_TERMS, EnergyCoefficients, energy_terms,
-                                   sram_access_pj)
+from host.costgraph_energy import ENERGY_TERMS, EnergyCoefficients, energy_terms, sram_access_pj
 from host.costgraph_sram import count_sram
 from host.device import GoldenDevice
 from host.driver import NPUDriver
@@ -26,12 +26,12 @@ from host.runtime import Session
 DEFAULT = CONFIGS["default"]
 
 
-def measured(name: str, fuse: bool = True):
-    """A compiled bundled model, a warm golden inference of it on zero inputs, and
-    those inputs."""
+def measured(name: str, device=None):
+    """A compiled bundled model, a warm inference of it on zero inputs (on ``device``,
+    the golden model by default), and those inputs."""
     graph = load_onnx(cli.model_path(name), allow_cpu_fallback=True)
-    model = compile_model(graph, DEFAULT, fuse=fuse, paging=True)
-    session = Session(NPUDriver(GoldenDevice(model.config)), model)
+    model = compile_model(graph, DEFAULT, paging=True)
+    session = Session(NPUDriver(device or GoldenDevice(model.config)), model)
     session.load()
     x = zero_inputs(model)
     session.run(x)
@@ -48,6 +48,25 @@ def test_node_totals_are_the_counters(case):
     """Cycles, MACs, DRAM bytes and instructions summed over the NPU's nodes equal the
     inference's counter deltas; each unit's region cycles its trace records' sum."""
     _, model, inf, _, graph = case
+    check_totals(model, inf, graph)
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("name", ["cnn", "resnet8"])
+def test_graph_of_an_rtl_run_sums_to_its_counters(name):
+    """On the Verilator NPU too; the golden replay that counts the SRAM bytes ran what
+    the RTL ran (MACs and DRAM bytes per region equal)."""
+    from verif.fastsim import open_device
+
+    device = open_device(DEFAULT)
+    try:
+        model, inf, x = measured(name, device)
+    finally:
+        device.close()
+    check_totals(model, inf, explain(model, inf, x, dram_latency=device.dram_latency))
+
+
+def check_totals(model, inf, graph):
     npu = [n for n in graph.nodes.values() if n.kind != "host"]
     assert sum(n.cycles for n in npu) == pytest.approx(inf.counters["cycles"], abs=1e-6)
     assert graph.total_cycles == pytest.approx(inf.cycles, abs=1e-6)
@@ -178,3 +197,10 @@ def test_npu_run_and_report_show_the_graph(tmp_path, monkeypatch, capsys):
     graph = rep["costgraph"]
     assert graph["total_cycles"] == pytest.approx(graph["measured_cycles"])
     assert {n["kind"] for n in graph["nodes"]} >= {"unit", "transfer", "host", "outside"}
+    # a damaged graph in the saved report is the one line of any damaged report
+    path = saved.report_path(cli.MODELS / "mlp.onnx", DEFAULT)
+    del graph["nodes"][1]["cycles"]
+    path.write_text(json.dumps(rep))
+    assert cli.main(["report", "mlp"]) == cli.ExitCode.USAGE
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert str(path) in line and "--fresh" in line, line

@@ -64,6 +64,20 @@ REPORT_SCHEMA = {
                      "initial_plan_cycles": Maybe(NUM),
                      "speedup_second_half_over_initial": Maybe(NUM),
                      "misspeculation_rate": Maybe(NUM)}),
+    # what host/costgraph_report.py prints (host/costgraph.py, CostGraph.as_dict)
+    "costgraph": Maybe({
+        "measured_cycles": int, "total_cycles": NUM, "critical_path_cycles": NUM,
+        "energy_pj": NUM, "energy_by_term": {t: NUM for t in ("mac", "sp", "acc", "dram",
+                                                               "fetch")},
+        "coefficients": {"mac": NUM, "sp_byte": NUM, "acc_byte": NUM, "acc_copies": int,
+                         "dram_byte": NUM, "fetch": NUM, "source": str},
+        "sram_counted": bool, "sram_matches": bool,
+        "nodes": [{"id": str, "kind": str, "label": str, "cycles": NUM, "runs": int,
+                   "region_cycles": int, "predicted": Maybe(NUM), "macs": int,
+                   "dram_read": int, "dram_write": int, "sp_bytes": int, "acc_read": int,
+                   "acc_write": int, "dma_cycles": int, "host_bytes": int,
+                   "energy_pj": NUM}],
+        "edges": [{"src": str, "dst": str}]}),
 }
 
 
