@@ -217,111 +217,28 @@ def build(model: CompiledModel, inference, *, sram: SramCounts | None = None,
     ``model``): see the module text. ``sram``: the replay's SRAM counts (without
     them the SRAM terms are 0); ``predicted``: region id -> the cost model's cycles;
     ``coefficients``: pJ per event (default: those of ``model``'s build)."""
-    latency = dram_latency or DramLatency()
-    cfg, g = model.config, model.graph
-    tensors = scope_tensors(g)
-    coef = coefficients or EnergyCoefficients.for_config(cfg)
     regions: dict[int, _Region] = {}
     for t in inference.trace:
         regions.setdefault(t.region, _Region()).add(t)
-
-    nodes: dict[str, Node] = {}
-    edges: list[Edge] = []
-    producer: dict[str, str] = {}
-    consumers: dict[str, list[str]] = {}
-    for n in (n for _, n in g.walk() if n.device == "cpu"):
-        nid = f"cpu:{n.name}"
-        nodes[nid] = Node(nid, "host", f"{n.op} {n.name} (CPU)")
-        for o in n.outputs:
-            producer[o] = nid
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(nid)
+    sram = sram or SramCounts()
+    nodes = {HOST: Node(HOST, "host", "host: graph inputs and outputs")}
+    producer: dict[str, str] = {name: HOST for name in model.graph.inputs}
+    consumers: dict[str, list[str]] = {name: [HOST] for name in model.graph.outputs}
+    for n in (n for _, n in model.graph.walk() if n.device == "cpu"):
+        _add(nodes, producer, consumers, Node(f"cpu:{n.name}", "host",
+                                              f"{n.op} {n.name} (CPU)"), n.inputs, n.outputs)
+    units: dict[str, _Region] = {}
     for u in model.units:
-        uid = f"u{u.id}"
-        r = regions.get(u.id, _Region())
-        nodes[uid] = Node(uid, "unit", f"unit {u.id}: {', '.join(u.nodes)}", cycles=r.cycles,
-                          region_cycles=r.cycles, runs=r.runs,
-                          predicted=(predicted or {}).get(u.id),
-                          macs=r.macs, instructions=r.instructions, dram_read=r.dram_read,
-                          dram_write=r.dram_write,
-                          sram=(sram.regions.get(u.id, SramBytes()) if sram else SramBytes()))
-        for o in u.outputs:
-            producer[o] = uid
-        for i in u.inputs:
-            consumers.setdefault(i, []).append(uid)
-    for name in g.inputs:
-        producer.setdefault(name, HOST)
-    for name in g.outputs:
-        consumers.setdefault(name, []).append(HOST)
-
-    crossing = {}
-    for tensor, addr in model.place.arena.items():
-        src = producer.get(tensor, HOST)
-        dsts = consumers.get(tensor, [])
-        if dsts and (src.startswith("u") or any(d.startswith("u") for d in dsts)):
-            crossing[tensor] = (addr, src, dsts)  # else never read, or host to host
-    # A unit's measured DRAM bytes are shared among its transfers in proportion to
-    # their sizes, at most their sizes (a strided read takes part of a tensor; what
-    # is left is the unit's own: weights, halo re-reads).
-    planned: dict[tuple[str, bool], int] = {}
-    for tensor, (_, src, dsts) in crossing.items():
-        for end, write in ((src, True), *((d, False) for d in dsts)):
-            planned[end, write] = planned.get((end, write), 0) + tensors[tensor].size
-    shares = {(end, write): min(1.0, (nodes[end].dram_write if write else nodes[end].dram_read)
-                                / total)
-              for (end, write), total in planned.items() if end.startswith("u") and total}
-
-    exposed_of: dict[str, list[tuple[Edge, Node, float]]] = {}
-    for tensor, (addr, src, dsts) in crossing.items():
-        size = tensors[tensor].size
-        tid = f"t:{tensor}"
-        node = Node(tid, "transfer", f"{tensor}: {_end(src)} -> {', '.join(map(_end, dsts))}",
-                    bytes=size)
-        nodes[tid] = node
-        for end, write in ((src, True), *((d, False) for d in dsts)):
-            edge = Edge(end, tid, tensor) if write else Edge(tid, end, tensor)
-            edges.append(edge)
-            if not end.startswith("u"):
-                node.host_bytes += size
-                continue
-            unit = nodes[end]
-            r = regions.get(int(end[1:]))
-            if r is None:  # the unit did not run in this inference (a branch not taken)
-                continue
-            moved = int(size * shares[end, write])
-            if write:
-                node.dram_write += moved
-                unit.dram_write -= moved
-            else:
-                node.dram_read += moved
-                unit.dram_read -= moved
-            alone = dma_cycles(moved, addr, write, cfg.bus_bytes, latency)
-            node.dma_cycles += alone
-            share = r.exposed_share(r.busy_store if write else r.busy_load)
-            exposed_of.setdefault(end, []).append((edge, node, alone * share))
-    for uid, parts in exposed_of.items():
-        unit, r = nodes[uid], regions[int(uid[1:])]
-        cap = max(0, r.cycles - r.busy_compute)
-        want = sum(p[2] for p in parts)
-        scale = min(1.0, cap / want) if want else 0.0
-        for edge, node, exposed in parts:
-            edge.cycles = exposed * scale
-            node.cycles += edge.cycles
-            unit.cycles -= edge.cycles
-
-    outside = Node("outside", "outside", "outside every region (run start, code between "
-                   "units, final drain)")
-    counters = inference.counters
-    outside.cycles = inference.cycles - sum(r.cycles for r in regions.values())
-    outside.macs = counters["macs"] - sum(r.macs for r in regions.values())
-    outside.instructions = counters["instructions"] - sum(r.instructions
-                                                           for r in regions.values())
-    outside.dram_read = counters["dram_read_bytes"] - sum(r.dram_read for r in regions.values())
-    outside.dram_write = counters["dram_write_bytes"] - sum(r.dram_write
-                                                             for r in regions.values())
-    if sram:
-        outside.sram = sram.regions.get(OUTSIDE, SramBytes())
-    nodes["outside"] = outside
+        r = units[f"u{u.id}"] = regions.get(u.id, _Region())
+        node = Node(f"u{u.id}", "unit", f"unit {u.id}: {', '.join(u.nodes)}", cycles=r.cycles,
+                    region_cycles=r.cycles, runs=r.runs, predicted=(predicted or {}).get(u.id),
+                    macs=r.macs, instructions=r.instructions, dram_read=r.dram_read,
+                    dram_write=r.dram_write, sram=sram.regions.get(u.id, SramBytes()))
+        _add(nodes, producer, consumers, node, u.inputs, u.outputs)
+    edges = _transfers(model, nodes, units, producer, consumers,
+                       dram_latency or DramLatency())
+    nodes["outside"] = _outside(inference, units.values(), sram)
+    coef = coefficients or EnergyCoefficients.for_config(model.config)
     for n in nodes.values():
         if n.kind != "host":
             n.energy = energy_terms(coef, macs=n.macs, sp_bytes=n.sram.sp,
@@ -329,9 +246,90 @@ def build(model: CompiledModel, inference, *, sram: SramCounts | None = None,
                                     acc_write_bytes=n.sram.acc_write,
                                     dram_bytes=n.dram_read + n.dram_write + n.host_bytes,
                                     instructions=n.instructions)
-    nodes = {HOST: Node(HOST, "host", "host: graph inputs and outputs"), **nodes}
-    return CostGraph(nodes, edges, inference.cycles, coef, sram is not None,
-                     bool(sram and sram.matches))
+    return CostGraph(nodes, edges, inference.cycles, coef, bool(sram.regions), sram.matches)
+
+
+def _add(nodes, producer, consumers, node: Node, inputs, outputs) -> None:
+    nodes[node.id] = node
+    for o in outputs:
+        producer[o] = node.id
+    for i in inputs:
+        consumers.setdefault(i, []).append(node.id)
+
+
+def _transfers(model: CompiledModel, nodes: dict[str, Node], units: dict[str, _Region],
+               producer: dict[str, str], consumers: dict[str, list[str]],
+               latency: DramLatency) -> list[Edge]:
+    """Add a transfer node per DRAM tensor a unit writes or reads across its boundary;
+    move its bytes and exposed cycles from its units to it; return the edges."""
+    tensors = scope_tensors(model.graph)
+    crossing = {}
+    for tensor, addr in model.place.arena.items():
+        ends = [(producer.get(tensor, HOST), True)] + [(d, False)
+                                                      for d in consumers.get(tensor, [])]
+        if len(ends) > 1 and any(e in units for e, _ in ends):
+            crossing[tensor] = (addr, ends)  # else never read, or host to host
+    # A unit's measured DRAM bytes are shared among its transfers in proportion to
+    # their sizes, at most their sizes (a strided read takes part of a tensor; what
+    # is left is the unit's own: weights, halo re-reads).
+    planned: dict[tuple[str, bool], int] = {}
+    for tensor, (_, ends) in crossing.items():
+        for end in ends:
+            planned[end] = planned.get(end, 0) + tensors[tensor].size
+    shares = {(end, write): min(1.0, (nodes[end].dram_write if write else nodes[end].dram_read)
+                                / total)
+              for (end, write), total in planned.items() if end in units and total}
+
+    edges: list[Edge] = []
+    exposed_of: dict[str, list[tuple[Edge, Node, float]]] = {}
+    for tensor, (addr, ends) in crossing.items():
+        size = tensors[tensor].size
+        src, dsts = ends[0][0], [d for d, _ in ends[1:]]
+        node = Node(f"t:{tensor}", "transfer",
+                    f"{tensor}: {_end(src)} -> {', '.join(map(_end, dsts))}", bytes=size)
+        nodes[node.id] = node
+        for end, write in ends:
+            edge = Edge(end, node.id, tensor) if write else Edge(node.id, end, tensor)
+            edges.append(edge)
+            if end not in units:
+                node.host_bytes += size
+                continue
+            unit, r = nodes[end], units[end]
+            moved = int(size * shares[end, write])
+            if write:
+                node.dram_write += moved
+                unit.dram_write -= moved
+            else:
+                node.dram_read += moved
+                unit.dram_read -= moved
+            alone = dma_cycles(moved, addr, write, model.config.bus_bytes, latency)
+            node.dma_cycles += alone
+            share = r.exposed_share(r.busy_store if write else r.busy_load)
+            exposed_of.setdefault(end, []).append((edge, node, alone * share))
+    for uid, parts in exposed_of.items():
+        r = units[uid]
+        cap = max(0, r.cycles - r.busy_compute)
+        want = sum(p[2] for p in parts)
+        scale = min(1.0, cap / want) if want else 0.0
+        for edge, node, exposed in parts:
+            edge.cycles = exposed * scale
+            node.cycles += edge.cycles
+            nodes[uid].cycles -= edge.cycles
+    return edges
+
+
+def _outside(inference, ran, sram: SramCounts) -> Node:
+    """What the inference's counters hold beyond its units' region records."""
+    ran = list(ran)
+    counters = inference.counters
+    node = Node("outside", "outside", "outside every region (run start, code between "
+                "units, final drain)", sram=sram.regions.get(OUTSIDE, SramBytes()))
+    node.cycles = inference.cycles - sum(r.cycles for r in ran)
+    node.macs = counters["macs"] - sum(r.macs for r in ran)
+    node.instructions = counters["instructions"] - sum(r.instructions for r in ran)
+    node.dram_read = counters["dram_read_bytes"] - sum(r.dram_read for r in ran)
+    node.dram_write = counters["dram_write_bytes"] - sum(r.dram_write for r in ran)
+    return node
 
 
 def _end(node_id: str) -> str:
