@@ -27,6 +27,13 @@ def program_order(graph: dict) -> list[dict]:
     return [nodes[k] for k in order]
 
 
+def _hidden(node: dict) -> str:
+    """The share of a transfer's DMA cycles hidden under its units' compute."""
+    if node["kind"] != "transfer" or not node["dma_cycles"]:
+        return ""
+    return f"{100 * (1 - node['cycles'] / node['dma_cycles']):.0f}%"
+
+
 def _count(v) -> str:
     return f"{v:,.0f}" if v else ""
 
@@ -34,14 +41,14 @@ def _count(v) -> str:
 def print_costgraph(graph: dict, console: Console, title: str = "cost graph") -> None:
     """A row per node (cycles on the NPU's timeline, energy), then the inference's
     totals against its measured cycles and the energy by term."""
-    table = Table("node", "kind", "cycles", "region", "predicted", "DMA alone", "MACs",
-                  "DRAM B", "SRAM B", "energy nJ", title=f"{title} (one inference)")
+    table = Table("node", "kind", "cycles", "region", "predicted", "DMA alone", "hidden",
+                  "MACs", "DRAM B", "SRAM B", "energy nJ", title=f"{title} (one inference)")
     for n in program_order(graph):
         host = n["kind"] == "host"
         table.add_row(escape(n["label"]), n["kind"], "" if host else f"{n['cycles']:,.0f}",
                       _count(n["region_cycles"]),
                       "" if n["predicted"] is None else f"{n['predicted']:,.0f}",
-                      _count(n["dma_cycles"]), _count(n["macs"]),
+                      _count(n["dma_cycles"]), _hidden(n), _count(n["macs"]),
                       _count(n["dram_read"] + n["dram_write"] + n["host_bytes"]),
                       _count(n["sp_bytes"] + n["acc_read"] + n["acc_write"]),
                       "" if host else f"{n['energy_pj'] / 1000:,.1f}")
