@@ -38,10 +38,14 @@ def measured(name: str, device=None):
     return model, session.run(x), x
 
 
+def measured_graph(name: str):
+    model, inf, x = measured(name)
+    return name, model, inf, x, explain(model, inf, x)
+
+
 @pytest.fixture(scope="module", params=["resnet8", "cnn"])
 def case(request):
-    model, inf, x = measured(request.param)
-    return request.param, model, inf, x, explain(model, inf, x)
+    return measured_graph(request.param)
 
 
 def test_node_totals_are_the_counters(case):
@@ -66,6 +70,21 @@ def test_graph_of_an_rtl_run_sums_to_its_counters(name):
     check_totals(model, inf, explain(model, inf, x, dram_latency=device.dram_latency))
 
 
+def test_a_slow_memory_lengthens_the_transfers():
+    """Behind the slowmem profile's DRAM the graph still sums to the counters, and
+    every transfer's DMA alone takes the memory's latency on top."""
+    from host.profiles import dram_latency
+
+    slow = dram_latency("slowmem")
+    model, inf, x = measured("cnn", GoldenDevice(DEFAULT, dram_latency=slow))
+    graph = explain(model, inf, x, dram_latency=slow)
+    check_totals(model, inf, graph)
+    _, _, fast_inf, _, fast = measured_graph("cnn")
+    assert inf.cycles > fast_inf.cycles
+    for t in (n for n in graph.nodes.values() if n.kind == "transfer" and n.dma_cycles):
+        assert t.dma_cycles > fast.nodes[t.id].dma_cycles, t.id
+
+
 def check_totals(model, inf, graph):
     npu = [n for n in graph.nodes.values() if n.kind != "host"]
     assert sum(n.cycles for n in npu) == pytest.approx(inf.counters["cycles"], abs=1e-6)
@@ -77,6 +96,7 @@ def check_totals(model, inf, graph):
         recs = [t.cycles for t in inf.trace if t.region == u.id]
         assert graph.nodes[f"u{u.id}"].region_cycles == sum(recs)
     assert graph.sram_counted and graph.sram_matches
+    assert all(n.cycles >= 0 for n in graph.nodes.values())
 
 
 def test_transfers_sit_between_their_units(case):
