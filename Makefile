@@ -46,6 +46,7 @@ help:
 	@echo "make bench-swaps     instruction words a plan change writes into the shadow bank (swaps.json)"
 	@echo "make bench-specialize unit variants: default plan vs counter-driven specialization vs exhaustive (specialize.json)"
 	@echo "make bench-sparsity sparsity variants on the digits models, zero K-tiles and clamps in the zoo (sparsity.json)"
+	@echo "make bench-costgraph MLPerf Tiny cost graphs: transfers, critical path, energy, default and slowmem (costgraph.json)"
 	@echo "make clean    remove build outputs (keeps .venv)"
 
 setup: $(STAMP)
