@@ -224,3 +224,17 @@ def test_npu_run_and_report_show_the_graph(tmp_path, monkeypatch, capsys):
     assert cli.main(["report", "mlp"]) == cli.ExitCode.USAGE
     line, = capsys.readouterr().err.strip().splitlines()
     assert str(path) in line and "--fresh" in line, line
+
+
+def test_bench_figures_add_up():
+    """make bench-costgraph's figures for one model, plan and profile."""
+    from bench.costgraph import figures
+
+    row = figures("fc_autoencoder", "slowmem", fuse=True)
+    assert row["checked"] and row["sram_replay_matches"]
+    assert row["graph_cycles"] == pytest.approx(row["measured_cycles"])
+    assert row["critical_path_cycles"] <= row["measured_cycles"]
+    assert 0 < row["transfer_exposed_cycles"] <= row["transfer_dma_cycles"]
+    # the timeline predicts for a memory without latency: behind slowmem, too few
+    assert row["predicted_region_cycles"] < row["measured_region_cycles"]
+    assert sum(row["energy_share"].values()) == pytest.approx(1.0)
