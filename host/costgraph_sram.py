@@ -30,7 +30,8 @@ OUTSIDE = -1
 
 @dataclass
 class SramBytes:
-    """Bytes one region moved through the on-chip memories."""
+    """Bytes one region moved through the on-chip memories (the scratchpad's in whole
+    words of ``bus_bytes``, as its SRAM banks are accessed)."""
 
     sp_read: int = 0
     sp_write: int = 0
@@ -58,8 +59,16 @@ class SramCounts:
     matches: bool = False
 
 
-def _span_bytes(spans) -> int:
-    return sum(np.atleast_1d(rows).size * n for rows, n in spans)
+def _span_bytes(spans, word: int) -> int:
+    """Bytes of the scratchpad words ``spans`` (rows' addresses, bytes per row) touch:
+    the SRAM is read and written a whole word at a time, so a short or unaligned row
+    costs every word it reaches into."""
+    total = 0
+    for rows, n in spans:
+        first = np.atleast_1d(rows).astype(np.int64) // word
+        last = (np.atleast_1d(rows).astype(np.int64) + n - 1) // word
+        total += int((last - first + 1).sum()) * word
+    return total
 
 
 class CountingMachine(Machine):
@@ -75,8 +84,8 @@ class CountingMachine(Machine):
 
     def _uses(self, reads=(), writes=()):
         here = self._here()
-        here.sp_read += _span_bytes(reads)
-        here.sp_write += _span_bytes(writes)
+        here.sp_read += _span_bytes(reads, self.config.bus_bytes)
+        here.sp_write += _span_bytes(writes, self.config.bus_bytes)
         super()._uses(reads, writes)
 
     def _exec(self, ins, pc):
