@@ -28,6 +28,7 @@ from pathlib import Path
 
 from firmware.config import NPUConfig
 
+from ..costgraph_energy import ENERGY_TERMS
 from ..profiles import profile_key, profile_name
 
 DIGEST_CHARS = 16
@@ -67,8 +68,7 @@ REPORT_SCHEMA = {
     # what host/costgraph_report.py prints (host/costgraph.py, CostGraph.as_dict)
     "costgraph": Maybe({
         "measured_cycles": int, "total_cycles": NUM, "critical_path_cycles": NUM,
-        "energy_pj": NUM, "energy_by_term": {t: NUM for t in ("mac", "sp", "acc", "dram",
-                                                               "fetch")},
+        "energy_pj": NUM, "energy_by_term": dict.fromkeys(ENERGY_TERMS, NUM),
         "coefficients": {"mac": NUM, "sp_byte": NUM, "acc_byte": NUM, "acc_copies": int,
                          "dram_byte": NUM, "fetch": NUM, "source": str},
         "sram_counted": bool, "sram_matches": bool,
