@@ -224,7 +224,7 @@ def test_a_poisoned_batch_variant_is_evicted_and_compiled_anew(flags, tmp_path, 
 
 
 def predictions(out: str) -> list[str]:
-    lines = [ln for ln in out.splitlines() if "accuracy" in ln or "predict" in ln]
+    lines = [ln for ln in out.splitlines() if ln.startswith(("accuracy:", "predictions:"))]
     assert lines, out
     return lines
 
