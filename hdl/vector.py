@@ -718,6 +718,14 @@ class VectorUnit(wiring.Component):
             m.d.sync += [s2_valid.eq(s1_valid), s3_valid.eq(s2_valid), s4_valid.eq(s3_valid),
                          s5_valid.eq(s4_valid), s6_valid.eq(s5_valid), s7_valid.eq(s6_valid),
                          s8_valid.eq(s7_valid)]
+        # Stage k+1's registers load only when stage k holds a valid beat: a value is
+        # read only while its stage is valid, so an empty stage may keep a stale one.
+        # In hardware that is each stage's enable; in the simulated model it skips the
+        # lanes' wide arithmetic while the unit idles (most of a GEMM's cycles).
+        load = [None] + [Signal(name=f"s{k + 1}_load") for k in range(1, 8)]
+        for k, valid in enumerate((s1_valid, s2_valid, s3_valid, s4_valid, s5_valid,
+                                   s6_valid, s7_valid), start=1):
+            m.d.comb += load[k].eq(move & valid)
         out = []
         for j in range(W):
             vw = 65 if j < C else 42
@@ -728,58 +736,68 @@ class VectorUnit(wiring.Component):
             t = Signal(17, name=f"s7_t{j}")
             over, neg = Signal(name=f"s7_over{j}"), Signal(name=f"s7_neg{j}")
             y = Signal(signed(10), name=f"s8_y{j}")
-            with m.If(move):
-                if j < C:
-                    # REQ: opa * qmul = hh * 2**32 + (lh + hl) * 2**16 + ll (ll < 2**32);
-                    # ADD: ll + hl + (lh + hh) * 2**16. S3 adds the terms at 2**16
-                    # and the others.
-                    x_lo = Cat(opa[j][:16], xsign[j]).as_signed()
-                    x_hi = opa[j][16:].as_signed()
-                    ll = Signal(signed(34), name=f"s2_ll{j}")
-                    lh = Signal(signed(33), name=f"s2_lh{j}")
-                    hl = Signal(signed(33), name=f"s2_hl{j}")
-                    hh = Signal(signed(32), name=f"s2_hh{j}")
-                    s3_lo = Signal(signed(65), name=f"s3_lo{j}")
-                    s3_mid = Signal(signed(35), name=f"s3_mid{j}")
-                    la, lc = lane_coef_a[j], lane_coef_c[j]
+            if j < C:
+                # REQ: opa * qmul = hh * 2**32 + (lh + hl) * 2**16 + ll (ll < 2**32);
+                # ADD: ll + hl + (lh + hh) * 2**16. S3 adds the terms at 2**16
+                # and the others.
+                x_lo = Cat(opa[j][:16], xsign[j]).as_signed()
+                x_hi = opa[j][16:].as_signed()
+                ll = Signal(signed(34), name=f"s2_ll{j}")
+                lh = Signal(signed(33), name=f"s2_lh{j}")
+                hl = Signal(signed(33), name=f"s2_hl{j}")
+                hh = Signal(signed(32), name=f"s2_hh{j}")
+                s3_lo = Signal(signed(65), name=f"s3_lo{j}")
+                s3_mid = Signal(signed(35), name=f"s3_mid{j}")
+                la, lc = lane_coef_a[j], lane_coef_c[j]
+                with m.If(load[1]):
                     m.d.sync += [ll.eq(x_lo * la[:16]), lh.eq(x_lo * la[16:].as_signed()),
-                                 hl.eq(x_hi * lc[:16]), hh.eq(x_hi * lc[16:].as_signed()),
-                                 s3_lo.eq(Mux(add_q, ll + hl, Cat(ll[:32], hh).as_signed())),
+                                 hl.eq(x_hi * lc[:16]), hh.eq(x_hi * lc[16:].as_signed())]
+                with m.If(load[2]):
+                    m.d.sync += [s3_lo.eq(Mux(add_q, ll + hl, Cat(ll[:32], hh).as_signed())),
                                  s3_mid.eq(lh + Mux(add_q, hh, hl))]
-                else:
-                    # A 9-bit operand: (opa * ca_hi) * 2**16 + opa * ca_lo, and the
-                    # same for opb and coef_b.
-                    pbl = Signal(signed(26), name=f"s2_pbl{j}")
-                    pbh = Signal(signed(25), name=f"s2_pbh{j}")
-                    pal = Signal(signed(26), name=f"s2_pal{j}")
-                    pah = Signal(signed(25), name=f"s2_pah{j}")
-                    s3_lo = Signal(signed(27), name=f"s3_lo{j}")
-                    s3_mid = Signal(signed(26), name=f"s3_mid{j}")
+            else:
+                # A 9-bit operand: (opa * ca_hi) * 2**16 + opa * ca_lo, and the
+                # same for opb and coef_b.
+                pbl = Signal(signed(26), name=f"s2_pbl{j}")
+                pbh = Signal(signed(25), name=f"s2_pbh{j}")
+                pal = Signal(signed(26), name=f"s2_pal{j}")
+                pah = Signal(signed(25), name=f"s2_pah{j}")
+                s3_lo = Signal(signed(27), name=f"s3_lo{j}")
+                s3_mid = Signal(signed(26), name=f"s3_mid{j}")
+                with m.If(load[1]):
                     m.d.sync += [pbl.eq(opb[j] * cb_lo), pbh.eq(opb[j] * cb_hi),
-                                 pal.eq(opa[j] * ca_lo), pah.eq(opa[j] * ca_hi),
-                                 s3_lo.eq(pal + pbl), s3_mid.eq(pah + pbh)]
-                # y = clamp(r >> qshift, -512, 511): r >> qshift fits in 10 bits iff
-                # the bits of r under sat_mask all equal its sign; then it is the 10
-                # bits of r from qshift on (sign-extended), found in two steps.
-                if j < C:
-                    l_shift = l_sel = lane_shift[j]
-                    l_half_m1, l_half_c, l_sat = shift_constants(l_shift)
-                else:
-                    l_shift, l_sel, l_half_m1, l_half_c, l_sat = (
-                        qshift, qsel, half_m1, half_c, sat_mask)
-                r_neg = r[65]
-                r_ext = Cat(r, r_neg.replicate(16))
+                                 pal.eq(opa[j] * ca_lo), pah.eq(opa[j] * ca_hi)]
+                with m.If(load[2]):
+                    m.d.sync += [s3_lo.eq(pal + pbl), s3_mid.eq(pah + pbh)]
+            # y = clamp(r >> qshift, -512, 511): r >> qshift fits in 10 bits iff
+            # the bits of r under sat_mask all equal its sign; then it is the 10
+            # bits of r from qshift on (sign-extended), found in two steps.
+            if j < C:
+                l_shift = l_sel = lane_shift[j]
+                l_half_m1, l_half_c, l_sat = shift_constants(l_shift)
+            else:
+                l_shift, l_sel, l_half_m1, l_half_c, l_sat = (
+                    qshift, qsel, half_m1, half_c, sat_mask)
+            r_neg = r[65]
+            r_ext = Cat(r, r_neg.replicate(16))
+            with m.If(load[3]):
+                m.d.sync += v.eq(s3_lo + (s3_mid << 16))
+            with m.If(load[4]):
                 m.d.sync += [
-                    v.eq(s3_lo + (s3_mid << 16)),
                     vq.eq(v),
                     # qshift <= 63; v sign-extended
                     lsb.eq(Cat(v, v[-1].replicate(max(64 - vw, 0)))[:64].bit_select(l_sel, 1)),
-                    r.eq(vq + Mux(lsb, l_half_c, l_half_m1)),
+                ]
+            with m.If(load[5]):
+                m.d.sync += r.eq(vq + Mux(lsb, l_half_c, l_half_m1))
+            with m.If(load[6]):
+                m.d.sync += [
                     t.eq(r_ext.bit_select(Cat(Const(0, 3), l_shift[3:]), 17)),  # 8 * l_shift[3:]
                     neg.eq(r_neg),
                     over.eq(Mux(r_neg, (~r & l_sat).any(), (r & l_sat).any())),
-                    y.eq(Mux(over, Mux(neg, -512, 511), t.bit_select(l_shift[:3], 10))),
                 ]
+            with m.If(load[7]):
+                m.d.sync += y.eq(Mux(over, Mux(neg, -512, 511), t.bit_select(l_shift[:3], 10)))
             # min(max(y + zp, lo), hi)
             out.append(Mux(lo_gt_hi | (y > hi_m), hi, Mux(y < lo_m, lo, y + zp))[:8])
 
