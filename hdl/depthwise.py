@@ -218,6 +218,10 @@ class DepthwiseEngine(wiring.Component):
         v1 = Signal()
         a1 = Signal.like(out_addr)
         m.d.sync += [v1.eq(computing), a1.eq(out_addr)]
+        # The products and sums are zero but for a window computed (``computing``, then
+        # ``v1``), the only ones read: the simulated model skips their 72 multipliers
+        # and sums on the engine's idle cycles, and in hardware the zero is the
+        # flip-flops' synchronous reset, as an unused tap's already was.
         for i in range(K):
             win_row = r_base + i
             for c in range(K):
@@ -226,7 +230,7 @@ class DepthwiseEngine(wiring.Component):
                 for j in range(C):
                     w = taps[t][8 * j: 8 * j + 8].as_signed()
                     xv = win[8 * j: 8 * j + 8].as_signed()
-                    m.d.sync += prod[t][j].eq(Mux(used[t], w * xv, 0))
+                    m.d.sync += prod[t][j].eq(Mux(used[t] & computing, w * xv, 0))
         # C2: the lane sums, registered; the accumulator row is read for accumulate.
         sums = [Signal(32, name=f"sum{j}") for j in range(C)]
         v2 = Signal()
@@ -236,7 +240,7 @@ class DepthwiseEngine(wiring.Component):
             total = prod[0][j].as_signed()
             for t in range(1, DW_TAPS):
                 total = total + prod[t][j].as_signed()
-            m.d.sync += sums[j].eq(total)
+            m.d.sync += sums[j].eq(Mux(v1, total, 0))
         m.d.comb += [acc.ren.eq(v1 & cmd.accumulate), acc.raddr.eq(a1)]
         # C3: the write.
         lanes = Cat(Signal(32, name=f"acc_in{j}") for j in range(C))
