@@ -523,30 +523,39 @@ class VectorUnit(wiring.Component):
         lane_coef_a = [Signal(signed(32), name=f"lane_coef_a{j}") for j in range(C)]
         lane_coef_c = [Signal(signed(32), name=f"lane_coef_c{j}") for j in range(C)]
         lane_shift = [Signal(6, name=f"lane_shift{j}") for j in range(C)]
-        for j in range(C):
+        # They load in a command's first cycle (``start``) and the ones derived from
+        # them in its second (``settle``), and hold otherwise: the simulated model
+        # skips their decoding on the unit's idle cycles.
+        settle = Signal()
+        m.d.sync += settle.eq(start)
+        with m.If(start):
+            for j in range(C):
+                m.d.sync += [
+                    lane_coef_a[j].eq(Mux(lane_tab, tab_mul[j], coef_a_now)),
+                    lane_coef_c[j].eq(Mux(lane_tab, tab_mul[j], coef_c_now)),
+                    lane_shift[j].eq(Mux(lane_tab, tab_shift[j], shift_now)),
+                ]
             m.d.sync += [
-                lane_coef_a[j].eq(Mux(lane_tab, tab_mul[j], coef_a_now)),
-                lane_coef_c[j].eq(Mux(lane_tab, tab_mul[j], coef_c_now)),
-                lane_shift[j].eq(Mux(lane_tab, tab_shift[j], shift_now)),
+                coef_a.eq(coef_a_now),
+                coef_b.eq(Mux(add, regs[CfgField.ADD_MUL_B], 0)),
+                add_q.eq(add),
+                qshift.eq(shift_now),
+                zp.eq(Mux(req | add, regs[CfgField.QZP], 0)),
+                lo.eq(Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])),
+                hi.eq(Mux(op == VectorOp.MAX, 127, regs[CfgField.CLIP_HI])),
+                qsel.eq(shift_now),
             ]
-        m.d.sync += [
-            coef_a.eq(coef_a_now),
-            coef_b.eq(Mux(add, regs[CfgField.ADD_MUL_B], 0)),
-            add_q.eq(add),
-            qshift.eq(shift_now),
-            zp.eq(Mux(req | add, regs[CfgField.QZP], 0)),
-            lo.eq(Mux(op == VectorOp.MAX, -128, regs[CfgField.CLIP_LO])),
-            hi.eq(Mux(op == VectorOp.MAX, 127, regs[CfgField.CLIP_HI])),
-            qsel.eq(shift_now),
-            # Derived from the registers above, one cycle later (still long before
-            # a command's first operands reach S5).
-            lo_m.eq(lo - zp),
-            hi_m.eq(hi - zp),
-            lo_gt_hi.eq(lo > hi),
-            # (the narrow lanes': the full lanes decode their own shift)
-            *(c.eq(v) for c, v in zip((half_m1, half_c, sat_mask), shift_constants(qshift),
-                                      strict=True)),
-        ]
+        with m.If(settle):
+            m.d.sync += [
+                # Derived from the registers above, one cycle later (still long before
+                # a command's first operands reach S5).
+                lo_m.eq(lo - zp),
+                hi_m.eq(hi - zp),
+                lo_gt_hi.eq(lo > hi),
+                # (the narrow lanes': the full lanes decode their own shift)
+                *(c.eq(v) for c, v in zip((half_m1, half_c, sat_mask), shift_constants(qshift),
+                                          strict=True)),
+            ]
 
         # S1
         s1_valid, s1_row, s1_am, s1_final = Signal(), Signal(), Signal(), Signal()
