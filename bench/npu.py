@@ -17,7 +17,8 @@ the run alone (one library call from START to the interrupt; also per CPU second
 since the machine may be shared), and end to end
 through the host driver (loading A, B and the program, the run, reading C back).
 ``--cocotb`` also runs the GEMM on the cocotb testbench (Python per clock edge) for
-comparison (``cocotb_*`` keys).
+comparison (``cocotb_*`` keys). ``model_cpp_mb`` is the size of the library's
+verilated C++ (Verilator's report in its build log).
 
 Cycles are the NPU's CYCLES counter (cycles the run was in progress). Writes
 ``bench/results/npu.json``. Run with ``python -m bench.npu [--cocotb]``.
@@ -29,6 +30,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ from pathlib import Path
 from bench.common import report
 from firmware.config import CONFIGS
 from verif import fastsim, rtl_device
+from verif.fastsim.build import build
 
 SIZE = (256, 256, 256)
 CONFIG = "default"
@@ -95,6 +98,15 @@ def gemm(size=SIZE, seed: int = 1, run=FAST) -> dict:
     }
 
 
+def model_size(profiled: bool) -> dict:
+    """The size of the verilated model's C++, from Verilator's report in the build
+    log beside the library (the build is cached: a look-up)."""
+    log = build(CONFIGS[CONFIG], profiled=profiled).with_name("build.log")
+    found = re.search(r"into ([\d.]+) MB in (\d+) C\+\+ files", log.read_text())
+    return {"model_cpp_mb": float(found[1]), "model_cpp_files": int(found[2])} if found \
+        else {}
+
+
 def cocotb_gemm(size=SIZE, seed: int = 1) -> dict:
     """The same GEMM on the cocotb testbench: its speed, for comparison."""
     figures = gemm(size, seed, rtl_device.run_scenario)
@@ -119,7 +131,8 @@ def main(argv=None):
                     help="the library's ordinary build, not the profile-guided one")
     opts = ap.parse_args(argv)
     run = fastsim.run_scenario if opts.plain else FAST
-    figures = {"library": "plain" if opts.plain else "profile-guided", **gemm(run=run)}
+    figures = {"library": "plain" if opts.plain else "profile-guided", **gemm(run=run),
+               **model_size(profiled=not opts.plain)}
     figures.update(swap(run=run))
     if opts.cocotb:
         figures.update(cocotb_gemm())
