@@ -29,8 +29,8 @@ from bench.common import report
 from host.adaptive.timeline import attach_timeline
 from host.cli import model_path
 from host.compiler import compile_model
-from host.compiler.cost import CostModel
 from host.costgraph import explain
+from host.costgraph_report import predictions
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.onnx_import import load_onnx
@@ -40,14 +40,6 @@ from verif.model_scenarios import model_inputs
 from verif.zoo import MLPERF_NAMES
 
 PROFILES = ("default", "slowmem")
-
-
-def predictions(model) -> dict[int, float]:
-    """Unit id -> the cost model's cycles, as it calibrates itself on ``model``."""
-    cost = CostModel(model.config)
-    cost.calibrate(model)
-    return {u.id: cost.predict(u.resources["work"]) for u in model.units
-            if "work" in u.resources}
 
 
 def figures(name: str, profile_name: str, fuse: bool) -> dict:

@@ -37,12 +37,12 @@ import resource
 import time
 
 from bench.common import RESULTS, report
+from firmware.bursts import MAX_BURST_BEATS, PAGE
 from host.adaptive.bottleneck import CAUSE_FIELDS, classify
 from host.adaptive.engine import AdaptiveConfig, AdaptiveRuntime
 from host.adaptive.specialize_units import SpecializeConfig
 from host.cli import model_path
 from host.compiler import CompileError, compile_model
-from firmware.bursts import MAX_BURST_BEATS, PAGE
 from host.compiler.variants import DEFAULT, compile_with, enumerate_variants
 from host.device import GoldenDevice
 from host.driver import NPUDriver

@@ -97,15 +97,21 @@ def costgraph_of(model, inference, inputs: dict, device) -> dict:
     """The cost graph (JSON form) of ``inference``, a run of ``model`` on ``inputs``
     on ``device``; the predictions are the cost model's as the golden timeline
     calibrates it."""
-    from .compiler.cost import CostModel
     from .costgraph import explain
+
+    return explain(model, inference, inputs, predicted=predictions(model),
+                   dram_latency=getattr(device, "dram_latency", None)).as_dict()
+
+
+def predictions(model) -> dict[int, float]:
+    """Unit id -> the cost model's cycles, as it calibrates itself on ``model`` (on
+    its golden timeline where one is attached, else its formulas alone)."""
+    from .compiler.cost import CostModel
 
     cost = CostModel(model.config)
     cost.calibrate(model)
-    predicted = {u.id: cost.predict(u.resources["work"]) for u in model.units
-                 if "work" in u.resources}
-    return explain(model, inference, inputs, predicted=predicted,
-                   dram_latency=getattr(device, "dram_latency", None)).as_dict()
+    return {u.id: cost.predict(u.resources["work"]) for u in model.units
+            if "work" in u.resources}
 
 
 def run_costgraph(model, inference, inputs: dict, device, console: Console) -> dict:

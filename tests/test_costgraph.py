@@ -99,9 +99,18 @@ def check_totals(model, inf, graph):
     for field, key in (("macs", "macs"), ("instructions", "instructions"),
                        ("dram_read", "dram_read_bytes"), ("dram_write", "dram_write_bytes")):
         assert sum(getattr(n, field) for n in npu) == inf.counters[key], field
+    # The outside node takes what no region covers, so the sums above hold by
+    # construction; each unit's own figures are its region records', and outside the
+    # regions run no MACs and move no DRAM bytes.
     for u in model.units:
-        recs = [t.cycles for t in inf.trace if t.region == u.id]
-        assert graph.nodes[f"u{u.id}"].region_cycles == sum(recs)
+        recs = [t for t in inf.trace if t.region == u.id]
+        node = graph.nodes[f"u{u.id}"]
+        assert node.region_cycles == sum(t.cycles for t in recs)
+        assert node.macs == sum(t.macs for t in recs)
+        assert node.instructions == sum(t.instructions for t in recs)
+    outside = graph.nodes["outside"]
+    assert outside.macs == outside.dram_read == outside.dram_write == 0
+    assert 0 <= outside.cycles < 0.01 * inf.cycles
     assert graph.sram_counted and graph.sram_matches
     assert all(n.cycles >= 0 for n in graph.nodes.values())
 

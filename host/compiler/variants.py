@@ -4,7 +4,8 @@ The lowering chooses, per unit, how many M tiles a GEMM runs in, whether a
 convolution is emitted whole or streamed (its image in bands, its weights, or
 both: :mod:`.tiled2d`), how many bands beyond the fewest that fit, how many
 weight bytes a streamed GEMV moves a step, how many steps it keeps in flight and
-how many outputs a block of it holds, and whether a blob is pinned in a tag slot. It picks each by its cost model. A :class:`Variant` fixes some of those
+how many outputs a block of it holds, and whether a blob is pinned in a tag
+slot. It picks each by its cost model. A :class:`Variant` fixes some of those
 choices for one unit; a knob left ``None`` is the compiler's own choice, so
 :data:`DEFAULT` (every knob ``None``) leaves every program byte for byte as the
 compiler writes it without variants.
