@@ -137,6 +137,17 @@ def test_outcomes_are_keyed_by_the_memory_the_host_knows_of(tmp_path):
     assert outcomes.get("unit", fast) == {}
 
 
+def test_outcomes_of_a_fresh_run_are_all_kept(tmp_path):
+    """--fresh reads nothing stored before, yet keeps every measurement of its run."""
+    path = tmp_path / "c.sqlite"
+    Outcomes(CompileCache(path)).put("unit", "p", Variant(m_tiles=2), 9.0)  # before the run
+    outcomes = Outcomes(CompileCache(path, fresh=True))
+    outcomes.put("unit", "p", Variant(m_tiles=4), 3.0)
+    outcomes.put("unit", "p", Variant(), 4.0)
+    assert outcomes.get("unit", "p") == {"m tiles 4": 3.0, "default": 4.0}
+    assert Outcomes(CompileCache(path)).get("unit", "p") == {"m tiles 4": 3.0, "default": 4.0}
+
+
 def test_outcomes_in_a_read_only_cache_stay_in_memory(tmp_path):
     path = tmp_path / "c.sqlite"
     with CompileCache(path) as writer:  # closing checkpoints the log into the file

@@ -122,16 +122,18 @@ class Outcomes:
     def __init__(self, cache):
         self.cache = cache
         self._lock = threading.Lock()
+        # What this run measured: a fresh cache (``--fresh``) reads nothing back, not
+        # even its own rows, and each put rewrites the whole row.
+        self._ours: dict[tuple[str, str], dict[str, float]] = {}
 
     def get(self, unit: str, profile: str) -> dict[str, float]:
         """Variant (as :meth:`Variant.describe` says it) -> measured cycles."""
-        return self.cache.measured(unit, profile)
+        return {**self.cache.measured(unit, profile), **self._ours.get((unit, profile), {})}
 
     def put(self, unit: str, profile: str, variant: Variant, cycles: float) -> None:
         with self._lock:
-            measured = self.get(unit, profile)
-            measured[variant.describe()] = cycles
-            self.cache.put_measured(unit, profile, measured)
+            self._ours.setdefault((unit, profile), {})[variant.describe()] = cycles
+            self.cache.put_measured(unit, profile, self.get(unit, profile))
 
 
 @dataclass
