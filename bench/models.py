@@ -248,7 +248,9 @@ def print_table(rows: dict[str, dict]) -> None:
                    _cell(r["late_pages"])) for name, r in rows.items() if "cycles" in r]
         _print_lines(lines)
     if opts_causes := [n for n, r in rows.items() if r.get("golden_inexact_runs")]:
-        print("\nruns whose cycles the golden model estimates, by first cause (fired):")
+        print("\nruns whose cycles the golden model estimates, by first cause (in "
+              "parentheses how often it fired in all; a DMA overlap is looked for only "
+              "until a run is flagged, so it counts at most once a run):")
         for name in opts_causes:
             r = rows[name]
             causes = ", ".join(f"{c} {k} ({r['golden_inexact_fired'].get(c, 0)})"

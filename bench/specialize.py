@@ -156,7 +156,7 @@ def specialized(graph, config, inputs, count: int, latency=None) -> dict:
     device = GoldenDevice(config, dram_latency=latency)
     rt = AdaptiveRuntime(NPUDriver(device), graph, AdaptiveConfig(
         fuse_threshold=1e9, async_compile=False, check=False, decide_every=1,
-        specialize=SpecializeConfig(), start_fused=True))
+        specialize=SpecializeConfig(), start_fused=True), dram_latency=latency)
     rt.load()
     cycles: list[int] = []
     # At least ``count`` inferences, then on until no trial or change is under way

@@ -145,12 +145,12 @@ def compile_model(graph: Graph, config: NPUConfig, units: list | None = None, *,
     reloc = relocatable or unit_store is not None
     if variants and units is None:
         raise ValueError("variants name units: pass the plan's units with them")
+    if share_consts is not None and units is None and fuse:
+        raise ValueError("shared constants lay out a given plan: pass its units with them")
     if units is not None or not fuse:
         plan = initial_units(graph) if units is None else units
-        c = _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
-                      reloc, paging, variants)
-        c.share = share_consts
-        return c.run()
+        return _Compiler(graph, config, _records(plan), log, weight_budget, unit_store,
+                         reloc, paging, variants, share_consts).run()
     with blobs_remembered():
         try:
             fused = fuse_units(graph, config, weight_budget=weight_budget)
@@ -253,11 +253,11 @@ class SharedConsts:
 
 
 class _Compiler:
-    share: SharedConsts | None = None
-
     def __init__(self, graph, config, subs, log, weight_budget, unit_store=None,
-                 relocatable=False, paging=False, variants=None):
+                 relocatable=False, paging=False, variants=None,
+                 share: SharedConsts | None = None):
         self.g, self.config, self.subs, self.log = graph, config, subs, log
+        self.share = share
         self.store, self.reloc, self.paging = unit_store, relocatable, paging
         self._paged = False  # emitting pages: see _emit_pages
         self.variants = dict(variants or {})
