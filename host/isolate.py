@@ -10,6 +10,7 @@ its ``__init__`` (its message and members stay as raised). POSIX only: where
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import select
@@ -51,6 +52,7 @@ def run_isolated(fn, *args, timeout: float | None = None, **kwargs):
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's code
+        gc.disable()  # a collection would touch, and so copy, every page of the heap
         os.close(read_fd)
         try:
             _answer(write_fd, fn, args, kwargs)

@@ -1,6 +1,7 @@
 """A crash of C++ code during the import (onnx's checker or shape inference,
 onnxruntime's inference of contrib outputs) is a refused model, not the end of
-the process: the import runs in a forked child (host/isolate.py).
+the process: these steps run in a forked child (host/isolate.py), the rest of the
+import in the caller.
 
 No model known to crash the installed onnx reaches it (the zero divisors are
 refused first, tests/test_import_errors.py), so these tests crash the checker on
@@ -75,6 +76,16 @@ def test_a_crash_in_onnx_is_a_model_error(monkeypatch, sig):
     with pytest.raises(ModelError, match=f"crashes onnx's C\\+\\+ code while importing "
                        f"\\({sig.name}\\)"):
         load_onnx(model_path("mlp"))
+
+
+def test_a_crash_in_the_shape_inference_of_a_cpu_node_is_a_model_error(monkeypatch):
+    """resnet8's Softmax runs on the CPU: its outputs are typed by onnx's C++ shape
+    inference, in a child of its own."""
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda model, *a, **k: die(signal.SIGSEGV))
+    with pytest.raises(ModelError, match="crashes onnx's C\\+\\+ code while importing "
+                       "\\(SIGSEGV\\)"):
+        load_onnx(model_path("resnet8"), allow_cpu_fallback=True)
 
 
 def test_npu_reports_the_crash_in_one_line(monkeypatch, capsys):
