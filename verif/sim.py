@@ -78,18 +78,28 @@ _PCH_VAR = "CFG_CXXFLAGS_PCH_I"
 
 SMALL_DESIGN_BYTES = 1 << 20
 """Verilog up to this size (every block harness; the NPU is several MB) builds as a
-small design: :data:`SMALL_DESIGN_BUILD_ARGS` and :data:`SMALL_DESIGN_MAKEFLAGS`."""
+small design: :data:`SMALL_DESIGN_BUILD_ARGS`, and unoptimized
+(:func:`_optimization_makeflags`)."""
 
 SMALL_DESIGN_BUILD_ARGS: tuple[str, ...] = ("--output-split", "0")
 """A small design's model is one C++ file: split, each file would pay for parsing
 Verilator's headers, or for building two precompiled headers (about 5 CPU s a build)."""
 
-SMALL_DESIGN_MAKEFLAGS = "OPT_FAST=-O0"
-"""A small design's model compiles unoptimized: its cocotb runs are bound by Python at
-every clock either way, and -O0 in one file compiles in a third to a half of the CPU of
--O1 in several (the vector harness, verilated and compiled with the runtime: 21.4
-against 57.0 CPU s). Verilator's runtime keeps ``OPT_GLOBAL``, so the compiler cache
-shares it with the NPU's build."""
+def _optimization_makeflags(small: bool) -> str:
+    """The C++ optimization of a cocotb build (``make`` variables), unless ``MAKEFLAGS``
+    already chooses one.
+
+    A cocotb run is bound by Python at every clock. A small design compiles unoptimized
+    in one file, a third to a half of the CPU of -O1 in several (the vector harness,
+    verilated and compiled with the runtime: 21.4 against 57.0 CPU s). The NPU compiles
+    at -O1: as fast as verilated.mk's -Os in its cocotb runs for about half the compile
+    CPU (60 against 111 CPU s), and not -O0, where its model's evaluation outweighs
+    Python (tests/test_fastsim.py's cocotb run 20.3 against 5.6 CPU s). Verilator's
+    runtime (``OPT_GLOBAL``) is -O1 for both, so the compiler cache shares it. The fast
+    library (verif/fastsim) sets its own levels on make's command line."""
+    if "OPT_FAST=" in os.environ.get("MAKEFLAGS", ""):
+        return ""
+    return f"OPT_FAST={'-O0' if small else '-O1'} OPT_GLOBAL=-O1"
 
 
 class CocotbTestFailure(AssertionError):
@@ -149,16 +159,6 @@ def _makeflags(current: str, root: Path) -> str:
         # verilated.mk runs `$(PYTHON3) verilator_includer` with PYTHON3 set
         # to `python`, which need not exist on PATH.
         extra.append(f"PYTHON3={sys.executable}")
-    if "OPT_FAST=" not in current:
-        # cocotb builds: their runs are bound by Python at every clock, so the
-        # model's C++ at -O1 runs them as fast as at verilated.mk's -Os and
-        # compiles in about half the CPU time (the default NPU: 60 against 111
-        # CPU s). Not -O0 for the NPU: its model's evaluation then outweighs
-        # Python (tests/test_fastsim.py's cocotb run 20.3 against 5.6 CPU s), and
-        # make test runs it four times; small designs do build at -O0
-        # (SMALL_DESIGN_MAKEFLAGS). The fast library (verif/fastsim) sets its own
-        # levels on make's command line, which override these.
-        extra.append("OPT_FAST=-O1 OPT_GLOBAL=-O1")
     ccache = _ccache()
     if ccache and "OBJCACHE=" not in current:
         # Every build compiles Verilator's runtime (verilated*.cpp, ~12 CPU s) and
@@ -543,7 +543,7 @@ def run_cocotb(
     build_log = build_path / "build.log" if quiet else None
     small = _is_small_design(sources)
     with _locked(build_path), _build_status(toplevel, quiet), \
-            _makeflags_added(SMALL_DESIGN_MAKEFLAGS if small else ""):
+            _makeflags_added(_optimization_makeflags(small)):
         try:
             runner.build(
                 sources=[Path(s).resolve() for s in sources],
