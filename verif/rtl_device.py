@@ -34,6 +34,7 @@ import importlib
 import json
 import logging
 import random
+from pathlib import Path
 
 from firmware.bursts import DramLatency
 from firmware.config import CONFIGS, NPUConfig
@@ -41,6 +42,8 @@ from host.device import PostedWrites, fault_windows
 
 DRAM_BYTES = 1 << 20
 CLOCK_NS = 10
+PUBLIC_SIGNALS = Path(__file__).with_name("cocotb_npu.vlt")
+"""The signals the testbench reaches; the rest stay private to Verilator's optimizer."""
 
 
 def config_to_env(config: NPUConfig) -> str:
@@ -283,15 +286,15 @@ class NpuTestbench:
         self._watchers = []
         if not on:
             return
-        seq = self.dut.seq  # the sequencer's ports (cocotb's Verilator build is public)
 
         async def watch(signal, kind):
             while True:
                 await RisingEdge(signal)
                 self.run_events.append((await self.cycles(), kind))
 
-        self._watchers = [cocotb.start_soon(watch(seq.run_start, "start")),
-                          cocotb.start_soon(watch(seq.done, "done"))]
+        # the sequencer's run boundaries, public in the build (cocotb_npu.vlt)
+        self._watchers = [cocotb.start_soon(watch(self.dut.run_start, "start")),
+                          cocotb.start_soon(watch(self.dut.done, "done"))]
 
     async def wait_irq(self, timeout_cycles: int) -> bool:
         from cocotb.triggers import ClockCycles, First, RisingEdge
@@ -338,8 +341,9 @@ def run_scenario(spec: str, config: NPUConfig | str = "default", *, seed: int = 
            "NPU_SCENARIO_SEED": str(seed), "NPU_BACKPRESSURE": "1" if backpressure else "0",
            **dram_latency_env(dram_latency), **(extra_env or {})}
     test_dir = _test_dir(spec, seed, backpressure) + _latency_tag(dram_latency)
-    return run_cocotb("npu", [source], "verif.cocotb_npu", build, extra_env=env,
-                      waves=waves, test_dir=build / test_dir, quiet=quiet)
+    return run_cocotb("npu", [PUBLIC_SIGNALS, source], "verif.cocotb_npu", build,
+                      extra_env=env, build_args=["--no-public-flat-rw"], waves=waves,
+                      test_dir=build / test_dir, quiet=quiet)
 
 
 def dram_latency_env(latency: DramLatency | None) -> dict[str, str]:
