@@ -1047,6 +1047,10 @@ class _Timeline:
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
         self.vector_done = 0  # completion of the last vector op (the vector unit is idle)
         self.wload_done = 0  # the last wload's rows are in
+        # ... and the weight loader free for the next (earlier than wload_done for a
+        # wload whose reads a streaming gemm made room for: it ends with that gemm), as
+        # it was when the wload being timed came to the array
+        self.loader_free = self.loader_free_before = 0
         self.wload_released = 0  # a swap gemm may start streaming on them
         self.wload_pending = False  # a wload came after the latest gemm
         self.last_compute = ""  # the compute queue's last instruction
@@ -1335,11 +1339,12 @@ class _Timeline:
             taken = min(taken, start - self.cost.gemm_intake)
             self._gemm_start, self._gemm_rows_end = start, self.free["compute"]
         elif m == "wload":
-            taken = min(start, max(front, self.wload_done + 1))
+            taken = min(start, max(front, self.loader_free_before + 1))
         else:
             taken = start
+        taken = taken if leaves is None else min(taken, leaves)
         self.accepted = taken + 1
-        return taken if leaves is None else min(taken, leaves)
+        return taken
 
     def _port_windows(self, q: str, m: str, start: int, end: int, cycles: int):
         """The cycles, with a margin, in which an instruction may read and write the
@@ -1470,7 +1475,10 @@ class _Timeline:
             start = max(self._ready, self.free[q] - c.handoff)
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
         start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
-        # Done when its last row's data is in, sp_read - 1 after a swap gemm may start.
+        # Done when its last row's data is in, sp_read - 1 after a swap gemm may start;
+        # the loader then takes the next wload (a stealing one's, from its reads on).
+        self.loader_free_before = self.loader_free
+        self.loader_free = (reads if stealing else start) + k + c.wload_latency + c.sp_read - 1
         return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
 
     def finish(self) -> int:
