@@ -856,6 +856,11 @@ COST_PROGRAMS = {
                                            + "cfg.qshift 9\n" + WLOAD + _gemm(3)
                                            + _gemm(1, swap=0) + "cfg.qshift 9\n" * 2
                                            + "load p4, r0, r0, r0, 2, 512\n",
+    # the loader takes the next wload once a stealing wload's rows are in, long before
+    # the gemm it stole from ends: the vreq's dispatch into the full queue waits only
+    # until that wload's entry leaves, then for the array (stall_in_seq)
+    "wloads taken while gemms stream, vreq": ("wload p1, r0, 4, 8\n" + _gemm(64)) * 6
+                                             + "vreq p3, r0, r0, 8, 8\n",
     # writes are arbitrated apart from reads: a vreq's writes hold up no array read
     "gemm beside vreq, on its banks": BESIDE.replace("gemm_stride 64", "gemm_stride 8")
                                       + WLOAD + _gemm(16) + WLOAD + "vreq p3, r8, r0, 16, 8\n"
