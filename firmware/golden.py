@@ -1057,6 +1057,8 @@ class _Timeline:
         self.retired = -1  # when the compute queue's last instruction retired
         self.pushed = 0  # when its retirement reached the queue's token counters
         self._stealing = False  # the latest wload took its reads from a streaming gemm
+        # the channels the latest gemm pushed its token on, and the token's time
+        self._gemm_pushes: tuple[list, int] = ([], 0)
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
@@ -1269,9 +1271,13 @@ class _Timeline:
             if m == "vargmax":
                 self.reg_ready[ins.ops["rd"]] = end + c.reg_writeback
                 self._after_vargmax = 1
+        pushes = []
         for flag in (Token.PUSH_PREV, Token.PUSH_NEXT):
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(token)
+                pushes.append(channels[isa.token_channel(queue, flag)])
+        if m == "gemm":  # (a wload that takes its reads from it delays them)
+            self._gemm_pushes = (pushes, token)
 
     def _flag(self, cause: str):
         """Note that the run's cycles are an estimate, and why."""
@@ -1471,6 +1477,7 @@ class _Timeline:
             self.done[q] = max(self.done[q], self.gemm_end)
             self.bank_free[self.front] = self.gemm_end - c.array_exit
             self.bank_stolen[self.front] = True
+            self._delay_gemm_tokens(k)
         elif self.last_compute == "gemm":  # it may take over in the gemm's last row's cycle
             start = max(self._ready, self.free[q] - c.handoff)
         # It overwrites the bank of the gemms before the last swap: their rows must be out.
@@ -1480,6 +1487,16 @@ class _Timeline:
         self.loader_free_before = self.loader_free
         self.loader_free = (reads if stealing else start) + k + c.wload_latency + c.sp_read - 1
         return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
+
+    def _delay_gemm_tokens(self, k: int):
+        """The streaming gemm a wload takes its reads from pushes its tokens ``k``
+        later (those no instruction timed before the wload has taken yet)."""
+        channels, token = self._gemm_pushes
+        for channel in channels:
+            if channel and channel[-1] == token:
+                channel[-1] = token + k
+                self.pushed = max(self.pushed, token + k)
+        self._gemm_pushes = ([], 0)
 
     def finish(self) -> int:
         return max(self.now, *self.done.values()) + self.cost.end_cycle

@@ -861,6 +861,9 @@ COST_PROGRAMS = {
     # until that wload's entry leaves, then for the array (stall_in_seq)
     "wloads taken while gemms stream, vreq": ("wload p1, r0, 4, 8\n" + _gemm(64)) * 6
                                              + "vreq p3, r0, r0, 8, 8\n",
+    # ... and a gemm a wload takes its reads from pushes its token k later
+    "stolen-from gemm's token": "wload p1, r0, 4, 8\n" + _gemm(64).replace("\n", ", push=prev\n")
+                                + "wload p1, r0, 4, 8\n" + LOAD.replace("\n", ", pop=next\n"),
     # writes are arbitrated apart from reads: a vreq's writes hold up no array read
     "gemm beside vreq, on its banks": BESIDE.replace("gemm_stride 64", "gemm_stride 8")
                                       + WLOAD + _gemm(16) + WLOAD + "vreq p3, r8, r0, 16, 8\n"
