@@ -1490,12 +1490,17 @@ class _Timeline:
 
     def _delay_gemm_tokens(self, k: int):
         """The streaming gemm a wload takes its reads from pushes its tokens ``k``
-        later (those no instruction timed before the wload has taken yet)."""
+        later. One a load timed before the wload took already is flagged: the RTL's
+        counters by cause differ then, by cycles the model does not play out
+        (tests/test_compiler_streaming.py::test_streamed_gemm_on_the_rtl,
+        tests/test_kernels.py::test_gemm_stream_one_group_on_the_rtl: stall_out_load)."""
         channels, token = self._gemm_pushes
         for channel in channels:
             if channel and channel[-1] == token:
                 channel[-1] = token + k
                 self.pushed = max(self.pushed, token + k)
+            else:
+                self._flag("a wload held up a gemm whose token a load took")
         self._gemm_pushes = ([], 0)
 
     def finish(self) -> int:
