@@ -324,6 +324,23 @@ def test_unit_signature_is_structural(seed):
 # ---- damage and refusals -----------------------------------------------------------------------
 
 
+def test_entries_of_an_older_compiler_are_said_once(tmp_path, caplog):
+    """After an upgrade every entry is of another version: one warning, not one each;
+    damaged bytes are said every time."""
+    path = tmp_path / "compile.sqlite"
+    graph = model_graph("mlp")
+    plans = [None, merged(graph, 0)]
+    for plan in plans:
+        CompileCache(path).get_or_compile(graph, plan, SMALL)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE compiled SET version = '0:older-compiler'")
+    cache = CompileCache(path)
+    with caplog.at_level("WARNING"):
+        assert all(cache.get(graph, plan, SMALL) is None for plan in plans)
+    said = [r.getMessage() for r in caplog.records if "stale compile-cache" in r.getMessage()]
+    assert cache.stale == 2 and len(said) == 1 and "dropped as met" in said[0]
+
+
 @pytest.mark.parametrize("damage", ["garbage", "garbage+digest", "version", "wrong-kind",
                                     "other-program"])
 def test_a_damaged_entry_is_recompiled(tmp_path, damage):

@@ -443,6 +443,10 @@ class CacheKey(NamedTuple):
 _MISS = object()
 
 
+class _OtherVersion(ValueError):
+    """A cache entry another compiler version wrote."""
+
+
 class CompileCache:
     """A persistent cache of compiled plans (see the module docstring for the key).
 
@@ -480,6 +484,7 @@ class CompileCache:
         self.path = None if path is None else Path(path)
         self.fresh = fresh
         self.hits = self.misses = self.compiles = self.stale = self.negative_hits = 0
+        self.stale_versions = 0  # of ``stale``: entries another compiler version wrote
         self.evicted = 0
         self.unit_hits = self.unit_compiles = 0
         self._held_rows: dict | None = None  # see hold_writes
@@ -707,12 +712,19 @@ class CompileCache:
         version, kind, digest, blob = row
         try:
             if version != cache_version():
-                raise ValueError(f"version {version}, this compiler writes {cache_version()}")
+                raise _OtherVersion(f"version {version}, this compiler writes "
+                                    f"{cache_version()}")
             if hashlib.sha256(blob).hexdigest()[:32] != digest:
                 raise ValueError("the stored bytes do not match their digest")
             return decode(kind, blob)
         except Exception as err:  # any damage at all: never serve it
-            log.warning("dropping a stale compile-cache entry (%s)", err)
+            # Entries of another compiler version are routine after an upgrade: said
+            # once per cache; damage is said every time.
+            if not isinstance(err, _OtherVersion) or not self.stale_versions:
+                log.warning("dropping a stale compile-cache entry (%s)%s", err,
+                            "; others of that kind are dropped as met"
+                            if isinstance(err, _OtherVersion) else "")
+            self.stale_versions += isinstance(err, _OtherVersion)
             with self._lock:
                 self.stale += 1
                 if self.read_only:
