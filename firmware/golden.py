@@ -768,6 +768,7 @@ class Machine:
         bias = base + isa.DW_BIAS_WINDOW * cfg.cols
         self.dw_bias = self.sp[bias: bias + 4 * cfg.cols].view("<i4").astype(np.int64)
         self._uses(reads=[(base + np.arange(isa.DW_LOAD_WINDOWS) * cfg.cols, cfg.cols)])
+        self._time.spans = ((base, base + isa.DW_LOAD_WINDOWS * cfg.cols - 1), None)
         return isa.DW_LOAD_WINDOWS
 
     def _op_dwconv(self, o):
@@ -812,6 +813,7 @@ class Machine:
         self.acc[acc, :n] = wrap32(out)
         self.counters["macs"] += h * mo * kh * kw * n
         self._uses(reads=[(idx[:, :, 0].reshape(-1), n)])
+        self._time.spans = (_span(idx[:, :, 0].reshape(-1), n), (acc.start, acc.stop - 1))
         return rows_in * cols_in + h  # a window a cycle, then a cycle per output row
 
     def _dw_present(self):
@@ -1046,6 +1048,7 @@ class _Timeline:
         self.reg_ready = [0] * isa.NUM_REGS
         self.array_done = 0  # completion of the last GEMM (results in the accumulators)
         self.vector_done = 0  # completion of the last vector op (the vector unit is idle)
+        self.dw_done = 0  # completion of the last depthwise op (its engine is idle)
         self.wload_done = 0  # the last wload's rows are in
         # ... and the weight loader free for the next (earlier than wload_done for a
         # wload whose reads a streaming gemm made room for: it ends with that gemm), as
@@ -1171,12 +1174,18 @@ class _Timeline:
         vector_done = self.vector_done
         banks = self.footprint[0]  # (the banks a vreqb reads, for _runs_beside)
         spans, reads = self.spans, self.vector_reads
-        beside = m in ("gemm", "wload") and self._runs_beside()
+        beside = m in ("gemm", "wload", *_DW_OPS) and self._runs_beside()
+        clear = vector_done  # when the vector unit no longer holds this instruction up
         if beside:
             # It starts while the vector unit requantizes: its queue moves on as the
-            # vector unit takes the vreq, and the hazard is clear from then on.
-            self.vector_done = max(self._ready, self.accepted)
-            start = max(self.vector_done, self.array_free)
+            # vector unit takes the vreq, and the hazard is clear from then on (once
+            # the depthwise engine is idle).
+            clear = max(self._ready, self.accepted, self.dw_done)
+            if m in _DW_OPS:
+                start = clear
+            else:
+                self.vector_done = clear
+                start = max(clear, self.array_free)
         if m == "gemm":
             # The array takes a command only while the vector unit is idle.
             start = max(start, max(self._ready, self.vector_done) + c.gemm_intake)
@@ -1201,8 +1210,7 @@ class _Timeline:
             issue = latency = cycles
         elif m in _VECTOR_OPS or m in _DW_OPS:
             # ... and the vector unit only while the array is idle (wloads too).
-            start = max(start, max(self.array_done, self.wload_done) + c.handoff,
-                        vector_done)
+            start = max(start, max(self.array_done, self.wload_done) + c.handoff, clear)
             issue = latency = cycles + {"vadd": c.vadd_latency, "vbias": c.vbias_latency,
                                         "vargmax": c.vargmax_latency,
                                         "vqtab": c.vqtab_latency,
@@ -1262,7 +1270,10 @@ class _Timeline:
         if m in ("gemm", "wload"):
             self.vector_done = vector_done
             self.array_free = self.free[q]
-        elif m in _VECTOR_OPS or m in _DW_OPS or m == "cfg":
+        elif m in _DW_OPS:  # (a vreq it runs beside may end after it)
+            self.vector_done = max(vector_done, end)
+            self.dw_done = end
+        elif m in _VECTOR_OPS or m == "cfg":
             self.vector_done = end
             self.beside = None
             if m in ("vreq", "vreqb") and self.config.acc_ports == 2:
@@ -1285,12 +1296,13 @@ class _Timeline:
         self.inexact_causes[cause] = self.inexact_causes.get(cause, 0) + 1
 
     def _runs_beside(self) -> bool:
-        """Whether the wload or gemm being timed may start while the vector unit runs
-        its latest instruction (two accumulator read ports): that one is a vreq or
-        vreqb still running, whose written bytes the command does not read and whose
-        accumulator rows a gemm does not touch. Where the command may read the banks a
-        vreqb reads its bias words from while it reads them, the array's reads win and
-        the vreqb's wait, cycles the model does not play out: the run is flagged (writes
+        """Whether the wload, gemm, dwload or dwconv being timed may start while the
+        vector unit runs its latest instruction (two accumulator read ports): that one
+        is a vreq or vreqb still running, whose written bytes the command does not
+        read and whose accumulator rows a gemm or dwconv does not touch. Where the
+        command may read the banks a vreqb reads its bias words from while it reads
+        them, the array's (or depthwise engine's) reads win and the vreqb's wait,
+        cycles the model does not play out: the run is flagged (writes
         are arbitrated apart from reads, and a vreqb.col's bias reads are over before
         the command can start)."""
         if self.beside is None or self.spans is None:

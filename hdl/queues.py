@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In, Out
 from firmware.config import NPUConfig
 from firmware.isa import Token
 
-from .depthwise import dw_command_layout
+from .depthwise import DwOp, dw_command_layout
 from .ports import (
     DMA_DONE_LAYOUT,
     ArrayOp,
@@ -70,7 +70,10 @@ def compute_entry_layout(config: NPUConfig) -> data.StructLayout:
 
     ``rd`` is the destination register of a ``vargmax``. With two accumulator read
     ports, ``last`` is the last scratchpad byte (absolute) of the instruction's first
-    span: what a ``wload`` or ``gemm`` reads, what a ``vreq`` or ``vreqb`` writes.
+    span: what a ``wload``, ``gemm``, ``dwload`` or ``dwconv`` reads, what a ``vreq``
+    or ``vreqb`` writes. A depthwise entry repeats its first byte read in ``arr.sp``
+    and (a ``dwconv``) its accumulator rows in ``arr.acc`` and ``arr.m``, for the
+    same checks.
     """
     fields = {
         "vector": 1,
@@ -317,14 +320,15 @@ class ComputeQueue(wiring.Component):
     shares the accumulator, and the GEMM engine's scratchpad port). The accumulator
     belongs to whichever engine was issued last.
 
-    With two accumulator read ports (``config.acc_ports``) an array command may
-    start while the vector unit runs a ``vreq`` or ``vreqb``: the queue keeps that
-    instruction's accumulator rows and the scratchpad bytes it writes (registered
-    as it is issued, valid while the unit is busy), and a ``wload`` or ``gemm``
-    waits for the vector unit only where its scratchpad reads meet those bytes or
-    (a ``gemm``) its accumulator rows meet those rows. Nothing else overlaps: the
-    vector unit still waits for the array, so the requantization never reads a row a
-    ``gemm`` writes, and the array never reads a byte the vector unit has yet to
+    With two accumulator read ports (``config.acc_ports``) an array or depthwise
+    command may start while the vector unit runs a ``vreq`` or ``vreqb``: the queue
+    keeps that instruction's accumulator rows and the scratchpad bytes it writes
+    (registered as it is issued, valid while the unit is busy), and a ``wload``,
+    ``gemm``, ``dwload`` or ``dwconv`` waits for the vector unit only where its
+    scratchpad reads meet those bytes or (a ``gemm``, a ``dwconv``) its
+    accumulator rows meet those rows. Nothing else overlaps: the vector unit still
+    waits for the array and the depthwise engine, so the requantization never reads
+    a row either writes, and neither reads a byte the vector unit has yet to
     write.
     Completions retire in program order, so a token is never pushed for an
     instruction before everything ahead of it in this queue has completed.
@@ -411,8 +415,8 @@ class ComputeQueue(wiring.Component):
         beside_vector = (self._beside_vector(m, head, is_vec) if cfg.acc_ports == 2
                          else Signal())
         hazard_ok = self.dw_idle & Mux(is_vec, self.arr_idle,
-                                       Mux(is_dw, self.arr_idle & self.vec_idle,
-                                           self.vec_idle | beside_vector))
+                                       Mux(is_dw, self.arr_idle, 1)
+                                       & (self.vec_idle | beside_vector))
         room = infl.w_rdy & (~is_argmax | rds.w_rdy)
         present = q.r_rdy & ~self.flush & tokens_ok & hazard_ok & room
         waiting = q.r_rdy & ~self.flush
@@ -481,9 +485,10 @@ class ComputeQueue(wiring.Component):
         return m
 
     def _beside_vector(self, m, head, is_vec):
-        """Whether the array command at the head may start beside the vector unit's
-        running instruction: that one is a ``vreq``/``vreqb`` (noted as it is issued)
-        whose accumulator rows and written scratchpad bytes the command leaves alone."""
+        """Whether the array or depthwise command at the head may start beside the
+        vector unit's running instruction: that one is a ``vreq``/``vreqb`` (noted as
+        it is issued) whose accumulator rows and written scratchpad bytes the command
+        leaves alone."""
         cfg = self.config
         abits = acc_addr_bits(cfg) + 1  # room for first + m - 1 before the bounds check
         vec, arr = head.vec, head.arr
@@ -501,7 +506,8 @@ class ComputeQueue(wiring.Component):
         a_hi = Signal(abits)
         m.d.comb += a_hi.eq(arr.acc + arr.m - 1)
         reads_apart = (head.last < v_sp_lo) | (v_sp_hi < arr.sp)
-        rows_apart = (arr.op == ArrayOp.WLOAD) | (a_hi < v_acc_lo) | (v_acc_hi < arr.acc)
+        no_rows = Mux(head.depthwise, head.dw.op == DwOp.LOAD, arr.op == ArrayOp.WLOAD)
+        rows_apart = no_rows | (a_hi < v_acc_lo) | (v_acc_hi < arr.acc)
         beside = Signal()
-        m.d.comb += beside.eq(~is_vec & ~head.depthwise & v_req & reads_apart & rows_apart)
+        m.d.comb += beside.eq(~is_vec & v_req & reads_apart & rows_apart)
         return beside

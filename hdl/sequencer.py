@@ -840,13 +840,15 @@ class Sequencer(wiring.Component):
             fail(wbad, ErrorCode.BAD_OPERAND)  # no depthwise engine
             e = check(0, fieldof("p"), offset("sp"), isa.DW_LOAD_WINDOWS, self.config.cols)
             fail(e != 0, e, at=0)
-            m.d.comb += [entry.depthwise.eq(1), dw.op.eq(DwOp.LOAD), dw.sp.eq(self.chk[0].addr)]
+            m.d.comb += [entry.depthwise.eq(1), dw.op.eq(DwOp.LOAD), dw.sp.eq(self.chk[0].addr),
+                         arr.sp.eq(self.chk[0].addr)]
         elif mn == "dwconv":
             raw = {name: word[lo:lo + bits] for name, (lo, bits, _) in DEC["fields"][mn].items()}
             h, mo, n = fieldof("h"), fieldof("m"), fieldof("n")
             s, kh, kw = fieldof("s"), fieldof("kh"), fieldof("kw")
             fail(wbad, ErrorCode.BAD_OPERAND)  # kernel, lanes or input rows too large
-            first = acc_check(h * mo)
+            rows_out = h * mo
+            first = acc_check(rows_out)
             pix, row = eff(CfgField.GEMM_STRIDE, n), eff(CfgField.IN_STRIDE, n)
             pt, pb, pl, pr = (fieldof(k) for k in ("pt", "pb", "pl", "pr"))
             # the input's rows and columns past its first: (h-1)*s + kh - 1 - pt - pb,
@@ -859,7 +861,9 @@ class Sequencer(wiring.Component):
                          dw.pix.eq(pix), dw.row.eq(row), dw.m.eq(mo), dw.h.eq(h),
                          dw.acc.eq(first), dw.accumulate.eq(fieldof("mode")),
                          dw.s.eq(s), dw.kh.eq(kh), dw.kw.eq(kw), dw.n.eq(n),
-                         dw.pt.eq(pt), dw.pb.eq(pb), dw.pl.eq(pl), dw.pr.eq(pr)]
+                         dw.pt.eq(pt), dw.pb.eq(pb), dw.pl.eq(pl), dw.pr.eq(pr),
+                         # its reads and rows where the queue's overlap checks look
+                         arr.sp.eq(self.chk[0].addr), arr.acc.eq(first), arr.m.eq(rows_out)]
         else:  # pragma: no cover
             raise AssertionError(mn)
 

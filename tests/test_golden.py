@@ -876,6 +876,24 @@ def test_gemm_runs_beside_vreqb_only_with_two_accumulator_ports():
         assert _beside_run(COST_PROGRAMS[name], 2).cycles == one.cycles
 
 
+def test_depthwise_runs_beside_vreq_only_with_two_accumulator_ports():
+    from verif.scenarios import COST_PROGRAMS
+
+    for name in ("dwload, dwconv beside vreq", "dwconv, gemm beside vreq",
+                 "dwconv beside vreqb"):
+        two, one = _beside_run(COST_PROGRAMS[name], 2), _beside_run(COST_PROGRAMS[name], 1)
+        assert two.cycles_exact and one.cycles_exact
+        assert two.cycles < one.cycles, name
+    # a dwload reading the bytes the vreq writes waits for it
+    body = COST_PROGRAMS["dwload after vreq, its bytes"]
+    assert _beside_run(body, 2).cycles == _beside_run(body, 1).cycles
+    # a dwconv writing its rows waits for it (the dwload before it does not)
+    rows = COST_PROGRAMS["dwconv after vreq, its rows"]
+    apart = COST_PROGRAMS["dwload, dwconv beside vreq"].replace("vclip p4, r0, p5, r0, 2, 8\n",
+                                                                "")
+    assert _beside_run(rows, 2).cycles > _beside_run(apart, 2).cycles
+
+
 def test_gemm_beside_vreqb_on_its_banks_is_not_cycle_exact():
     from verif.scenarios import COST_PROGRAMS
 

@@ -844,6 +844,29 @@ COST_PROGRAMS = {
                                    + "gemm.overwrite p0, r0, r10, 16, swap=1\n",
     "gemm after vreqb, its rows": BESIDE + WLOAD + _gemm(16) + WLOAD + VREQB_BESIDE
                                   + "li r10, 8\ngemm.overwrite p0, r0, r10, 16, swap=1\n",
+    # ... and so does the depthwise engine: a dwload and a dwconv beside a vreq, on
+    # other bytes and accumulator rows; a vector op after them waits for both
+    "dwload, dwconv beside vreq": "vreq p3, r0, r0, 32, 8\ndwload p0, r0\nli r10, 32\n"
+                                  "dwconv.overwrite p1, r0, r10, 4, 3, 1, 3, 3, 8\n"
+                                  "vclip p4, r0, p5, r0, 2, 8\n",
+    # a dwconv that ends after the vreq, then a gemm after both
+    "dwconv beside a short vreq, gemm": WLOAD + _gemm(8) + "vreq p3, r0, r0, 4, 8\n"
+                                        "dwload p0, r0\nli r10, 32\n"
+                                        "dwconv.overwrite p1, r0, r10, 8, 6, 1, 3, 3, 8\n"
+                                        + _gemm(8, swap=0),
+    # a gemm beside the vreq after a dwconv beside it waits for the depthwise engine
+    "dwconv, gemm beside vreq": WLOAD + _gemm(8) + WLOAD + "vreq p3, r0, r0, 40, 8\n"
+                                "dwload p0, r0\nli r10, 40\n"
+                                "dwconv.overwrite p1, r0, r10, 4, 2, 1, 3, 3, 8\n"
+                                "li r10, 48\ngemm.overwrite p0, r0, r10, 8, swap=1\n",
+    # it waits where it writes the vreq's rows, or reads the bytes it writes
+    "dwconv after vreq, its rows": "vreq p3, r0, r0, 32, 8\ndwload p0, r0\nli r10, 24\n"
+                                   "dwconv.overwrite p1, r0, r10, 4, 3, 1, 3, 3, 8\n",
+    "dwload after vreq, its bytes": "vreq p0, r0, r0, 32, 8\ndwload p0, r0\n",
+    # beside a vreqb: the dwconv's windows 64 bytes apart all in bank 0 (the bias words
+    # in banks 2..5, the outputs in bank 6)
+    "dwconv beside vreqb": BESIDE + "cfg.in_stride 64\ndwload p1, r0\n" + VREQB_BESIDE
+                           + "dwconv.overwrite p1, r0, r10, 4, 2, 1, 3, 3, 8\n",
     # a full compute queue frees an array command's entry as the array takes it (a gemm
     # queues behind the streaming one), before it starts
     "gemms queued in a full queue": WLOAD + _gemm(24) + "gemm.accumulate p0, r0, r0, 4\n" * 10
