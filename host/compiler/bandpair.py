@@ -18,14 +18,11 @@ each band's fixed work; :func:`pair_cycles` predicts each count that fits.
 from __future__ import annotations
 
 from ..ir import QConv, QGemm
-from .cost import BAND_DMA_LATENCY, BAND_FIXED, VREQ_EXTRA, conv_cycles
-from .depthwise import _strips, on_engine
+from .cost import BAND_DMA_LATENCY, BAND_FIXED, conv_cycles
+from .depthwise import engine_rows_cycles, on_engine
 from .lower import CompileError
 
 MORE_BANDS = 6  # band counts tried beyond the fewest that fit
-
-DWLOAD_CYCLES = 18  # a dwload's 14 tap windows and its latency (docs/isa.md)
-DWCONV_EXTRA = 6  # a dwconv beyond its window reads and rows: latency, handoff
 
 
 def band_pair(u, config) -> bool:
@@ -45,19 +42,12 @@ def pair_cycles(config, n: QConv, then: QGemm, bands: list[int], ow: int,
     the depthwise engine's strips and requantization per channel group, then the
     pointwise GEMM (:func:`.cost.conv_cycles`), and the fixed work; the first
     band's load and the last one's store overlap nothing."""
-    _, _, kh, kw = n.weight.shape
-    s = n.strides[0]
     k, nn = then.weight.shape
-    c = n.weight.shape[0]
-    channel_groups = -(-c // config.cols)
-    tallest = (config.dw_rows - kh) // s + 1
     ktiles = -(-k // config.rows)
     total = 0.0
     for nr in bands:
         m = nr * ow
-        strips = sum(((hh - 1) * s + kh) * ((ow - 1) * s + kw) + hh + DWCONV_EXTRA
-                     for hh in _strips(nr, tallest))
-        total += channel_groups * (DWLOAD_CYCLES + strips + m + VREQ_EXTRA)
+        total += engine_rows_cycles(config, n, nr, ow)
         total += conv_cycles(config, [(m, 1, m, 1, m)], ktiles, nn) + BAND_FIXED
     bus = config.bus_bytes
     return total + -(-first_load // bus) + -(-last_store // bus) + BAND_DMA_LATENCY

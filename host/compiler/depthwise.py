@@ -41,6 +41,7 @@ from firmware.config import NPUConfig
 from firmware.isa import DW_BIAS_WINDOW, DW_KERNEL, DW_LOAD_WINDOWS, DW_PAD_WINDOW
 
 from ..ir import QAvgPool, QConv
+from .cost import VREQ_EXTRA
 from .lower import MAX_ROW_BYTES, P_WORK, Blob, CompileError, _blob, conv_blob
 
 
@@ -272,6 +273,34 @@ def _engine_conv(low, n: QConv) -> int:
     return bn * oh * ow * c * kh * kw
 
 
+DWLOAD_CYCLES = 18  # a dwload's 14 tap windows and its latency (docs/isa.md)
+DWCONV_EXTRA = 6  # a dwconv beyond its window reads and rows: latency, handoff
+
+
+def engine_rows_cycles(config: NPUConfig, n: QConv, nr: int, ow: int) -> float:
+    """Predicted cycles of :func:`engine_rows` for ``nr`` output rows of ``ow``
+    pixels: per channel group its dwload and strips, and its requantization,
+    which runs beside the next group's depthwise passes where the groups take
+    turns (:func:`turns`)."""
+    _, _, kh, kw = n.weight.shape
+    s = n.strides[0]
+    groups = -(-n.weight.shape[0] // config.cols)
+    tallest = (config.dw_rows - kh) // s + 1
+    engine = DWLOAD_CYCLES + sum(((hh - 1) * s + kh) * ((ow - 1) * s + kw) + hh + DWCONV_EXTRA
+                                 for hh in _strips(nr, tallest))
+    vreq = nr * ow + VREQ_EXTRA
+    if not turns(config, groups, nr * ow):
+        return groups * (engine + vreq)
+    return groups * engine + vreq + (groups - 1) * max(0, vreq - engine)
+
+
+def turns(config: NPUConfig, groups: int, rows: int) -> bool:
+    """Whether :func:`engine_rows`' channel groups of ``rows`` accumulator rows
+    take turns on two halves of the accumulator (two read ports: a group's
+    depthwise passes run beside the requantization of the group before)."""
+    return config.acc_ports == 2 and groups > 1 and 2 * rows <= config.acc_rows
+
+
 def _strips(nr: int, tallest: int) -> list[int]:
     """Heights of the dwconv strips of ``nr`` output rows: at most ``tallest`` each,
     one where that holds them all (each strip reads ``kh - s`` rows of the one
@@ -293,7 +322,9 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
     depthwise engine: per channel group its taps, pad value and biases, strips of
     output rows (as many as the engine's rows allow; the engine reads the pad value
     around the input and adds the biases), then the requantization of every row of
-    the group.
+    the group. Where two groups' rows fit the accumulator, the groups take turns
+    on two halves of it, so that a group's depthwise passes run beside the
+    requantization of the group before (two accumulator read ports).
 
     ``x`` is input row 0 (``h_in`` rows ``row_bytes`` apart, of ``width`` pixels:
     by default all of them), ``y`` output row ``r0`` (dense): offsets in the
@@ -315,10 +346,17 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
     e.set_cfg("in_stride", row_bytes)  # row to row
     e.set_cfg("out_stride", c)
     low._requant_cfg(n.requant)
-    wj, xj, yj, xt, at = e.scratch(5)
+    wj, xj, yj, xt, at, ab = e.scratch(6)
     e.point(xj, x)
     e.point(yj, y)
     e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
+    # the group's first accumulator row: 0, or taking turns, the other half's
+    alternate = turns(cfg, -(-c // cfg.cols), nr * ow)
+    half = cfg.acc_rows // 2
+    if alternate:
+        e.op(f"li {ab}, 0")
+    else:
+        ab = "r0"
     heights = _strips(nr, (cfg.dw_rows - kh) // s + 1)
     strips, at_row = [], r0
     for hh in heights:  # (height, input offset, accumulator row, pt, pb) of each
@@ -342,13 +380,13 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
 
         for st in (strips[:1] if len(strips) > 1 else strips):
             e.op(f"addi {xt}, {xj}, {st[1]}")
-            e.op(f"li {at}, {st[2]}")
+            e.op(f"addi {at}, {ab}, {st[2]}")
             strip(st[0], st[3], st[4])
         if len(strips) > 1:
             hs = heights[1] if middle else 1
             first = middle[0] if middle else strips[-1]
             e.op(f"addi {xt}, {xj}, {first[1]}")
-            e.op(f"li {at}, {first[2]}")
+            e.op(f"addi {at}, {ab}, {first[2]}")
             end = e.new_label("strips")  # (a loop even for none: code of one size)
             e.op(f"loop {len(middle)}, {end}")
             strip(hs, 0, 0)
@@ -357,10 +395,13 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
             e.loop_end(end)
             last = strips[-1]  # where the loop leaves xt and at
             strip(last[0], last[3], last[4])
-        low.requant_tile(part, blob, 0 if n_j == cfg.cols else last_j, wj, "r0",
+        low.requant_tile(part, blob, 0 if n_j == cfg.cols else last_j, wj, ab,
                          nr * ow, n_j, yj)
 
     def step():
+        if alternate:
+            e.op(f"li {xt}, {half}")
+            e.op(f"sub {ab}, {xt}, {ab}")
         e.op(f"addi {wj}, {wj}, {blob.j_stride()}")
         e.op(f"addi {xj}, {xj}, {cfg.cols}")
         e.op(f"addi {yj}, {yj}, {cfg.cols}")
