@@ -239,13 +239,15 @@ Parameters (`firmware.golden.CostModel`):
   a depthwise op or a `cfg`, which the vector unit takes); results are ready
   after `m + rows + cols + array_stages + sp_read - 3`. A `swap=1` GEMM waits for the
   last `wload`.
-* Two accumulator read ports (CAPS `acc_ports` = 2): a `wload` or `gemm` after a
-  `vreq` or `vreqb` does not wait for the vector unit where it reads no scratchpad
-  byte the vector op writes and (a `gemm`) writes no accumulator row it reads: its
-  queue could start it a cycle after the vector unit took the vector op (a `gemm`
-  then starts `gemm_intake` later, as after an idle array), and it streams beside the
-  requantization. An instruction the vector unit takes after it (a vector op, a
-  `cfg`, a depthwise op) still waits for the vector unit and the array.
+* Two accumulator read ports (CAPS `acc_ports` = 2): a `wload`, `gemm`, `dwload`
+  or `dwconv` after a `vreq` or `vreqb` does not wait for the vector unit where it
+  reads no scratchpad byte the vector op writes and (a `gemm`, a `dwconv`) writes
+  no accumulator row it reads: its queue could start it a cycle after the vector
+  unit took the vector op, once the depthwise engine is idle (a `gemm` then starts
+  `gemm_intake` later, as after an idle array; a depthwise op at once), and it runs
+  beside the requantization, as do the array and depthwise commands after it that
+  pass the same check. An instruction the vector unit takes after it (a vector op,
+  a `cfg`) still waits for the vector unit, the array and the depthwise engine.
 * Vector ops: one scratchpad window (`bus` bytes) a cycle, `rows * ceil(n / bus)`,
   plus `vector_latency` cycles (`vadd_latency`, `vargmax_latency` for those;
   `vmax` walks `pool_count` windows per output window; `vreq` and `vreqb` one
@@ -272,9 +274,9 @@ Parameters (`firmware.golden.CostModel`):
   `dwload_latency` after; `dwconv` reads one window a cycle, `((h-1)*s + kh) *
   ((m-1)*s + kw)` of them, and writes its `h*m` accumulator rows as the columns
   complete: `reads + h + dwconv_latency` cycles. Both start like a vector op
-  (`handoff` after the array is idle), and a vector op or a `gemm` after them waits
-  for them as for a vector op (the engine shares the accumulator and the GEMM
-  engine's scratchpad port).
+  (`handoff` after the array is idle; beside a `vreq` as above), and a vector op or
+  a `gemm` after them waits for them as for a vector op (the engine shares the
+  accumulator and the GEMM engine's scratchpad port).
 * The compute queue retires its instructions in program order, one a cycle. A pushed
   token counts in the popping queue `token` cycles after the pushing instruction
   retires (a `cfg`'s at once, unless it waited for the array); a pop waits for it.
@@ -305,13 +307,14 @@ Parameters (`firmware.golden.CostModel`):
   starts.) There the run's `cycles` and every trace record's start and end equal the
   RTL's; the verification compares them on every such run
   (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`), and the random
-  program scenario fails when a batch compared none. Measured: the 130 programs of
+  program scenario fails when a batch compared none. Measured: the 138 programs of
   `verif.scenarios.COST_PROGRAMS` (`test_golden_cost_model_is_exact` in
   `tests/test_npu.py`: every kind of instruction alone, back to back, through each
   token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, a GEMV's
   one-column wloads and its `vreqb`, vadd's bank conflicts, loads behind vector
   writes, stores of one-beat rows, full queues, gemms queued in a full queue, a gemm
-  beside a `vreq` on its banks); random compute-queue programs
+  beside a `vreq` on its banks, dwloads and dwconvs beside a `vreq` or `vreqb` and on
+  its bytes or rows); random compute-queue programs
   (`compute_queue_program` in `tests/test_golden.py`, 300 on each of seeds 1 to 4 on
   the fast library): 337 of 1,200 exact, all equal; random programs (`verif.randprog`,
   240 programs x 2 runs on seeds 1 and 9): 316 of 960 runs exact, all equal. The
