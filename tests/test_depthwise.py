@@ -7,6 +7,8 @@ against a plain per-channel loop, and models written by onnxruntime's quantizer
 (QDQ and QOperator) import onto the NPU and agree with onnxruntime within 1 LSB.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,7 +19,7 @@ from firmware.config import CONFIGS
 from firmware.quant import quantize_multiplier
 from host.builder import GraphBuilder
 from host.compiler import compile_model, simplify
-from host.compiler.depthwise import on_engine
+from host.compiler.depthwise import engine_rows_cycles, on_engine
 from host.device import GoldenDevice
 from host.driver import NPUDriver
 from host.errors import UnsupportedOpError
@@ -114,6 +116,27 @@ def test_depthwise_output_rows_in_groups_of_the_accumulators(seed):
     x = {"x": rng.integers(-128, 128, (1, 5, 24, 20), dtype=np.int8)}
     model, _ = _run_checked(graph, CONFIGS["small"], x, runs=1)
     assert "output rows 12..23" in model.source
+
+
+@pytest.mark.parametrize("c, side, stride", [(40, 12, 1), (20, 11, 2)])
+def test_depthwise_groups_take_turns_on_the_accumulator(c, side, stride, seed):
+    """With two accumulator read ports a channel group's depthwise passes run beside
+    the requantization of the group before (the groups alternate between the
+    accumulator's halves): bit-exact, faster than with one port, and as
+    ``engine_rows_cycles`` predicts within 10 %."""
+    rng = np.random.default_rng(seed)
+    graph = _depthwise_graph(rng, c, side, side, 3, stride, 1)
+    x = {"x": rng.integers(-128, 128, (1, c, side, side), dtype=np.int8)}
+    two = CONFIGS["default"]
+    one = replace(two, acc_ports=1)
+    model, turns = _run_checked(graph, two, x)
+    _, apart = _run_checked(graph, one, x)
+    (conv,) = [n for n in model.graph.nodes if isinstance(n, QConv)]
+    _, _, oh, ow = graph.tensors["y"].shape
+    assert "sub r13" in model.source  # the group's accumulator half
+    saved = apart.counters["cycles"] - turns.counters["cycles"]
+    predicted = engine_rows_cycles(one, conv, oh, ow) - engine_rows_cycles(two, conv, oh, ow)
+    assert abs(saved - predicted) <= 0.1 * predicted, (saved, predicted)
 
 
 def _pool_graph(x_shape, kernel, stride, pad, zp, out_zp):
