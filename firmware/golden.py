@@ -685,7 +685,9 @@ class Machine:
         if slot:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
-        self._uses(writes=[(base, rows * nb)])
+        # (a beat's write claims its window's first word: up to a word before the row)
+        w = self.config.bus_bytes
+        self._uses(writes=[(base - w + 1, rows * nb + w - 1)])
         self._time.load_rows = (base, dram, stride, rows, nb)
         return cycles
 
@@ -1252,7 +1254,8 @@ class _Timeline:
         taken = self._accept(m, start) if q == "compute" else start
         self.starts[q].append((taken, "cfg after array" if m == "cfg" and late else m))
         if not isinstance(cycles, tuple):  # a tag hit moves no data
-            self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles))
+            self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles),
+                                 planned=self.vector_writes is not None)
         if self.vector_writes is not None:
             self._plan_vector_writes(end, *self.vector_writes)
         self.footprint = (0, 0)
@@ -1381,12 +1384,11 @@ class _Timeline:
             reads, writes = (start, end - 4), (0, 0)
         return tuple((a - pad, b + pad) if a < b else (0, 0) for a, b in (reads, writes))
 
-    def _use_scratchpad(self, q: str, reads, writes):
+    def _use_scratchpad(self, q: str, reads, writes, planned: bool = False):
         """Note the scratchpad banks the instruction uses in the windows ``reads`` and
-        ``writes`` ((start, end) cycles). A vector op's writes count here too: a load
-        whose windows overlap them is played out (:meth:`_load_delay`) but flagged,
-        since random programs (default 10003 and 30031, small 10003) end a cycle later
-        on the RTL than the beat-by-beat play says, with or without a delay."""
+        ``writes`` ((start, end) cycles). A vector op whose writes are ``planned``
+        (:meth:`_plan_vector_writes`) leaves them out: a later load plays them out
+        beat by beat (:meth:`_load_delay`)."""
         if self.contended:  # (the run's first cause is named: the rest need no search)
             return
         who = "compute" if q == "compute" else "dma"
@@ -1400,6 +1402,8 @@ class _Timeline:
                    for s, e, b in self.sp_use[f"{rival}_{kind}"]):
                 self._flag(f"{who} {kind} beside {rival} {kind}")
                 return
+            if planned and kind == "write":
+                continue
             uses = self.sp_use[f"{who}_{kind}"]
             uses.append((start, end, mask))
             if len(uses) > 64:
@@ -1448,8 +1452,10 @@ class _Timeline:
             for _, beats in plan:
                 nominal += next(gaps)
                 for b in range(first_beat, first_beat + beats):
-                    lo, hi = max(0, b * w - off), min(nb, (b + 1) * w - off) - 1
-                    mask = self._word_banks(row + lo, row + hi)
+                    # The beat's window starts at its DRAM lane 0's byte: the write
+                    # claims that word, strobed or not, and the word of its last byte.
+                    hi = min(nb, (b + 1) * w - off) - 1
+                    mask = self._word_banks(row + b * w - off, row + hi)
                     nominal += 1
                     t = max(t + 1, nominal)
                     while busy.get(t, 0) & mask:

@@ -793,6 +793,14 @@ COST_PROGRAMS = {
                          "store p1, r0, r0, r0, 1, 32, pop=prev\n",
     "vclip>load token": "vclip p1, r0, p0, r0, 4, 8, push=prev\n"
                         "load p0, r0, r0, r0, 1, 8, pop=next\n",
+    # A load's beats wait while the vector unit writes their banks (its write port
+    # comes first): 64 rows of a vreqb write every bank under the load's 128 beats.
+    "vreqb, load held back": "vreqb p3, r0, r0, 64, 1, p2, r0\n"
+                             "load p4, r0, r0, r0, 1, 1024\n",
+    # A beat's write claims the first word of its window, strobed or not: rows of one
+    # byte from odd DRAM addresses claim the word before theirs.
+    "vreq, one-byte rows held back": "li r8, 1\nli r9, 14\nvreq p3, r0, r0, 8, 7\n"
+                                     "load p0, r9, r1, r8, 15, 1\n",
     "gemm>store token": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1, push=next\n"
                         "vreq p3, r0, r0, 8, 8, push=next\n"
                         "store p1, r0, r0, r0, 1, 64, pop=prev\nstore p3, r0, r0, r0, 1, 64, "
