@@ -15,7 +15,7 @@ estimate elsewhere.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -874,6 +874,7 @@ class Machine:
         self._time.spans = (_span(rows, n), (acc.start, acc.stop - 1))
         if o["col"]:  # the bias words first, then an accumulator row a cycle
             self._uses(reads=[(base, 4 * n)], writes=[(rows, n)])
+            self._time.vector_writes = (rows, n)
             self._time.vector_reads = self._vec_cycles(1, 4 * n)
             return self._vec_cycles(1, 4 * n) + self._vec_cycles(mrows, n)
         self._uses(reads=[(base + 4 * np.arange(mrows), 4)], writes=[(rows, n)])
@@ -1031,6 +1032,28 @@ _VECTOR_OPS = ("vbias", "vreq", "vreqb", "vadd", "vclip", "vmax", "vargmax", "vq
 _DW_OPS = ("dwload", "dwconv")
 
 
+@dataclass
+class _LoadTiming:
+    """How a load was timed, kept while a vector op timed after it may still hold its
+    beats back (:meth:`_Timeline._replay_loads`)."""
+
+    queued: int  # when its queue could have started it, tokens and queue aside
+    popped: list  # (flag, time) of the tokens it popped
+    ready: int  # ... and with its tokens in
+    free_before: int  # when the load queue was free for it
+    nominal: int | tuple  # its cycles alone (a tag hit: its (latency, issue))
+    rows: tuple | None  # its load_rows (None: a tag hit)
+    start: int = 0
+    delay: int = 0  # cycles the vector unit's writes held its beats back
+    conflicts: int = 0  # ... refusals of its beats (sp_conflicts)
+    end: int = 0
+    free: int = 0  # when the queue could start the next load
+    pushes: list = field(default_factory=list)  # [channel, token time] it pushed
+    entry: tuple | None = None  # its entry in the queue's starts
+    use: tuple | None = None  # its window in sp_use["dma_write"]
+    popped_at: int | None = None  # the sequencer's time when a full queue freed its entry
+
+
 class _Timeline:
     """Discrete-event model of the decoupled queues (see :class:`CostModel`).
 
@@ -1091,6 +1114,10 @@ class _Timeline:
         # write port comes before the DMA's, so a load's beat waits while it writes the
         # same bank (played out in :meth:`_load_delay`).
         self.vector_plan: list[tuple[int, list[int]]] = []
+        # The loads a vector op timed later may still hold back (they write beside it),
+        # in queue order, and the load being timed.
+        self.loads: list[_LoadTiming] = []
+        self._load: _LoadTiming | None = None
         self.vector_writes = None  # (row addresses, bytes) of the vector op being timed
         self.load_rows = None  # (sp base, dram, stride, rows, bytes) of the load being timed
         self._start = self._ready = 0  # of the queue instruction being dispatched
@@ -1145,7 +1172,12 @@ class _Timeline:
         starts = self.starts[q]
         if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
             # (the steps before it ran meanwhile)
-            oldest, kind = starts.popleft()
+            entry = starts.popleft()
+            oldest, kind = entry
+            if q == "load":
+                for rec in self.loads:
+                    if rec.entry is entry:
+                        rec.popped_at = self.now
             if kind == "cfg after array" and oldest - self.cost.fire_overlap > self.now:
                 # A cfg waiting for the array frees its entry as the array's commands
                 # end, by cycles the model does not play out. (An array command's entry
@@ -1167,6 +1199,11 @@ class _Timeline:
                 self._token_waits.append((flag, token - front))
         self._ready = ready  # when it could start if its queue were idle
         self._start = max(ready, self.free[q])
+        if q == "load":
+            self._load = _LoadTiming(
+                self.now + self.cost.queue_start,
+                [(flag, wait + front) for flag, wait in self._token_waits], ready,
+                self.free[q], 0, None)
         self.now += self.cost.dispatch_queue
 
     def complete(self, queue: Queue, ins: isa.Instr, cycles: int | tuple, channels):
@@ -1218,13 +1255,12 @@ class _Timeline:
                                         "vqtab": c.vqtab_latency,
                                         "dwload": c.dwload_latency,
                                         "dwconv": c.dwconv_latency}.get(m, c.vector_latency)
+        elif q == "load":
+            self._load.nominal, self._load.rows = cycles, self.load_rows
+            latency, issue = self._time_load(self._load, start)
         elif isinstance(cycles, tuple):  # a tag hit
             latency, issue = cycles
-        elif q in ("load", "store"):
-            if q == "load" and self.load_rows is not None and self.vector_plan:
-                delay = self._load_delay(start, cycles)
-                cycles += delay
-                self.causes["stall_in_load"] += delay  # beats held back by the writes
+        elif q == "store":
             latency, issue = cycles, cycles + c.dma_gap
         else:
             issue = latency = cycles
@@ -1253,11 +1289,14 @@ class _Timeline:
         # streaming one, and a wload beside it).
         taken = self._accept(m, start) if q == "compute" else start
         self.starts[q].append((taken, "cfg after array" if m == "cfg" and late else m))
+        used = None
         if not isinstance(cycles, tuple):  # a tag hit moves no data
-            self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles),
-                                 planned=self.vector_writes is not None)
+            used = self._use_scratchpad(q, *self._port_windows(q, m, start, end, cycles),
+                                        planned=self.vector_writes is not None)
+        if q == "load":
+            self._keep_load(self.starts[q][-1], used if self._load.rows else None)
         if self.vector_writes is not None:
-            self._plan_vector_writes(end, *self.vector_writes)
+            self._replay_loads(*self._plan_vector_writes(end, *self.vector_writes))
         self.footprint = (0, 0)
         self.vector_writes = self.load_rows = self.spans = self.vector_reads = None
         if m == "gemm":
@@ -1290,6 +1329,8 @@ class _Timeline:
             if ins.tokens & flag:
                 channels[isa.token_channel(queue, flag)].append(token)
                 pushes.append(channels[isa.token_channel(queue, flag)])
+        if q == "load":
+            self.loads[-1].pushes = [[ch, token] for ch in pushes]
         if m == "gemm":  # (a wload that takes its reads from it delays them)
             self._gemm_pushes = (pushes, token)
 
@@ -1386,28 +1427,30 @@ class _Timeline:
 
     def _use_scratchpad(self, q: str, reads, writes, planned: bool = False):
         """Note the scratchpad banks the instruction uses in the windows ``reads`` and
-        ``writes`` ((start, end) cycles). A vector op whose writes are ``planned``
-        (:meth:`_plan_vector_writes`) leaves them out: a later load plays them out
-        beat by beat (:meth:`_load_delay`)."""
+        ``writes`` ((start, end) cycles); return a load's entry (None: none noted). A
+        vector op whose writes are ``planned`` (:meth:`_plan_vector_writes`) leaves
+        them out: the loads beside them play them out beat by beat (:meth:`_load_delay`,
+        :meth:`_replay_loads`)."""
         if self.contended:  # (the run's first cause is named: the rest need no search)
-            return
+            return None
         who = "compute" if q == "compute" else "dma"
         rival = "dma" if who == "compute" else "compute"
         horizon = min(self.free.values()) - 8  # later instructions use no earlier cycles
+        used = None
         for kind, mask, (start, end) in zip(("read", "write"), self.footprint,
                                             (reads, writes), strict=True):
-            if not mask or start >= end:
+            if not mask or start >= end or (planned and kind == "write"):
                 continue
             if any(s < end and start < e and mask & b
                    for s, e, b in self.sp_use[f"{rival}_{kind}"]):
                 self._flag(f"{who} {kind} beside {rival} {kind}")
-                return
-            if planned and kind == "write":
-                continue
+                return None
             uses = self.sp_use[f"{who}_{kind}"]
-            uses.append((start, end, mask))
+            used = (start, end, mask)
+            uses.append(used)
             if len(uses) > 64:
                 uses[:] = [u for u in uses if u[1] > horizon]
+        return used
 
     def _word_banks(self, lo, hi) -> int:
         """The banks (a mask) of the words holding scratchpad bytes ``lo`` to ``hi``."""
@@ -1425,6 +1468,95 @@ class _Timeline:
         horizon = min(self.free.values()) - 8
         self.vector_plan = [p for p in self.vector_plan if p[0] + len(p[1]) > horizon]
         self.vector_plan.append((first, banks))
+        return first, first + len(banks) - 1
+
+    def _time_load(self, rec: _LoadTiming, start: int) -> tuple[int, int]:
+        """Latency and issue cycles of the load ``rec`` started at ``start``, its beats
+        held back by the vector unit's writes; note them in ``rec`` and the counters."""
+        delay = conflicts = 0
+        if rec.rows is None:  # a tag hit
+            latency, issue = rec.nominal
+        else:
+            if self.vector_plan:
+                self.load_rows = rec.rows
+                before = self.causes["sp_conflicts"]
+                delay = self._load_delay(start, rec.nominal)
+                conflicts = self.causes["sp_conflicts"] - before
+            latency = rec.nominal + delay
+            issue = latency + self.cost.dma_gap
+        # (beats held back by the writes; a load timed again replaces its figures)
+        self.causes["stall_in_load"] += delay - rec.delay
+        self.causes["sp_conflicts"] -= rec.conflicts
+        rec.start, rec.delay, rec.conflicts = start, delay, conflicts
+        rec.end, rec.free = start + latency, start + issue
+        return latency, issue
+
+    def _keep_load(self, entry: tuple, use: tuple | None):
+        """Keep the load just timed (its queue entry and scratchpad window ``use``)
+        while a vector op timed later may write beside it: the vector ops start after
+        the vector unit's latest end."""
+        rec = self._load
+        rec.entry, rec.use = entry, use
+        self.loads = [r for r in self.loads if r.end >= self.vector_done] + [rec]
+
+    def _replay_loads(self, first: int, last: int):
+        """Time again the loads whose beats the vector op just timed, after them in
+        program order, writes beside (cycles ``first`` to ``last``), and the loads
+        queued after them. Where the change reaches an instruction timed already (it
+        took the load's token, or waited for its queue entry), the run is flagged."""
+        c = self.cost
+        lead = c.load_latency - c.load_write_lead
+        hit = next((i for i, r in enumerate(self.loads) if r.rows is not None
+                    and r.start + lead <= last and first <= r.end), None)
+        if hit is None:
+            return
+        free = self.loads[hit].free_before
+        for rec in self.loads[hit:]:
+            old_start, old_latency = rec.start, rec.end - rec.start
+            old_front = max(rec.queued, rec.free_before)
+            rec.free_before = free
+            latency, _ = self._time_load(rec, max(rec.ready, free))
+            self.busy["load"] += latency - old_latency
+            for flag, t in rec.popped:
+                self.causes[_TOKEN_WAIT_CAUSE["load", flag, "array"]] += \
+                    max(0, t - max(rec.queued, free)) - max(0, t - old_front)
+            if rec.start != old_start:
+                self._move_load_entry(rec, old_start)
+            for push in rec.pushes:
+                self._move_token(push, rec.end + c.token)
+            if rec.use is not None:
+                uses = self.sp_use["dma_write"]
+                at = next((i for i, u in enumerate(uses) if u is rec.use), None)
+                _, window = self._port_windows("load", "load", rec.start, rec.end, 0)
+                rec.use = (*window, rec.use[2])
+                if at is not None:
+                    uses[at] = rec.use
+            free = rec.free
+        self.free["load"] = free
+        self.done["load"] = max(self.done["load"], self.loads[-1].end)
+
+    def _move_load_entry(self, rec: _LoadTiming, old_start: int):
+        """Move the queue entry of a load timed again to its new start; a dispatch that
+        waited, or would now wait, for it to leave the full queue is flagged."""
+        starts = self.starts["load"]
+        at = next((i for i, e in enumerate(starts) if e is rec.entry), None)
+        if at is not None:
+            rec.entry = starts[at] = (rec.start, "load")
+        elif (rec.popped_at is not None
+              and max(rec.start, old_start) - self.cost.fire_overlap > rec.popped_at):
+            self._flag("a full load queue behind a load vector writes held up")
+
+    def _move_token(self, push: list, token: int):
+        """Move a load's pushed token (``push``: [channel, time]) to ``token``; one an
+        instruction timed already took is flagged."""
+        channel, old = push
+        if token == old:
+            return
+        at = next((i for i in range(len(channel) - 1, -1, -1) if channel[i] == old), None)
+        if at is None:
+            self._flag("a load vector writes held up, its token taken")
+        else:
+            channel[at] = push[1] = token
 
     def _load_delay(self, start: int, cycles: int) -> int:
         """Cycles by which the vector unit's writes (:attr:`vector_plan`) hold back a

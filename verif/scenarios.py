@@ -801,6 +801,18 @@ COST_PROGRAMS = {
     # byte from odd DRAM addresses claim the word before theirs.
     "vreq, one-byte rows held back": "li r8, 1\nli r9, 14\nvreq p3, r0, r0, 8, 7\n"
                                      "load p0, r9, r1, r8, 15, 1\n",
+    "vreqb.col, one-byte rows held back": "li r8, 1\nli r9, 14\n"
+                                          "vreqb p3, r0, r0, 20, 3, p2, r0, col=1\n"
+                                          "load p0, r9, r1, r8, 40, 1\n",
+    # ... and so do the beats of loads before the vector op in program order: the
+    # model times them again (with the loads queued after them)
+    "load held back by a later vreqb": "load p4, r0, r0, r0, 1, 1024\n"
+                                       "vreqb p3, r0, r0, 64, 1, p2, r0\n",
+    "load held back by a later vreqb.col": "li r8, 1\nli r9, 14\n"
+                                           "load p0, r9, r1, r8, 40, 1\n"
+                                           "vreqb p3, r0, r0, 20, 3, p2, r0, col=1\n",
+    "nine loads, the second held back by a vreqb": "load p4, r0, r0, r0, 1, 128\n" * 9
+                                                   + "vreqb p3, r0, r0, 64, 1, p2, r0\n",
     "gemm>store token": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1, push=next\n"
                         "vreq p3, r0, r0, 8, 8, push=next\n"
                         "store p1, r0, r0, r0, 1, 64, pop=prev\nstore p3, r0, r0, r0, 1, 64, "
