@@ -164,8 +164,9 @@ exactly: {exact}. Cycle, busy and stall figures come from the cost model below;
 `cycles`, the trace's cycle fields, `stall_cycles`, `busy_load`, `busy_store` and the
 counters by cause ({causes}) are the RTL's exactly where the cost model says so (its
 last bullet). Elsewhere they are estimates: the model does not play out the bank
-conflicts of a DMA transfer against compute, which is what makes a run inexact, so
-`sp_conflicts` reads 0 there while the RTL counts them. `busy_compute` is an estimate
+conflicts of a store against compute reads or of a load against the writes of a
+`vadd` or `vmax`, which is what makes a run inexact, so `sp_conflicts` misses them
+there while the RTL counts them. `busy_compute` is an estimate
 everywhere.
 A region's trace record holds its id, start and end cycle, and the deltas of
 instructions (from `region.begin` up to, not including, `region.end`), MACs, DRAM
@@ -264,8 +265,12 @@ Parameters (`firmware.golden.CostModel`):
   `vclip` write one window a cycle, the last `vector_write_end` before their end; a
   load writes its first beat `load_latency - load_write_lead` after its start, a beat
   a cycle, and the vector unit's write port comes first: a beat waits while a vector
-  op before the load writes one of its banks, and the beats after it follow (the
-  load ends that much later; `_Timeline._load_delay` plays it out beat by beat). A
+  op writes one of its banks, and the beats after it follow (the load ends that much
+  later, and the loads queued after it start later). A beat's write claims the word
+  of its window's first byte (the DRAM beat's lane 0), strobed or not, and the word
+  of its last strobed byte. `_Timeline._load_delay` plays it out beat by beat; a load
+  timed before the vector op in program order is timed again when the op comes
+  (`_Timeline._replay_loads`). A
   dispatch that reads the register of an in-flight `vargmax` (a `br` too: its
   condition step comes after the wait) ends `reg_writeback` cycles after the
   `vargmax`; the instruction after a `vargmax` takes a cycle more (the sequencer
@@ -288,12 +293,13 @@ Parameters (`firmware.golden.CostModel`):
   names the first hazard, and `Machine.inexact_firsts`/`inexact_fired` count them): a
   run that ends without an error, with the simulation's memory answering without
   pauses, in which no DMA transfer uses scratchpad banks in cycles a compute
-  instruction uses them too (a load against the writes of a `vreq`, `vreqb` or
-  `vclip` before it is played out beat by beat, above, but flagged: random programs
-  end a cycle later on the RTL than the play says): a load's writes against the
-  writes of a vector op, a store's reads against compute reads (the DMA's ports come
-  last in the scratchpad's priority; the model flags such overlaps, with a margin of
-  a few cycles); in which no `gemm` without `swap` follows a `wload` (the wload's
+  instruction uses them too, but a load against the writes of a `vreq`, `vreqb` or
+  `vclip`, before or after it (played out beat by beat, above): a load's writes
+  against the writes of a `vadd` or `vmax`, a store's reads against compute reads
+  (the DMA's ports come last in the scratchpad's priority; the model flags such
+  overlaps, with a margin of a few cycles); in which a load timed again for a later
+  vector op's writes has not had its token taken or held up a dispatch into the full
+  load queue already; in which no `gemm` without `swap` follows a `wload` (the wload's
   reads take the array's port first); in which no `wload` or `gemm` beside a `vreqb`
   may read the banks the vreqb reads its bias words from while it reads them (the
   array's port comes first; writes are arbitrated apart from reads, so a `vreq`
@@ -307,25 +313,27 @@ Parameters (`firmware.golden.CostModel`):
   starts.) There the run's `cycles` and every trace record's start and end equal the
   RTL's; the verification compares them on every such run
   (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`), and the random
-  program scenario fails when a batch compared none. Measured: the 138 programs of
+  program scenario fails when a batch compared none. Measured: the 144 programs of
   `verif.scenarios.COST_PROGRAMS` (`test_golden_cost_model_is_exact` in
   `tests/test_npu.py`: every kind of instruction alone, back to back, through each
   token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, a GEMV's
   one-column wloads and its `vreqb`, vadd's bank conflicts, loads behind vector
-  writes, stores of one-beat rows, full queues, gemms queued in a full queue, a gemm
-  beside a `vreq` on its banks, dwloads and dwconvs beside a `vreq` or `vreqb` and on
-  its bytes or rows); random compute-queue programs
+  writes before and after them in program order, one-byte rows whose windows claim
+  the word before theirs, stores of one-beat rows, full queues, gemms queued in a
+  full queue, a gemm beside a `vreq` on its banks, dwloads and dwconvs beside a `vreq`
+  or `vreqb` and on its bytes or rows); random compute-queue programs
   (`compute_queue_program` in `tests/test_golden.py`, 300 on each of seeds 1 to 4 on
   the fast library): 337 of 1,200 exact, all equal; random programs (`verif.randprog`,
-  240 programs x 2 runs on seeds 1 and 9): 316 of 960 runs exact, all equal. The
+  240 programs x 2 runs on seeds 1 and 9, `verif.fastsim.run_scenario(
+  "verif.scenarios:random_programs", "default", seed=S, extra_env={{"NPU_RANDOM_COUNT":
+  "240"}})`): 357 of 960 runs exact, all equal. The
   bundled and zoo models (`python -m bench.models` lists each model's runs by first
   cause; `--rtl` compares them): every run of them is flagged, by a store's reads
-  beside compute reads (`resnet8`, `early_exit`), a load's writes beside a later
-  vector op's (`ds_cnn`, `mobilenet_v1_025`, `fc_autoencoder`, `cnn`), an array
-  command beside a `vreqb` reading its bias words (`ds_cnn`, `cnn`) or GEMV tiles
-  (`mlp`, `moe`); the RTL takes the model's cycles on `mlp`, `cnn`, `early_exit`,
-  `ds_cnn` and `mobilenet_v1_025`, 4 cycles more on `resnet8`, fewer on `moe`
-  (GEMV tiles) and more on `fc_autoencoder`. Under random AXI backpressure (the
+  beside compute reads (`resnet8`, `early_exit`, `mobilenet_v1_025`), an array
+  command beside a `vreqb` reading its bias words (`ds_cnn`, `fc_autoencoder`,
+  `cnn`) or GEMV tiles (`mlp`, `moe`); the RTL takes the model's cycles on `mlp`,
+  `cnn`, `early_exit`, `ds_cnn`, `mobilenet_v1_025` and `fc_autoencoder`, 4 cycles
+  more on `resnet8` and fewer on `moe` (GEMV tiles). Under random AXI backpressure (the
   memory's wait states) cycles are not compared.
 * A slow DRAM (`firmware.bursts.DramLatency(read, write)`, each 0 or at least 16; the
   `slowmem` profile's is 64/64) serves one burst at a time per direction. A load's
