@@ -1500,10 +1500,10 @@ class _Timeline:
         self.loads = [r for r in self.loads if r.end >= self.vector_done] + [rec]
 
     def _replay_loads(self, first: int, last: int):
-        """Time again the loads whose beats the vector op just timed, after them in
-        program order, writes beside (cycles ``first`` to ``last``), and the loads
+        """Time again the loads the vector op just timed writes beside (in cycles
+        ``first`` to ``last``; it comes after them in program order), and the loads
         queued after them. Where the change reaches an instruction timed already (it
-        took the load's token, or waited for its queue entry), the run is flagged."""
+        took a load's token, or waited for a load's queue entry), the run is flagged."""
         c = self.cost
         lead = c.load_latency - c.load_write_lead
         hit = next((i for i, r in enumerate(self.loads) if r.rows is not None
