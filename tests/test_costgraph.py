@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from firmware.bursts import DramLatency
@@ -41,13 +42,6 @@ def measured(name: str, device=None):
 def measured_graph(name: str):
     model, inf, x = measured(name)
     return name, model, inf, x, explain(model, inf, x)
-
-
-@pytest.fixture(scope="module")
-def sram_of(case):
-    """The case's SRAM counts, from a replay of its own (warm, as explain's)."""
-    _, model, inf, x, _ = case
-    return count_sram(model, x, inf.trace)
 
 
 @pytest.fixture(scope="module", params=["resnet8", "cnn"])
@@ -150,29 +144,72 @@ def test_critical_path_follows_the_data(case):
         assert "u8" not in path and "u7" in path and cycles < graph.total_cycles
 
 
-def test_energy_is_the_coefficients_times_the_counts(case, sram_of):
-    """Each term is its coefficient times a count taken from the counters or the
-    replay: zeroing one coefficient takes exactly that term away."""
-    _, model, inf, _, graph = case
-    coef = EnergyCoefficients.for_config(model.config)
-    sram = sram_of
-    sp = sum(b.sp for b in sram.regions.values())
-    acc_r = sum(b.acc_read for b in sram.regions.values())
-    acc_w = sum(b.acc_write for b in sram.regions.values())
-    host_bytes = sum(n.host_bytes for n in graph.nodes.values())
-    dram = inf.counters["dram_read_bytes"] + inf.counters["dram_write_bytes"] + host_bytes
-    want = {"mac": inf.counters["macs"] * coef.mac, "sp": sp * coef.sp_byte,
-            "acc": (acc_r + acc_w * coef.acc_copies) * coef.acc_byte,
-            "dram": dram * coef.dram_byte, "fetch": inf.counters["instructions"] * coef.fetch}
-    assert all(want[t] > 0 for t in ENERGY_TERMS)
-    assert graph.energy_by_term() == pytest.approx(want)
-    assert graph.energy_pj == pytest.approx(sum(want.values()))
+def tiny_gemm():
+    """One unit: an 8x8 int8 input times an 8x8 weight tile (weights, zero bias),
+    compiled for ``default`` and run twice on zeros (the first run loads the
+    weights, the second finds them in their tag slot). Its figures, by hand:
+
+    * MACs: 8 rows x 8 x 8 = 512;
+    * DRAM, warm: the input's 64 bytes written by the host and read by the DMA,
+      the output's 64 written by the DMA and read by the host = 256 bytes; cold,
+      96 more (the 64-byte weight tile and 8 int32 biases);
+    * accumulator: 8 rows x 8 int32 words = 256 bytes written (into both copies
+      of ``default``'s two read ports) and 256 read by the requantization;
+    * scratchpad, warm: reads 64 (the weight tile, ``wload``) + 64 (input rows,
+      ``gemm``) + 32 (biases, ``vreqb``) + 64 (output, store DMA) = 224; writes
+      64 (input, load DMA) + 64 (output, ``vreqb``) = 128;
+    * instructions: the straight-line program's 18, each fetched once."""
+    from host.builder import GraphBuilder
+
+    b = GraphBuilder("tiny")
+    x = b.input("x", (8, 8), scale=0.02, zp=0)
+    w = (np.arange(64).reshape(8, 8) % 7 - 3).astype(np.int8)
+    b.output(b.qgemm(x, w, np.zeros(8, np.int32), w_scale=0.01, out_scale=0.05))
+    model = compile_model(b.build(), DEFAULT)
+    session = Session(NPUDriver(GoldenDevice(model.config)), model)
+    session.load()
+    zeros = zero_inputs(model)
+    cold = session.run(zeros)
+    return model, cold, session.run(zeros), zeros
+
+
+# pJ of tiny_gemm's warm run on ``default`` (coefficients: 0.3 a MAC, 1.25 a
+# scratchpad byte of an 8 KiB bank, 2.5 an accumulator byte of 32 KiB, 243.75 a
+# DRAM byte, 15 an instruction from a 16 KiB bank).
+TINY_WARM_PJ = {"mac": 512 * 0.3, "sp": (224 + 128) * 1.25, "acc": (256 + 2 * 256) * 2.5,
+                "dram": 256 * 243.75, "fetch": 18 * 15.0}
+
+
+def test_energy_of_a_tiny_gemm_is_its_hand_counted_figures():
+    """Every term of a one-tile GEMM's warm inference is the pJ its counts (worked out
+    by hand in :func:`tiny_gemm`) cost; the total is their sum, and zeroing one
+    coefficient takes exactly that term away."""
+    model, _, warm, zeros = tiny_gemm()
+    assert warm.counters["instructions"] == 18 and warm.counters["macs"] == 512
+    graph = explain(model, warm, zeros)
+    assert graph.sram_matches
+    assert all(TINY_WARM_PJ[t] > 0 for t in ENERGY_TERMS)
+    assert graph.energy_by_term() == pytest.approx(TINY_WARM_PJ)
+    assert graph.energy_pj == pytest.approx(65_183.6)
+    coef = graph.coefficients
+    sram = count_sram(model, zeros, warm.trace)
     zeroed = {"mac": "mac", "sp": "sp_byte", "acc": "acc_byte", "dram": "dram_byte",
               "fetch": "fetch"}
     for term, field in zeroed.items():
-        less = build(model, inf, sram=sram,
+        less = build(model, warm, sram=sram,
                      coefficients=dataclasses.replace(coef, **{field: 0.0}))
-        assert graph.energy_pj - less.energy_pj == pytest.approx(want[term]), term
+        assert graph.energy_pj - less.energy_pj == pytest.approx(TINY_WARM_PJ[term]), term
+
+
+def test_energy_grows_with_the_dram_bytes():
+    """The cold run moves the weights and biases too (96 DRAM bytes more): its DRAM
+    term is larger by their price, and so is its total."""
+    model, cold, warm, zeros = tiny_gemm()
+    assert cold.counters["dram_read_bytes"] == warm.counters["dram_read_bytes"] + 96
+    hot, first = explain(model, warm, zeros), explain(model, cold, zeros)
+    assert first.energy_by_term()["dram"] - hot.energy_by_term()["dram"] == \
+        pytest.approx(96 * 243.75)
+    assert first.energy_pj > hot.energy_pj + 96 * 243.75 - 1e-6
 
 
 def test_coefficients_follow_the_published_figures():
