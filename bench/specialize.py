@@ -177,6 +177,16 @@ def specialized(graph, config, inputs, count: int, latency=None) -> dict:
                           if e.kind.startswith("specialize-")]}
 
 
+def specialized_or_why(graph, config, inputs, count: int, latency=None) -> dict:
+    """:func:`specialized`, or ``{"failed": why}`` when the runtime refuses the model
+    (a program that runs only paged cannot be hot-swapped: ``ProgramTooLong``, a
+    :class:`CompileError`). Any other error is a bug and propagates."""
+    try:
+        return specialized(graph, config, inputs, count, latency)
+    except CompileError as err:
+        return {"failed": f"{type(err).__name__}: {err}"}
+
+
 def busy(rt) -> bool:
     """Whether a variant is on trial or a plan change is under way."""
     t = rt.specializer.trial
@@ -204,10 +214,9 @@ def one(name: str, profile: str, count: int, search: bool = True) -> dict:
     out = {"default_cycles": base, "bottlenecks": necks, "headroom": room,
            "exhaustive_cycles": ex["cycles"], "exhaustive_speedup": base / ex["cycles"],
            "exhaustive": ex}
-    try:
-        sp = specialized(graph, config, inputs, count, latency)
-    except Exception as err:  # noqa: BLE001 - the figure says why the runtime could not
-        out["specialized"] = {"failed": f"{type(err).__name__}: {err}"}
+    sp = specialized_or_why(graph, config, inputs, count, latency)
+    if "failed" in sp:
+        out["specialized"] = sp
         return out
     t2 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
     # The runtime's plans link relocatable units: its gain is measured over its
