@@ -685,9 +685,12 @@ class Machine:
         if slot:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
-        # (a beat's write claims its window's first word: up to a word before the row)
+        # (a beat's write claims its window's first word, which starts the row's DRAM
+        # offset within a bus word before the row: _load_delay plays the same windows)
         w = self.config.bus_bytes
-        self._uses(writes=[(base - w + 1, rows * nb + w - 1)])
+        offs = (dram + np.arange(rows, dtype=np.int64) * stride) % w
+        self._uses(writes=[(base + i * nb - int(off), nb + int(off))
+                           for i, off in enumerate(offs)])
         self._time.load_rows = (base, dram, stride, rows, nb)
         return cycles
 
