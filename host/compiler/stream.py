@@ -48,6 +48,7 @@ from .units import is_instruction
 from .variants import refuse
 
 STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
+MORE_CONV_BANDS = 4  # band counts a dense convolution tries beyond the fewest that fit
 
 
 def free_pipe_regs(e) -> int:
@@ -470,8 +471,8 @@ def streams_weights(n, low) -> bool:
 def _fewer_band_cycles(low, u, n: QConv, then: QGemm | None = None,
                        more_ways=None) -> dict:
     """Emit ``n`` (with ``then``: a band pair, :mod:`.bandpair`) streamed in bands:
-    as few as fit plus each of ``more_ways`` (default: one more where the prediction
-    knows the array), the count :func:`.cost.band_cycles` (a pair:
+    as few as fit plus each of ``more_ways`` (default: up to :data:`MORE_CONV_BANDS`
+    more where the prediction knows the array), the count :func:`.cost.band_cycles` (a pair:
     :func:`.bandpair.pair_cycles`) predicts fastest (shorter bands expose less of
     the first load and the last store, and add each band's fixed work), its
     instructions priced at ``low.instruction_price`` cycles each."""
@@ -480,7 +481,7 @@ def _fewer_band_cycles(low, u, n: QConv, then: QGemm | None = None,
     len_at = len(e.lines)
     options, refusal = [], None
     if more_ways is None:
-        more_ways = (0, 1) if n.group == 1 else (0,)
+        more_ways = range(MORE_CONV_BANDS + 1) if n.group == 1 else (0,)
     if low.variant.extra_bands is not None:
         more_ways = (low.variant.extra_bands,)
     for more in more_ways:
