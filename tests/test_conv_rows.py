@@ -157,12 +157,14 @@ def _warm_cycles(graph, config, monkeypatch) -> int:
 
 
 @pytest.mark.parametrize("name, bands, load, rows", [
-    ("pointwise_stride2_bands", "3 bands of 6", (6, 512), {6 * 16, 4 * 16}),
-    ("phased_stride2_bands", "2 bands of 8", (9, 544), {7 * 17 + 16}),
+    ("pointwise_stride2_bands", "4 bands of 6 output rows, the first of 3", (6, 512),
+     {3 * 16, 6 * 16, 1 * 16}),
+    ("phased_stride2_bands", "3 bands of 8 output rows, the first of 4", (9, 544),
+     {3 * 17 + 16, 7 * 17 + 16}),
 ])
 def test_a_strided_band_holds_its_rows_by_phase(name, bands, load, rows, seed):
     """ResNet-8's 16 -> 32 stride-2 layers on 32x32: streamed in bands of output
-    rows (3 of 6 for the 1x1 shortcut, 2 of 8 for the 3x3 layer), each band
+    rows (3, 6, 6 and 1 for the 1x1 shortcut, 4, 8 and 4 for the 3x3 layer), each band
     holding its even input rows (then, for the 3x3 layer with padding (0, 0, 1,
     1), its odd ones, the bottom pad row filled in the last band), loaded with a
     DRAM stride of two rows: the 1x1 shortcut loads only the rows it reads, and
@@ -178,9 +180,10 @@ def test_a_strided_band_holds_its_rows_by_phase(name, bands, load, rows, seed):
     assert set(gemm_rows(model)) == rows
 
 
-def _band_cycles(graph, more: int | None, monkeypatch) -> int:
+def _band_cycles(graph, more: int | None, monkeypatch, taper: int = 1) -> int:
     """Warm golden cycles of ``graph``'s convolution streamed in bands: the fewest
-    that fit plus ``more`` (None: the count the cost model picks)."""
+    that fit plus ``more``, the first ``1 / taper`` as tall (``more`` None: the
+    bands the cost model picks)."""
     def refuse(low, u):
         raise TooBig("streamed here")
 
@@ -188,23 +191,25 @@ def _band_cycles(graph, more: int | None, monkeypatch) -> int:
     monkeypatch.setattr(stream._ConvWeightStream, "emit", lambda self: refuse(None, None))
     if more is not None:
         monkeypatch.setattr(stream, "_fewer_band_cycles",
-                            lambda low, u, n: stream._ConvStream(low, u, n, more).emit())
+                            lambda low, u, n: stream._ConvStream(low, u, n, more,
+                                                                 taper=taper).emit())
     return _warm_cycles(graph, DEFAULT, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["stem_c3", "long_pad1"])
 def test_the_cost_model_picks_the_faster_band_count(name, seed, monkeypatch):
     """The fewest bands that fit, or up to ``MORE_CONV_BANDS`` more (shorter first
-    load and last store, more fixed work per band): the count
-    :func:`host.compiler.cost.band_cycles` picks is within 1 % of the fastest on
-    the golden model."""
+    load and last store, more fixed work per band), the first as tall as the
+    others or shorter: the bands :func:`host.compiler.cost.band_cycles` picks are
+    within 1 % of the fastest on the golden model."""
     graph = conv_layer(seed, *LAYERS[name])
     measured = []
     for more in range(stream.MORE_CONV_BANDS + 1):
-        try:
-            measured.append(_band_cycles(graph, more, monkeypatch))
-        except CompileError:  # more bands than rows: not a way
-            monkeypatch.undo()
+        for taper in stream.TAPERS:
+            try:
+                measured.append(_band_cycles(graph, more, monkeypatch, taper))
+            except CompileError:  # more bands than rows, or no shorter first: not a way
+                monkeypatch.undo()
     picked = _band_cycles(graph, None, monkeypatch)
     assert picked in measured
     assert picked <= 1.01 * min(measured), (picked, measured)

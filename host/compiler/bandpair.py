@@ -12,7 +12,9 @@ which leave for DRAM while the next band computes.
 How many bands: more, shorter bands let the pointwise GEMM's column tiles take
 accumulator rows of their own (a tile's requantization runs beside the next
 tile's GEMMs) and the depthwise strips fit the engine's rows, at the price of
-each band's fixed work; :func:`pair_cycles` predicts each count that fits.
+each band's fixed work; a first band half as tall as the others starts the
+compute sooner (:func:`.stream.band_sizes`). :func:`pair_cycles` predicts each
+count that fits, with even bands and with the short first one.
 """
 
 from __future__ import annotations

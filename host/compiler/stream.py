@@ -49,6 +49,7 @@ from .variants import refuse
 
 STREAM_BYTES = 4096  # non-resident GEMM weights above this stream even when they fit
 MORE_CONV_BANDS = 4  # band counts a dense convolution tries beyond the fewest that fit
+TAPERS = (1, 2)  # first bands tried: as tall as the others (1), or 1 / taper of them
 
 
 def free_pipe_regs(e) -> int:
@@ -472,10 +473,13 @@ def _fewer_band_cycles(low, u, n: QConv, then: QGemm | None = None,
                        more_ways=None) -> dict:
     """Emit ``n`` (with ``then``: a band pair, :mod:`.bandpair`) streamed in bands:
     as few as fit plus each of ``more_ways`` (default: up to :data:`MORE_CONV_BANDS`
-    more where the prediction knows the array), the count :func:`.cost.band_cycles` (a pair:
+    more where the prediction knows the array), each as equal as they can be and
+    tapered (:func:`band_sizes`), the bands :func:`.cost.band_cycles` (a pair:
     :func:`.bandpair.pair_cycles`) predicts fastest (shorter bands expose less of
     the first load and the last store, and add each band's fixed work), its
-    instructions priced at ``low.instruction_price`` cycles each."""
+    instructions priced at ``low.instruction_price`` cycles each. Where
+    instructions are free, the ways stop at their prediction and the fastest
+    that emits is kept (emitting each costs a compile more time than it tells)."""
     e = low.e
     start = e.checkpoint()
     len_at = len(e.lines)
@@ -484,19 +488,27 @@ def _fewer_band_cycles(low, u, n: QConv, then: QGemm | None = None,
         more_ways = range(MORE_CONV_BANDS + 1) if n.group == 1 else (0,)
     if low.variant.extra_bands is not None:
         more_ways = (low.variant.extra_bands,)
-    for more in more_ways:
-        way = _ConvStream(low, u, n, more, then=then)
+    price = low.instruction_price
+    for more, taper in [(m, t) for m in more_ways for t in TAPERS]:
+        way = _ConvStream(low, u, n, more, then=then, taper=taper)
+        way.plan_only = not price
         try:
             way.emit()
         except CompileError as err:
-            refusal = err
+            if taper == 1 or refusal is None:  # (the even bands' refusal says more)
+                refusal = err
         else:
             size = sum(map(is_instruction, e.lines[len_at:]))
-            options.append((way.predicted + low.instruction_price * size, way))
+            options.append((way.predicted + price * size, way))
         e.rollback(start)
-    if not options:
-        raise refusal
-    return min(options, key=lambda o: o[0])[1].emit()
+    for _, way in sorted(options, key=lambda o: o[0]):
+        way.plan_only = False
+        try:
+            return way.emit()
+        except CompileError as err:  # (refused past its prediction)
+            refusal = err
+            e.rollback(start)
+    raise refusal
 
 
 class _ConvStream:
@@ -520,12 +532,15 @@ class _ConvStream:
     band's output rows: the intermediate never leaves the scratchpad.
     """
 
-    def __init__(self, low, u, n: QConv, more: int = 0, then: QGemm | None = None):
+    def __init__(self, low, u, n: QConv, more: int = 0, then: QGemm | None = None,
+                 taper: int = 1):
         self.low, self.u, self.n = low, u, n
         self.e, self.cfg = low.e, low.config
         self.more = more  # bands beyond the fewest that fit
         self.then = then
+        self.taper = taper  # the first band 1 / taper as tall (see band_sizes)
         self.predicted = 0.0  # cycles band_cycles predicts (set by emit)
+        self.plan_only = False  # emit stops once the prediction is known
 
     def _geometry(self):
         low, n = self.low, self.n
@@ -596,21 +611,27 @@ class _ConvStream:
         if steps > oh or (self.more and ceil_div(oh, steps) == ceil_div(oh, steps - 1)):
             raise CompileError(f"{steps} bands of {oh} output rows")
         rb = ceil_div(oh, steps)  # bands as equal as they can be
-        hb = (rb - 1) * sh + kh  # input rows a band spans
+        sizes = band_sizes(oh, rb, self.taper)
+        steps = len(sizes)
+        firsts = [sum(sizes[:s]) for s in range(steps)]
+        hb = (rb - 1) * sh + kh  # input rows the tallest band spans (the buffers' layout)
         q = -(-hb // skip)  # rows of a block
         inb = align(row0 + held(rb) * wp * c + lead * c)
         sets = [low.alloc(set_bytes(rb), f"band buffers {i} of {n.name}") for i in range(2)]
         mid = low.alloc(mid_bytes(rb), f"band rows of {n.name}") if then else 0
         fill = n.pad_value
 
+        def spans(s):  # input rows band s reads
+            return (sizes[s] - 1) * sh + kh
+
         def band(s):
-            nominal = s * rb * sh - pt  # input row at band row 0
-            lo, hi = max(0, nominal), min(h, nominal + hb)
-            return nominal, lo, hi, min(rb, oh - s * rb)
+            nominal = firsts[s] * sh - pt  # input row at band row 0
+            lo, hi = max(0, nominal), min(h, nominal + spans(s))
+            return nominal, lo, hi, sizes[s]
 
         def block_rows(s, f):  # rows block f holds, up to its last real row, real rows
             nominal, lo, hi, _ = band(s)
-            return (len(range(nominal + f, nominal + hb, skip)),
+            return (len(range(nominal + f, nominal + spans(s), skip)),
                     len(range(nominal + f, hi, skip)), len(range(max(lo, nominal + f), hi, skip)))
 
         if any(band(s)[1] > band(s)[0] for s in range(2, steps)):
@@ -630,7 +651,10 @@ class _ConvStream:
                 self.cfg, convrows.plan(rows, self.bands, ow),
                 len(conv_tiles(kh, n.weight.shape[3] * c, self.cfg.rows)), oc,
                 self.first_load, self.last_store)
-        low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows)")
+        if self.plan_only:
+            return {}
+        low._begin(self.u, f" (streamed image: {steps} bands of {rb} output rows"
+                           f"{f', the first of {sizes[0]}' if sizes[0] != rb else ''})")
         ibuf, isum, ldram, sdram, stride, obuf, xq = pipe_regs(e, 7, n.name)
         e.op(f"li {ibuf}, {sets[0]}")
         e.op(f"li {isum}, {sets[0] + sets[1]}")
@@ -680,16 +704,19 @@ class _ConvStream:
                 e.op(f"load {P_WORK}, {d}, {src}, {strd}, {rows}, {nbytes}, off={imm}",
                      pop=pop if i == 0 else "", push="next" if i == len(parts) - 1 else "",
                      queue="load")
-            e.op(f"addi {ldram}, {ldram}, {rb * sh * w * c}")
+            e.op(f"addi {ldram}, {ldram}, {sizes[s] * sh * w * c}")
+
+        computed = [0]  # the step whose compute came last (advance steps past it)
 
         def compute(s, push):
             nominal, lo, hi, nr = band(s)
+            computed[0] = s
             e.pop_next_compute("prev")
             if primed or s >= 2:
                 e.pop_next_compute("next")
             for f in range(used):  # pad rows below the image
                 need, end, _ = block_rows(s, f)
-                if need > end and nominal + hb > h:
+                if need > end and nominal + spans(s) > h:
                     e.op(f"addi {obuf}, {ibuf}, {row0 + (f * q + end) * wp * c}")
                     self._fill(obuf, need - end, wp * c, reg=True)
             refill_pad_columns(e, ibuf, held(rb) + 1, w, wp, c, fill)
@@ -718,11 +745,11 @@ class _ConvStream:
             e.op(f"sub {ibuf}, {isum}, {ibuf}")
 
         def advance():
-            e.op(f"addi {sdram}, {sdram}, {rb * ow * oc_out}")
+            e.op(f"addi {sdram}, {sdram}, {sizes[computed[0]] * ow * oc_out}")
 
         def uniform_load(s):
-            nominal, lo, hi, _ = band(s)
-            return lo == nominal and hi == nominal + hb and (hi < h or wp == w)
+            nominal, lo, hi, nr = band(s)
+            return nr == rb and lo == nominal and hi == nominal + hb and (hi < h or wp == w)
 
         def same(s):
             nominal, _, hi, nr = band(s)
@@ -755,6 +782,20 @@ class _ConvStream:
         """Write the pad value over ``rows`` dense rows of ``row_bytes`` at ``at``
         (an offset, or a register holding it)."""
         fill_rows(self.e, at if reg else self.e.reg(at), rows, row_bytes, self.n.pad_value)
+
+
+def band_sizes(oh: int, rb: int, taper: int) -> list[int]:
+    """Output rows of each band of ``oh`` rows in bands of at most ``rb``: as equal
+    as they can be (``taper`` 1), or a first band ``1 / taper`` as tall (its load,
+    which no compute overlaps, is shorter) and the last band what is left."""
+    if taper == 1:
+        count = ceil_div(oh, rb)
+        return [min(rb, oh - s * rb) for s in range(count)]
+    first = ceil_div(rb, taper)
+    rest = oh - first
+    if first == ceil_div(rb, taper // 2) or rest <= 0 or min(rb, rest) <= first:
+        raise CompileError(f"bands of {rb} rows do not taper")
+    return [first] + [min(rb, rest - s * rb) for s in range(ceil_div(rest, rb))]
 
 
 def column_groups(low, blob, nn: int, red_tiles, name: str):
