@@ -6,6 +6,10 @@ import resource
 
 import pytest
 
+# The fast Verilator library's test build level (verif/fastsim/build.py, LEVELS): set
+# before any test imports the builder, and inherited by the `npu` processes tests start.
+os.environ.setdefault("NPU_FASTSIM_LEVEL", "test")
+
 
 def pytest_addoption(parser):
     parser.addoption("--regress", action="store_true",
