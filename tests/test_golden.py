@@ -894,6 +894,23 @@ def test_depthwise_runs_beside_vreq_only_with_two_accumulator_ports():
     assert _beside_run(rows, 2).cycles > _beside_run(apart, 2).cycles
 
 
+@pytest.mark.parametrize("name, two, one", [
+    ("dwconv after vreq, its bytes", 93, 111),  # reads the vreq's first byte: waits
+    ("dwconv just beside the vreq's bytes", 69, 111),
+    ("dwconv rows overlapping the vreq's by one", 95, 113),  # writes its first row: waits
+    ("dwconv rows just below the vreq's rows", 71, 113),
+])
+def test_dwconv_beside_vreq_waits_for_one_shared_byte_or_row(name, two, one):
+    """A dwconv after a vreq runs beside it up to the vreq's first written byte and
+    accumulator row, and waits for it from there (the dwload before it runs beside
+    in every case): cycles as the RTL counts them (COST_PROGRAMS)."""
+    from verif.scenarios import COST_PROGRAMS
+
+    runs = [_beside_run(COST_PROGRAMS[name], ports) for ports in (2, 1)]
+    assert all(r.cycles_exact for r in runs)
+    assert [r.cycles for r in runs] == [two, one]
+
+
 def test_gemm_beside_vreqb_on_its_banks_is_not_cycle_exact():
     from verif.scenarios import COST_PROGRAMS
 

@@ -651,6 +651,15 @@ LOAD, LOAD64 = "load p0, r0, r0, r0, 1, 8\n", "load p0, r0, r0, r0, 1, 64\n"
 BESIDE = "cfg.gemm_stride 64\ncfg.out_stride 64\nli r8, 48\nli r9, 16\nli r10, 16\n"
 VREQB_BESIDE = "vreqb p3, r8, r0, 16, 8, p2, r9, col=1\n"
 
+# a vreq beside which a dwconv runs: 2x2 outputs of a 3x3 window, stride 2, one pad
+# row and column (4 rows of 4 pixels 32 bytes apart read, bytes sp..sp+127 of p3)
+DW_BESIDE_BYTES = ("cfg.in_stride 32\nli r11, 512\nvreq p3, r11, r0, 32, 8\ndwload p0, r0\n"
+                   "li r10, 32\nli r12, {sp}\n"
+                   "dwconv.overwrite p3, r12, r10, 2, 2, 2, 3, 3, 8, pt=1, pl=1\n")
+# ... and one whose 12 accumulator rows start at row acc, the vreq's at row 16
+DW_BESIDE_ROWS = ("li r11, 16\nvreq p3, r0, r11, 32, 8\ndwload p0, r0\nli r10, {acc}\n"
+                  "dwconv.overwrite p1, r0, r10, 4, 3, 1, 3, 3, 8\n")
+
 
 def _gemm(m: int, swap: int = 1) -> str:
     return f"gemm.overwrite p0, r0, r0, {m}, swap={swap}\n"
@@ -883,6 +892,13 @@ COST_PROGRAMS = {
     "dwconv after vreq, its rows": "vreq p3, r0, r0, 32, 8\ndwload p0, r0\nli r10, 24\n"
                                    "dwconv.overwrite p1, r0, r10, 4, 3, 1, 3, 3, 8\n",
     "dwload after vreq, its bytes": "vreq p0, r0, r0, 32, 8\ndwload p0, r0\n",
+    # a padded, strided dwconv whose last window's last byte is the vreq's first
+    # written byte (p3[512]), and one that ends a byte before it
+    "dwconv after vreq, its bytes": DW_BESIDE_BYTES.format(sp=385),
+    "dwconv just beside the vreq's bytes": DW_BESIDE_BYTES.format(sp=384),
+    # a dwconv whose rows end one below the vreq's (16..47), and one that takes row 16
+    "dwconv rows just below the vreq's rows": DW_BESIDE_ROWS.format(acc=4),
+    "dwconv rows overlapping the vreq's by one": DW_BESIDE_ROWS.format(acc=5),
     # beside a vreqb: the dwconv's windows 64 bytes apart all in bank 0 (the bias words
     # in banks 2..5, the outputs in bank 6)
     "dwconv beside vreqb": BESIDE + "cfg.in_stride 64\ndwload p1, r0\n" + VREQB_BESIDE
