@@ -42,7 +42,7 @@ from firmware.isa import DW_BIAS_WINDOW, DW_KERNEL, DW_LOAD_WINDOWS, DW_PAD_WIND
 
 from ..ir import QAvgPool, QConv
 from .cost import VREQ_EXTRA
-from .lower import MAX_ROW_BYTES, P_WORK, Blob, CompileError, _blob, conv_blob
+from .lower import MAX_ROW_BYTES, P_WORK, Blob, CompileError, _blob, ceil_div, conv_blob
 
 
 def dense_equivalent(n: QConv) -> QConv:
@@ -89,7 +89,7 @@ def _engine_blob(n: QConv, config: NPUConfig) -> Blob:
     entries."""
     oc, _, kh, kw = n.weight.shape
     cols = config.cols
-    groups = -(-oc // cols)
+    groups = ceil_div(oc, cols)
     taps = np.zeros((DW_LOAD_WINDOWS, groups * cols), dtype=np.int8)
     for i in range(kh):
         for c in range(kw):
@@ -284,7 +284,7 @@ def engine_rows_cycles(config: NPUConfig, n: QConv, nr: int, ow: int) -> float:
     turns (:func:`turns`)."""
     _, _, kh, kw = n.weight.shape
     s = n.strides[0]
-    groups = -(-n.weight.shape[0] // config.cols)
+    groups = ceil_div(n.weight.shape[0], config.cols)
     tallest = (config.dw_rows - kh) // s + 1
     engine = DWLOAD_CYCLES + sum(((hh - 1) * s + kh) * ((ow - 1) * s + kw) + hh + DWCONV_EXTRA
                                  for hh in _strips(nr, tallest))
@@ -308,9 +308,9 @@ def _strips(nr: int, tallest: int) -> list[int]:
     on the image's height), the middle ones equal."""
     if nr <= tallest:
         return [nr]
-    count = max(2, -(-nr // tallest))
+    count = max(2, ceil_div(nr, tallest))
     while True:
-        hs = -(-nr // count)
+        hs = ceil_div(nr, count)
         if nr - (count - 1) * hs >= 1:
             return [hs] * (count - 1) + [nr - (count - 1) * hs]
         count += 1
@@ -351,7 +351,7 @@ def engine_rows(low, n: QConv, part: str, wsp: int, blob: Blob, x, row_bytes: in
     e.point(yj, y)
     e.op(f"li {wj}, {wsp + blob.tiles[(0, 0)]}")
     # the group's first accumulator row: 0, or taking turns, the other half's
-    alternate = turns(cfg, -(-c // cfg.cols), nr * ow)
+    alternate = turns(cfg, ceil_div(c, cfg.cols), nr * ow)
     half = cfg.acc_rows // 2
     if alternate:
         e.op(f"li {ab}, 0")
