@@ -133,7 +133,6 @@ def test_depthwise_groups_take_turns_on_the_accumulator(c, side, stride, seed):
     _, apart = _run_checked(graph, one, x)
     (conv,) = [n for n in model.graph.nodes if isinstance(n, QConv)]
     _, _, oh, ow = graph.tensors["y"].shape
-    assert "sub r13" in model.source  # the group's accumulator half
     saved = apart.counters["cycles"] - turns.counters["cycles"]
     predicted = engine_rows_cycles(one, conv, oh, ow) - engine_rows_cycles(two, conv, oh, ow)
     assert abs(saved - predicted) <= 0.1 * predicted, (saved, predicted)
