@@ -225,16 +225,18 @@ Parameters (`firmware.golden.CostModel`):
 * `wload k`: a `swap=1` GEMM may stream on its rows `k + wload_latency` cycles
   after it starts, overlapping streaming GEMMs, and it is done (its rows are in)
   `sp_read - 1` later (`sp_read`: a scratchpad read's data comes this long after
-  its grant). A `wload` handed to the array (`handoff` after its queue could start
-  it) while a `gemm` still streams takes its `k` reads from that `gemm`, which
-  issues its last row `k` cycles late (its results come `k` late, and its rows leave
-  the array `handoff` later still); a `gemm` may stream on its rows `k` cycles after
-  the `gemm` would have issued its last row. Otherwise a `wload` may take over in the
-  cycle of a `gemm`'s last row. A `wload` waits `handoff` after the `wload` before
-  it is done, and until the rows of the GEMMs on the bank it fills (those before the
-  last `swap`) have left the array, `array_exit` before their results are in. A
-  one-row `wload` releases a `swap=1` GEMM `wload_one_row` later (its row is written
-  a cycle after its data comes, and the GEMM's first activation reads it at once).
+  its grant). The array takes it `handoff` after the `wload` before it is done
+  (while a `gemm` streams, too); its `k` reads go out from `wload_latency` later,
+  one a cycle, through the weight loader's own scratchpad port, which goes before
+  the GEMMs' port: a streaming `gemm`'s row that needs a bank the `wload` reads in
+  that cycle waits a cycle (its window's bank or two: word `addr / bus mod banks`
+  and the next one when `addr` is unaligned), and the rows after it follow it, so
+  its results and its queued successor come as late (each wait counts in
+  `sp_conflicts`). A `wload` also waits until the rows of the GEMMs on the bank it
+  fills (those before the last `swap`) have left the array, `array_exit` before
+  their results are in. A one-row `wload` releases a `swap=1` GEMM
+  `wload_one_row` later (its row is written a cycle after its data comes, and the
+  GEMM's first activation reads it at once).
 * `gemm m`: issues one row per cycle (`m` cycles), starting at the earliest
   `gemm_intake` after its queue could and the vector unit is idle (after a vector op,
   a depthwise op or a `cfg`, which the vector unit takes); results are ready

@@ -739,6 +739,7 @@ class Machine:
         self.w[shadow], self.wdims[shadow] = w, (k, n)
         self._uses(reads=[(base, k * n)])
         self._time.spans = ((base, base + k * n - 1), None)
+        self._time.array_reads = self._row_banks(base + np.arange(k) * n)
         return k
 
     def _op_gemm(self, o):
@@ -759,6 +760,7 @@ class Machine:
         self.counters["macs"] += mrows * k * n
         self._uses(reads=[(rows, k)])
         self._time.spans = (_span(rows, k), (acc.start, acc.stop - 1))
+        self._time.array_reads = self._row_banks(rows)
         return mrows
 
     def _op_dwload(self, o):
@@ -982,6 +984,14 @@ class Machine:
             need |= 1 << ((word + 1) % words % cfg.sp_banks)
         return need
 
+    def _row_banks(self, rows) -> np.ndarray:
+        """The scratchpad banks (bit masks) of the read windows at addresses ``rows``."""
+        cfg = self.config
+        words = np.asarray(rows, dtype=np.int64) // cfg.bus_bytes
+        second = (words + 1) % (cfg.sp_bytes // cfg.bus_bytes) % cfg.sp_banks
+        unaligned = np.asarray(rows, dtype=np.int64) % cfg.bus_bytes != 0
+        return (1 << (words % cfg.sp_banks)) | np.where(unaligned, 1 << second, 0)
+
     def _vec_cycles(self, rows: int, n: int) -> int:
         """Cycles of the vector unit's walk over ``rows`` rows of ``n`` bytes: one
         scratchpad window (a bus word) a cycle."""
@@ -1081,19 +1091,22 @@ class _Timeline:
         # ... and the weight loader free for the next (earlier than wload_done for a
         # wload whose reads a streaming gemm made room for: it ends with that gemm), as
         # it was when the wload being timed came to the array
-        self.loader_free = self.loader_free_before = 0
+        self.loader_free_before = self.loader_free = 0
         self.wload_released = 0  # a swap gemm may start streaming on them
         self.wload_pending = False  # a wload came after the latest gemm
         self.last_compute = ""  # the compute queue's last instruction
         self.retired = -1  # when the compute queue's last instruction retired
         self.pushed = 0  # when its retirement reached the queue's token counters
-        self._stealing = False  # the latest wload took its reads from a streaming gemm
+        # The latest gemms' row reads: [grant cycle of each row, banks of each row], and
+        # the banks of each read window of the wload or gemm being timed.
+        self._streams: list[list] = []
+        self.array_reads = None
+        self._wload_reads = (0, [])  # the latest wload's first read cycle, banks read
         # the channels the latest gemm pushed its token on, and the token's time
         self._gemm_pushes: tuple[list, int] = ([], 0)
         self.gemm_end = 0  # when the latest gemm's results are in
         self.front = 0  # the weight bank of the latest gemm; a wload fills the other
         self.bank_free = [0, 0]  # when the rows of the gemms on each bank have left the array
-        self.bank_stolen = [False, False]  # ... since a wload held up the last of them
         self.stall = 0
         self.causes = dict.fromkeys(CAUSE_COUNTERS, 0)  # firmware.regs.CAUSE_COUNTERS
         self._busy_until = {"array": 0, "vector": 0}  # the engines' busy intervals' end
@@ -1234,16 +1247,23 @@ class _Timeline:
             if ins.ops["swap"]:
                 start = max(start, self.wload_released)
                 self.front ^= 1
-            elif self.wload_pending:
-                # It streams on the old weights while the wload's reads take the
-                # array's scratchpad port first: the model does not play that out.
-                self._flag("gemm on old weights after a wload")
+            stream = [start + np.arange(cycles), self.array_reads]
+            # (on the old weights, it may stream while the latest wload reads)
+            reads, banks = self._wload_reads
+            if self.wload_pending and not ins.ops["swap"] and start < reads + len(banks):
+                # where its first rows meet them the RTL may start it a cycle later
+                # than the model: that is not played out.
+                self._flag("gemm on old weights beside a wload's reads")
             self.wload_pending = False
-            issue, latency = cycles, (cycles + self.config.rows + self.config.cols
-                                      + c.array_stages + c.sp_read - 3)
+            issue = cycles + self._hold_up([stream], reads, banks)
+            latency = issue + (self.config.rows + self.config.cols + c.array_stages
+                               + c.sp_read - 3)
+            self._streams = [*self._streams[-1:], stream]
         elif m == "wload":
             start, latency = self._wload(start, cycles)
-            issue = 1  # overlaps streaming: only the issue slot is taken
+            # It overlaps streaming: it takes the issue slot, and a gemm after it still
+            # streams after the rows of the gemm before it.
+            issue = max(1, self._gemm_rows_end - start) if self.last_compute == "gemm" else 1
         elif m == "cfg":  # the vector unit holds the cfg registers: it waits for the array
             # (and a gemm after it waits for the vector unit to be idle again)
             after_array = max(self.array_done, self.wload_done) + c.handoff
@@ -1306,12 +1326,10 @@ class _Timeline:
             self.gemm_end = end
             self.array_done = max(self.array_done, end)
             self.bank_free[self.front] = max(self.bank_free[self.front], end - c.array_exit)
-            self.bank_stolen[self.front] = False
         elif m == "wload":
             self.wload_done = end
             self.wload_pending = True  # until a gemm (with swap or not) follows it
-            one_row = cycles == 1 and not self._stealing
-            self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if one_row else 0)
+            self.wload_released = end - (c.sp_read - 1) + (c.wload_one_row if cycles == 1 else 0)
         if m in ("gemm", "wload"):
             self.vector_done = vector_done
             self.array_free = self.free[q]
@@ -1376,7 +1394,7 @@ class _Timeline:
         before, after = ENGINE_BUSY[m if m in ("gemm", "wload") else
                                     "depthwise" if m in _DW_OPS else "vector"]
         first, last = start - before, end + after
-        if m == "wload" and self._stealing:  # the gemm it took its reads from ends later
+        if m == "wload":  # a gemm it ran beside (and may have held up) ends later
             last = max(last, self.gemm_end)
         until = self._busy_until[engine]
         self.causes["busy_" + engine] += max(0, last - max(first, until))
@@ -1600,49 +1618,65 @@ class _Timeline:
         return t - nominal
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:
-        """Start and latency of a ``k``-row wload that its queue could start at ``start``."""
+        """Start and latency of a ``k``-row wload that its queue could start at ``start``.
+
+        The array takes it once the loader is free (beside a streaming gemm, too), and
+        its reads go out a cycle later, one a cycle through the loader's own scratchpad
+        port, which goes before the gemms' (hdl.top.SP_PORTS): a streaming gemm's row
+        waits while one of them takes its banks (:meth:`_hold_up`)."""
         c, q = self.cost, "compute"
-        ready = max(self._ready, self.wload_done + c.handoff)
-        # Handed to the array while a gemm streams, its reads go first: the gemm's last
-        # rows wait for them (k cycles; the wload retires after the gemm, and the gemm's
-        # rows leave the array a cycle later still), and the wload needs no cycle after
-        # its last read.
-        # (It may have to wait for the rows of the gemms before the last swap first.)
-        reads = max(ready + c.handoff, self.bank_free[self.front ^ 1])
-        stealing = self.last_compute == "gemm" and reads < self.free[q]
-        if (self.bank_stolen[self.front ^ 1] and self.last_compute == "gemm"
-                and ready + c.handoff < self.free[q] <= reads and self.accepted > self._ready):
-            # It waits for the rows of a gemm a wload took its reads from: when they
-            # leave the array the model does not play out.
-            self._flag("a wload waiting for a bank a wload held up")
-        if self.wload_pending and self._stealing:
-            # ... or for a wload that took its reads from a gemm, whose rows no gemm used.
-            self._flag("a wload after a wload that held up a gemm")
-        self._stealing = stealing
-        if stealing:
-            # (a gemm queued behind the streaming one starts k later, too)
-            self._gemm_rows_end += k
-            if self._gemm_start > reads:
-                self._gemm_start += k
-            self.gemm_end += k
+        # (the queue's start waits for the rows of a gemm before it: the array does not)
+        after_array = self.last_compute in ("gemm", "wload")
+        taken = max(max(self._ready, self.accepted) if after_array else start,
+                    self.wload_done + c.handoff)
+        # It overwrites the bank of the gemms before the last swap: their rows must be out.
+        reads = max(taken, self.bank_free[self.front ^ 1]) + c.wload_latency
+        start = reads - c.wload_latency
+        self._wload_reads = (reads, self.array_reads)
+        delay = self._hold_up(self._streams, reads, self.array_reads)
+        if delay:  # the gemms it held up end later (the latest, queued, takes over later)
+            self._gemm_start = int(self._streams[-1][0][0])
+            self._gemm_rows_end += delay
+            self.gemm_end += delay
             self.array_done = max(self.array_done, self.gemm_end)
             self.retired = max(self.retired, self.gemm_end)
             self.done[q] = max(self.done[q], self.gemm_end)
             self.bank_free[self.front] = self.gemm_end - c.array_exit
-            self.bank_stolen[self.front] = True
-            self._delay_gemm_tokens(k)
-        elif self.last_compute == "gemm":  # it may take over in the gemm's last row's cycle
-            start = max(self._ready, self.free[q] - c.handoff)
-        # It overwrites the bank of the gemms before the last swap: their rows must be out.
-        start = max(start, self.wload_done + c.handoff, self.bank_free[self.front ^ 1])
-        # Done when its last row's data is in, sp_read - 1 after a swap gemm may start;
-        # the loader then takes the next wload (a stealing one's, from its reads on).
+            self._delay_gemm_tokens(delay)
+        # Done when its last row's data is in, sp_read - 1 after a swap gemm may start.
         self.loader_free_before = self.loader_free
-        self.loader_free = (reads if stealing else start) + k + c.wload_latency + c.sp_read - 1
-        return start, k + (0 if stealing else c.wload_latency) + c.sp_read - 1
+        self.loader_free = start + k + c.wload_latency + c.sp_read - 1
+        return start, k + c.wload_latency + c.sp_read - 1
+
+    def _hold_up(self, streams, reads: int, banks) -> int:
+        """Play out the rows of gemms (``streams``, in order: [grant cycles, banks]
+        of each row) that a wload whose reads (windows on ``banks``) go out from cycle
+        ``reads`` on meets: a row waits while the wload's read of that cycle takes one
+        of its banks, and the rows after it follow it. Counts the refused cycles;
+        returns the cycles by which the last gemm's last row comes late."""
+        k, delay, before = len(banks), 0, None
+        for stream in streams:
+            grants, rows = stream
+            j = int(np.searchsorted(grants, reads))
+            if j == len(grants):
+                before = int(grants[-1])
+                continue
+            new = grants.copy()
+            t = int(new[j - 1]) if j else before
+            for i in range(j, len(new)):
+                t = int(new[i]) if t is None else max(int(new[i]), t + 1)
+                if t >= reads + k and t == new[i]:
+                    break  # past the wload's reads: the rest stream as before
+                while reads <= t < reads + k and banks[t - reads] & rows[i]:
+                    t += 1
+                    self.causes["sp_conflicts"] += 1  # the gemm's port refused
+                new[i] = t
+            delay = int(new[-1] - grants[-1])
+            stream[0], before = new, int(new[-1])
+        return delay
 
     def _delay_gemm_tokens(self, k: int):
-        """The streaming gemm a wload takes its reads from pushes its tokens ``k``
+        """The streaming gemm whose rows a wload held up pushes its tokens ``k``
         later. One a load timed before the wload took already is flagged: the RTL's
         counters by cause differ then, by cycles the model does not play out
         (tests/test_compiler_streaming.py::test_streamed_gemm_on_the_rtl,

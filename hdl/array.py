@@ -116,11 +116,13 @@ class GemmEngine(wiring.Component):
       into accumulator row ``acc + i``; columns ``>= n`` are left untouched. A gemm
       starts streaming as soon as the previous one has issued its last row.
 
-    One activation row enters the array per cycle while the scratchpad grants (a
-    wload's ``k`` reads go first and take their cycles from a streaming gemm); a
-    row's result reaches the accumulator :attr:`latency` cycles after its read was
-    granted. Consecutive accumulating rows on the same accumulator row are forwarded,
-    so any command sequence gives the sequential (golden) result. Commands are
+    One activation row enters the array per cycle while the scratchpad grants; a
+    wload's ``k`` reads go through their own port, one a cycle while granted, beside
+    a streaming gemm's rows (the scratchpad's priority decides where their banks
+    meet: :data:`hdl.top.SP_PORTS`); a row's result reaches the accumulator
+    :attr:`latency` cycles after its read was granted. Consecutive accumulating rows
+    on the same accumulator row are forwarded, so any command sequence gives the
+    sequential (golden) result. Commands are
     assumed legal (``k``, ``n``, ``m`` >= 1 and every address in range): the
     sequencer checks them.
 
@@ -140,7 +142,9 @@ class GemmEngine(wiring.Component):
         Resolved ``wload``/``gemm`` commands. ``ready`` depends combinationally on
         ``payload.op`` and ``sp.ready`` (never on ``valid``).
     sp : Out(sp_window_signature(config))
-        Scratchpad reads (``we`` is always 0).
+        The gemms' activation-row reads (``we`` is always 0).
+    wsp : Out(sp_window_signature(config))
+        The weight loader's reads (``we`` is always 0), beside ``sp``.
     acc : Out(acc_port_signature(config))
         The accumulator row port (reads only for ``accumulate``).
     wload_done : Out(1)
@@ -154,7 +158,7 @@ class GemmEngine(wiring.Component):
     busy : Out(1)
         Not ``idle``.
     stall : Out(1)
-        Busy and waiting for a scratchpad grant.
+        Busy and waiting for a scratchpad grant (on either port).
     """
 
     def __init__(self, config: NPUConfig):
@@ -165,6 +169,7 @@ class GemmEngine(wiring.Component):
         super().__init__({
             "cmd": In(command_stream(array_command_layout(config))),
             "sp": Out(sp_window_signature(config)),
+            "wsp": Out(sp_window_signature(config)),
             "acc": Out(acc_port_signature(config)),
             "wload_done": Out(1),
             "gemm_done": Out(1),
@@ -183,8 +188,8 @@ class GemmEngine(wiring.Component):
         cmd, sp, acc = self.cmd, self.sp, self.acc
         p = cmd.payload
 
-        def lane(i):
-            return sp.rdata[8 * i: 8 * i + 8].as_signed()
+        def lane(port, i):
+            return port.rdata[8 * i: 8 * i + 8].as_signed()
 
         # ---- weight-bank bookkeeping ----------------------------------------------------
         # `front` is the bank the most recently accepted gemm uses; a wload fills the other.
@@ -329,38 +334,34 @@ class GemmEngine(wiring.Component):
         with m.Elif(wl_released):
             m.d.sync += nxt_wait.eq(0)
 
-        # ---- scratchpad arbitration ---------------------------------------------------
-        # A presented request must stay unchanged until granted, so the owner of a
-        # refused request keeps the port. Otherwise the weight loader goes first: its few
-        # reads let the next swap gemm start on time.
-        # The request is registered: sel_wl, valid and addr are the values the rule
-        # gives for this cycle's state, computed from the previous cycle's next state.
-        sel_wl = Signal()
-        req_valid = Signal()
-        req_addr = Signal(A)
+        # ---- scratchpad requests ----------------------------------------------------------
+        # The loader reads through its own port (``wsp``), beside the streaming gemm's
+        # (``sp``); the scratchpad grants both in a cycle where their banks differ. A
+        # presented request stays unchanged until granted. Both requests are registered:
+        # valid and addr are the values for this cycle's state, computed from the
+        # previous cycle's next state.
+        wsp = self.wsp
+        gs_valid, gs_addr = Signal(), Signal(A)
+        wl_valid, wl_raddr = Signal(), Signal(A)
         m.d.comb += [
-            sp.valid.eq(req_valid),
-            sp.addr.eq(req_addr),
-            sp.we.eq(0),
-            sp.wdata.eq(0),
-            sp.wstrb.eq(0),
+            sp.valid.eq(gs_valid), sp.addr.eq(gs_addr),
+            wsp.valid.eq(wl_valid), wsp.addr.eq(wl_raddr),
         ]
-        fire = sp.valid & sp.ready
+        for port in (sp, wsp):
+            m.d.comb += [port.we.eq(0), port.wdata.eq(0), port.wstrb.eq(0)]
         wl_fire = Signal()
         gs_fire = Signal()
         m.d.comb += [
-            wl_fire.eq(fire & sel_wl),
-            gs_fire.eq(fire & ~sel_wl),
+            wl_fire.eq(wsp.valid & wsp.ready),
+            gs_fire.eq(sp.valid & sp.ready),
             wl_issued.eq((wl_fire & wl_left_is1) | (wl_start & wl_k_is0)),
         ]
         m.d.sync += wl_issued_q.eq(wl_issued)
-        # A refused request is held: its owner keeps the port next cycle.
-        held_n = sp.valid & ~sp.ready
-        # The next request is decided for each outcome of the two late decisions of this
-        # cycle, and they pick one last: `promote` (a gemm taking over the stream: from
-        # the loader's release and the streaming gemm's last read) and `take_wl` (a
+        # The next requests are decided for each outcome of the two late decisions of
+        # this cycle, and they pick one last: `promote` (a gemm taking over the stream:
+        # from the loader's release and the streaming gemm's last read) and `take_wl` (a
         # wload accepted: from the compute queue's head and its tokens). In front of the
-        # bank check and the selection, either was the deepest path of a board build.
+        # bank check, either was the deepest path of a board build.
         # The streaming gemm's next state, without and with a gemm promoted:
         stay = dict(drained=nxt_state["drained"], cur_busy=Mux(gs_fire, ~cur_last, cur_busy),
                     cur_bank=cur_bank, addr=Mux(gs_fire, cur_addr + cur_stride, cur_addr))
@@ -376,14 +377,12 @@ class GemmEngine(wiring.Component):
 
         def request(st, ld):
             free = bank_free(ld["bank"], st)
-            wl_req = ld["busy"] & ld["left_nz"] & (ld["started"] | free)
-            sel = Mux(held_n, sel_wl, wl_req)
-            return sel, Mux(sel, wl_req, st["cur_busy"]), free
+            return ld["busy"] & ld["left_nz"] & (ld["started"] | free), free
 
         def pick(if_new, if_stay):
             return [Mux(promote, a, b) for a, b in zip(if_new, if_stay, strict=True)]
 
-        sel_n, valid_n, free_n = [Mux(take_wl, a, b) for a, b in zip(
+        wl_valid_n, free_n = [Mux(take_wl, a, b) for a, b in zip(
             pick(request(new, took), request(stay, took)),
             pick(request(new, keep), request(stay, keep)), strict=True)]
         m.d.comb += [nxt_state["cur_busy"].eq(Mux(promote, new["cur_busy"], stay["cur_busy"])),
@@ -392,14 +391,13 @@ class GemmEngine(wiring.Component):
         m.d.comb += [n.eq(Mux(take_wl, took[k], keep[k])) for k, n in (
             ("busy", wl_busy_n), ("started", wl_started_n), ("bank", wl_bank_n),
             ("left_nz", wl_left_nz_n), ("addr", wl_addr_n))]
-        # the address after the selection: its adders run beside the selection's logic
-        m.d.sync += [sel_wl.eq(sel_n), req_valid.eq(valid_n), wl_free.eq(free_n),
-                     req_addr.eq(Mux(sel_n, wl_addr_n, cur_addr_n))]
+        m.d.sync += [wl_valid.eq(wl_valid_n), wl_free.eq(free_n), wl_raddr.eq(wl_addr_n),
+                     gs_valid.eq(nxt_state["cur_busy"]), gs_addr.eq(cur_addr_n)]
 
-        *_, resp_wl = delayed(m, wl_fire, SP_READ_LATENCY, "resp_wl")
         *_, resp_gs = delayed(m, gs_fire, SP_READ_LATENCY, "resp_gs")
         gs_resp = Signal()
-        m.d.comb += [wl_resp.eq(sp.rvalid & resp_wl), gs_resp.eq(sp.rvalid & resp_gs)]
+        # (the gemm's port may be shared: take read data only for its own grants)
+        m.d.comb += [wl_resp.eq(wsp.rvalid), gs_resp.eq(sp.rvalid & resp_gs)]
 
         # ---- weight loader ----------------------------------------------------------------
         with m.If(wl_fire):
@@ -416,7 +414,7 @@ class GemmEngine(wiring.Component):
         for r in range(R):
             m.d.sync += row_we[r].eq((wl_start & (wl_k <= r)) | (wl_resp & (wl_row == r)))
         for c in range(C):
-            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(c), 0))
+            m.d.sync += col_data[c].eq(Mux(wl_resp & (wl_n > c), lane(self.wsp, c), 0))
 
         # ---- gemm streamer --------------------------------------------------------------
         last_fire = gs_fire & cur_last
@@ -469,7 +467,7 @@ class GemmEngine(wiring.Component):
             s = Signal(name=f"x{r}_sel_in")
             # Lanes >= k meet the zero rows of the weight tile. Cycles without a row enter
             # zeros, so idle columns do not toggle.
-            m.d.comb += [a.eq(Mux(gs_resp, lane(r), 0)), s.eq(r_bank)]
+            m.d.comb += [a.eq(Mux(gs_resp, lane(sp, r), 0)), s.eq(r_bank)]
             for d in range(r):
                 a_d = Signal(signed(8), name=f"x{r}_skew{d}")
                 s_d = Signal(name=f"x{r}_sel_skew{d}")
@@ -557,6 +555,6 @@ class GemmEngine(wiring.Component):
             self.macs.eq(Mux(wr.valid, wr.kn, 0)),
             self.idle.eq(~wl_busy & ~cur_busy & ~nxt_valid & (inflight == 0)),
             self.busy.eq(~self.idle),
-            self.stall.eq(self.busy & sp.valid & ~sp.ready),
+            self.stall.eq(self.busy & ((sp.valid & ~sp.ready) | (wsp.valid & ~wsp.ready))),
         ]
         return m

@@ -44,7 +44,11 @@ from .tags import TagStore
 from .vector import VectorUnit
 
 # Scratchpad port priority (lower wins a bank): compute first, it streams every cycle.
-SP_PORTS = ("gemm", "vec_a", "vec_b", "vec_wr", "dma_load", "dma_store")
+# The weight loader goes before the gemm stream: its k reads are never refused, so a
+# wload beside a streaming gemm ends on time and costs the gemm a cycle only for a row
+# whose banks one of its reads takes in that cycle (the other way round, a gemm with
+# its rows on one bank would hold a wload's read of that bank until it ends).
+SP_PORTS = ("wload", "gemm", "vec_a", "vec_b", "vec_wr", "dma_load", "dma_store")
 SP_CONFLICT_BITS = 3  # refused scratchpad ports in one cycle: at most len(SP_PORTS)
 assert len(SP_PORTS) < 1 << SP_CONFLICT_BITS
 
@@ -242,7 +246,7 @@ class NPU(wiring.Component):
             cq.vec_result.eq(vec.result), cq.vec_result_valid.eq(vec.result_valid),
             vec.run_start.eq(seq.run_start),
         ]
-        requesters = {"gemm": gemm_sp, "vec_a": vec.rd_a, "vec_b": vec.rd_b,
+        requesters = {"wload": gemm.wsp, "gemm": gemm_sp, "vec_a": vec.rd_a, "vec_b": vec.rd_b,
                       "vec_wr": vec.wr, "dma_load": dma.load_sp, "dma_store": dma.store_sp}
         for i, name in enumerate(SP_PORTS):
             connect(m, requesters[name], sp.ports[i])

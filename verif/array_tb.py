@@ -52,7 +52,7 @@ class ArrayHarness(wiring.Component):
 
     Members
     -------
-    cmd, sp, wload_done, gemm_done, idle, macs, busy, stall
+    cmd, sp, wsp, wload_done, gemm_done, idle, macs, busy, stall
         The engine's members, passed through.
     mon_wen, mon_waddr : Out
         The engine's accumulator write enable and row, for monitors.
@@ -67,6 +67,7 @@ class ArrayHarness(wiring.Component):
         super().__init__({
             "cmd": In(command_stream(array_command_layout(config))),
             "sp": Out(sp_window_signature(config)),
+            "wsp": Out(sp_window_signature(config)),
             "wload_done": Out(1),
             "gemm_done": Out(1),
             "idle": Out(1),
@@ -85,6 +86,7 @@ class ArrayHarness(wiring.Component):
         m.submodules.acc = acc = Accumulator(self.config)
         connect(m, flipped(self.cmd), engine.cmd)
         connect(m, flipped(self.sp), engine.sp)
+        connect(m, flipped(self.wsp), engine.wsp)
         connect(m, engine.acc, acc.array)
         connect(m, flipped(self.rb), acc.vector)
         m.d.comb += acc.sel.eq(self.rb_sel)
@@ -277,6 +279,8 @@ class Cycle:
     stall: int
     sp_valid: int
     sp_ready: int
+    wsp_valid: int
+    wsp_ready: int
 
 
 def check_trace(config: NPUConfig, prog: list[Command], trace: list[Cycle], what: str) -> dict:
@@ -307,7 +311,8 @@ def check_trace(config: NPUConfig, prog: list[Command], trace: list[Cycle], what
         outstanding = accepted - finished
         assert s.idle == (outstanding == 0), f"{where}: idle={s.idle}, {outstanding} unfinished"
         assert s.busy == 1 - s.idle, f"{where}: busy={s.busy}, idle={s.idle}"
-        assert s.stall == (s.busy and s.sp_valid and not s.sp_ready), f"{where}: stall={s.stall}"
+        refused = (s.sp_valid and not s.sp_ready) or (s.wsp_valid and not s.wsp_ready)
+        assert s.stall == (s.busy and refused), f"{where}: stall={s.stall}"
         accepted += s.cmd_fire
         finished += s.wload_done + s.gemm_done
         wdone += s.wload_done
@@ -367,13 +372,49 @@ except ImportError:  # pragma: no cover
     cocotb = None
 
 
+class _TBWindow:
+    """One of the engine's scratchpad read windows, served from the scratchpad model
+    with the refusals of ``ready`` (a generator)."""
+
+    def __init__(self, dut, name: str, ready):
+        self.valid, self.ready = getattr(dut, f"{name}__valid"), getattr(dut, f"{name}__ready")
+        self.addr, self.we = getattr(dut, f"{name}__addr"), getattr(dut, f"{name}__we")
+        self.rvalid, self.rdata = getattr(dut, f"{name}__rvalid"), getattr(dut, f"{name}__rdata")
+        self.grants, self.name = ready, name
+        self.unaccepted = None
+        self.due = deque([None] * (SP_READ_LATENCY - 1))  # read data on its way
+        self.ready.value = int(next(ready))
+        self.granted = None
+
+    def sample(self) -> tuple[int, int]:
+        """Check and note this cycle's request; return (valid, ready)."""
+        valid, ready, addr = int(self.valid.value), int(self.ready.value), int(self.addr.value)
+        if self.unaccepted is not None:
+            assert valid and addr == self.unaccepted, \
+                f"{self.name}: refused request changed before its grant"
+        if valid:
+            assert int(self.we.value) == 0, "the GEMM engine must only read"
+        self.unaccepted = addr if valid and not ready else None
+        self.granted = addr if valid and ready else None
+        return valid, ready
+
+    def answer(self, sp: np.ndarray, width: int):
+        """After the clock edge: send the data due now, decide the next grant."""
+        self.due.append(None if self.granted is None else window(sp, self.granted, width))
+        rdata = self.due.popleft()
+        self.rvalid.value = int(rdata is not None)
+        if rdata is not None:
+            self.rdata.value = rdata
+        self.ready.value = int(next(self.grants))
+
+
 class TB:
     """Clock, reset, a scratchpad model with random refusals and a monitor."""
 
     def __init__(self, dut, config: NPUConfig, sp: np.ndarray, rng: random.Random,
                  grant: str):
         self.dut, self.config, self.sp, self.rng = dut, config, sp, rng
-        self.ready = grants(rng, grant)
+        self.grant = grant
         self.trace: list[Cycle] = []
         self.width = config.bus_bytes
 
@@ -381,9 +422,9 @@ class TB:
         d = self.dut
         d.cmd__valid.value = 0
         d.cmd__payload.value = 0
-        d.sp__ready.value = 0
-        d.sp__rvalid.value = 0
-        d.sp__rdata.value = 0
+        for port in (d.sp__ready, d.sp__rvalid, d.sp__rdata, d.wsp__ready, d.wsp__rvalid,
+                     d.wsp__rdata):
+            port.value = 0
         d.rb_sel.value = 0
         d.rb__ren.value = 0
         d.rb__raddr.value = 0
@@ -401,33 +442,22 @@ class TB:
 
     async def _scratchpad_and_monitor(self):
         # Sample everything just before each rising edge (ReadOnly of the falling-edge
-        # half), answer granted reads right after it.
+        # half), answer granted reads right after it. Both of the engine's windows
+        # (activation rows, weight loads) are served, with their own refusals.
         d = self.dut
-        unaccepted = None
-        due = deque([None] * (SP_READ_LATENCY - 1))  # read data on its way
-        d.sp__ready.value = int(next(self.ready))
+        ports = [_TBWindow(d, name, grants(self.rng, self.grant)) for name in ("sp", "wsp")]
         while True:
             await FallingEdge(d.clk)
             await ReadOnly()
-            valid, ready = int(d.sp__valid.value), int(d.sp__ready.value)
-            addr = int(d.sp__addr.value)
-            if unaccepted is not None:
-                assert valid and addr == unaccepted, "refused request changed before its grant"
-            if valid:
-                assert int(d.sp__we.value) == 0, "the GEMM engine must only read"
+            seen = [w.sample() for w in ports]
             self.trace.append(Cycle(
                 int(d.cmd__valid.value) & int(d.cmd__ready.value), int(d.wload_done.value),
                 int(d.gemm_done.value), int(d.macs.value), int(d.mon_wen.value),
                 int(d.mon_waddr.value), int(d.idle.value), int(d.busy.value),
-                int(d.stall.value), valid, ready))
-            unaccepted = addr if valid and not ready else None
+                int(d.stall.value), *seen[0], *seen[1]))
             await RisingEdge(d.clk)
-            due.append(window(self.sp, addr, self.width) if valid and ready else None)
-            rdata = due.popleft()
-            d.sp__rvalid.value = int(rdata is not None)
-            if rdata is not None:
-                d.sp__rdata.value = rdata
-            d.sp__ready.value = int(next(self.ready))
+            for w in ports:
+                w.answer(self.sp, self.width)
 
     async def run(self, prog: list[Command], gaps: bool, timeout: int = 200_000):
         """Drive ``prog`` (with random idle gaps if ``gaps``) and wait until idle."""

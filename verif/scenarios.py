@@ -661,6 +661,34 @@ DW_BESIDE_ROWS = ("li r11, 16\nvreq p3, r0, r11, 32, 8\ndwload p0, r0\nli r10, {
                   "dwconv.overwrite p1, r0, r10, 4, 3, 1, 3, 3, 8\n")
 
 
+# GEMV tiles (wloads of one column, 4-row gemms) as the compiler emits them: each wload
+# waits for the rows of the gemm before the last swap to leave the array.
+GEMV_TILES = (
+    "li r8, 0\n"
+    "li r9, 0\n"
+    "wload p1, r9, 8, 1\n"
+    "gemm.overwrite p0, r8, r0, 4, swap=1\n"
+    "addi r8, r8, 32\n"
+    "addi r9, r9, 8\n"
+    "wload p1, r9, 8, 1\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1\n"
+    "wload p1, r9, 8, 1, off=8\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1, off=32\n"
+    "wload p1, r9, 8, 1, off=16\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1, off=64\n"
+    "wload p1, r9, 8, 1, off=24\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1, off=96\n"
+    "addi r8, r8, 128\n"
+    "addi r9, r9, 32\n"
+    "wload p1, r9, 8, 1\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1\n"
+    "wload p1, r9, 8, 1, off=8\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1, off=32\n"
+    "wload p1, r9, 8, 1, off=16\n"
+    "gemm.accumulate p0, r8, r0, 4, swap=1, off=64\n"
+)
+
+
 def _gemm(m: int, swap: int = 1) -> str:
     return f"gemm.overwrite p0, r0, r0, {m}, swap={swap}\n"
 
@@ -907,22 +935,40 @@ COST_PROGRAMS = {
     # queues behind the streaming one), before it starts
     "gemms queued in a full queue": WLOAD + _gemm(24) + "gemm.accumulate p0, r0, r0, 4\n" * 10
                                     + LOAD,
-    # a wload that takes its reads from a streaming gemm holds up the gemm queued behind
-    # it too (that one takes the stream k later)
-    "gemm queued behind a stealing wload": WLOAD + _gemm(4) + "wload p1, r0, 1, 8\ncfg.qshift 9\n"
-                                           + _gemm(24) + _gemm(2, swap=0) + WLOAD + _gemm(17)
-                                           + "cfg.qshift 9\n" + _gemm(3, swap=0)
-                                           + "cfg.qshift 9\n" + WLOAD + _gemm(3)
-                                           + _gemm(1, swap=0) + "cfg.qshift 9\n" * 2
-                                           + "load p4, r0, r0, r0, 2, 512\n",
-    # the loader takes the next wload once a stealing wload's rows are in, long before
-    # the gemm it stole from ends: the vreq's dispatch into the full queue waits only
-    # until that wload's entry leaves, then for the array (stall_in_seq)
+    # a wload's reads go before a streaming gemm's rows where their banks meet: the gemm
+    # queued behind the one they hold up takes the stream as late
+    "gemm queued behind a held-up gemm": WLOAD + _gemm(4) + "wload p1, r0, 1, 8\ncfg.qshift 9\n"
+                                         + _gemm(24) + _gemm(2, swap=0) + WLOAD + _gemm(17)
+                                         + "cfg.qshift 9\n" + _gemm(3, swap=0)
+                                         + "cfg.qshift 9\n" + WLOAD + _gemm(3)
+                                         + _gemm(1, swap=0) + "cfg.qshift 9\n" * 2
+                                         + "load p4, r0, r0, r0, 2, 512\n",
+    # the loader takes the next wload once a wload's rows are in, long before the gemm
+    # it read beside ends: the vreq's dispatch into the full queue waits only until that
+    # wload's entry leaves, then for the array (stall_in_seq)
     "wloads taken while gemms stream, vreq": ("wload p1, r0, 4, 8\n" + _gemm(64)) * 6
                                              + "vreq p3, r0, r0, 8, 8\n",
-    # ... and a gemm a wload takes its reads from pushes its token k later
-    "stolen-from gemm's token": "wload p1, r0, 4, 8\n" + _gemm(64).replace("\n", ", push=prev\n")
+    # ... and a gemm whose rows a wload holds up pushes its token as late
+    "held-up gemm's token": "wload p1, r0, 4, 8\n" + _gemm(64).replace("\n", ", push=prev\n")
                                 + "wload p1, r0, 4, 8\n" + LOAD.replace("\n", ", pop=next\n"),
+    # A wload beside a streaming gemm whose rows are all on one bank (a stride of 64
+    # bytes): on other banks it holds up no row, on theirs a row a cycle it reads it
+    # (two banks for unaligned rows); one-row wloads; a GEMV's one-column wloads, whose
+    # windows are a byte apart (bank 0 and, unaligned, 1).
+    "wload beside a gemm, disjoint banks": "cfg.gemm_stride 64\n" + WLOAD + _gemm(16)
+                                           + "li r9, 8\nwload p1, r9, 4, 8\n" + _gemm(16),
+    "wload beside a gemm, on its bank": "cfg.gemm_stride 64\n" + (WLOAD + _gemm(16)) * 3,
+    "wload beside unaligned rows": "cfg.gemm_stride 64\nli r9, 4\n"
+                                   + (WLOAD + "gemm.overwrite p0, r9, r0, 16, swap=1\n") * 3,
+    "one-row wloads beside a gemm": "cfg.gemm_stride 64\n"
+                                    + ("wload p1, r0, 1, 8\n" + _gemm(16)) * 3
+                                    + "li r9, 8\n" + ("wload p1, r9, 1, 8\n" + _gemm(16)) * 2,
+    "wload after a wload that held up a gemm": "cfg.gemm_stride 64\n" + WLOAD + _gemm(16)
+                                                + WLOAD + "wload p1, r0, 4, 8\n" + _gemm(16),
+    "gemm on old weights after a wload's reads": "cfg.gemm_stride 64\n" + WLOAD + _gemm(16)
+                                                 + WLOAD + _gemm(8, swap=0) + _gemm(4),
+    "gemv tiles as the compiler emits them": GEMV_TILES,
+    "gemv wloads beside gemms": "cfg.gemm_stride 64\n" + ("wload p1, r0, 8, 1\n" + _gemm(16)) * 4,
     # writes are arbitrated apart from reads: a vreq's writes hold up no array read
     "gemm beside vreq, on its banks": BESIDE.replace("gemm_stride 64", "gemm_stride 8")
                                       + WLOAD + _gemm(16) + WLOAD + "vreq p3, r8, r0, 16, 8\n"
