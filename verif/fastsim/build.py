@@ -47,17 +47,16 @@ LIBRARY = "libnpusim.so"
 # -O2 instead of verilated.mk's -Os (-O3 -march=native and -Os measured no faster),
 # and position-independent code for the library. The levels are make's OPT_* alone
 # (an -O in CFLAGS would follow and override them): the model's code that runs once
-# (constructors, initial blocks, the __Slow files) unoptimized, which takes the small
-# library's build from 65.9 to 51.8 CPU s at the same simulation speed.
+# (constructors, initial blocks, the __Slow files) unoptimized: it costs build CPU and
+# never runs hot (CONTRIBUTING.md gives the build times and the command).
 CFLAGS, LDFLAGS = "-fPIC", "-shared"
 VERILATOR_ARGS = (
     *DEFAULT_BUILD_ARGS, "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
     "-CFLAGS", CFLAGS, "-LDFLAGS", LDFLAGS,
 )
 # Build levels: "bench" for figures and users; "test" (tests/conftest.py sets it) with
-# the model's evaluation at -O1, a third less compile CPU for about 4 % fewer NPU
-# cycles per second (small library: 38.7 against 51.8 CPU s, 128^3 GEMM 391k against
-# 407k cycles per CPU s), since a test simulates far less than it compiles.
+# the model's evaluation at -O1, less compile CPU for a slightly slower model, since a
+# test simulates far less than it compiles.
 LEVELS = {
     "bench": ("OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"),
     "test": ("OPT_FAST=-O1", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"),
