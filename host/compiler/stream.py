@@ -486,10 +486,11 @@ def _fewer_band_cycles(low, u, n: QConv, then: QGemm | None = None,
     options, refusal = [], None
     if more_ways is None:
         more_ways = range(MORE_CONV_BANDS + 1) if n.group == 1 else (0,)
-    if low.variant.extra_bands is not None:
-        more_ways = (low.variant.extra_bands,)
+    tapers = TAPERS
+    if low.variant.extra_bands is not None:  # the variant pins the bands: even ones
+        more_ways, tapers = (low.variant.extra_bands,), (1,)
     price = low.instruction_price
-    for more, taper in [(m, t) for m in more_ways for t in TAPERS]:
+    for more, taper in [(m, t) for m in more_ways for t in tapers]:
         way = _ConvStream(low, u, n, more, then=then, taper=taper)
         way.plan_only = not price
         try:
