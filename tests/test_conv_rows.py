@@ -39,6 +39,18 @@ def test_groups_are_balanced_and_cover_the_rows():
     assert convrows.groups(5, 8) == [(0, 5)]
 
 
+def test_tapered_bands_cover_the_rows_and_start_shorter():
+    for oh, rb in ((oh, rb) for oh in range(1, 60) for rb in range(1, oh + 1)):
+        assert stream.band_sizes(oh, rb, 1) == [rb] * (oh // rb) + [oh % rb] * (oh % rb > 0)
+        try:
+            sizes = stream.band_sizes(oh, rb, 2)
+        except CompileError:  # a band of 1 row, or no second band taller than the first
+            assert rb == 1 or oh - (rb + 1) // 2 <= (rb + 1) // 2
+            continue
+        assert sum(sizes) == oh and sizes[0] == (rb + 1) // 2 < sizes[1]
+        assert max(sizes) <= rb and sizes[-1] > 0
+
+
 def test_candidates_of_a_stride_2_layer():
     # (C, OH, OW, KH, SH, SW, W, PL, PR): ResNet-8's 16 -> 32 stage boundary.
     geom = (16, 16, 16, 3, 2, 2, 32, 0, 1)

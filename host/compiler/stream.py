@@ -794,7 +794,7 @@ def band_sizes(oh: int, rb: int, taper: int) -> list[int]:
         return [min(rb, oh - s * rb) for s in range(count)]
     first = ceil_div(rb, taper)
     rest = oh - first
-    if first == ceil_div(rb, taper // 2) or rest <= 0 or min(rb, rest) <= first:
+    if min(rb, rest) <= first:  # (also: nothing left, or a band of 1 row)
         raise CompileError(f"bands of {rb} rows do not taper")
     return [first] + [min(rb, rest - s * rb) for s in range(ceil_div(rest, rb))]
 
