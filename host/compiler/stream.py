@@ -707,11 +707,8 @@ class _ConvStream:
                      queue="load")
             e.op(f"addi {ldram}, {ldram}, {sizes[s] * sh * w * c}")
 
-        computed = [0]  # the step whose compute came last (advance steps past it)
-
         def compute(s, push):
             nominal, lo, hi, nr = band(s)
-            computed[0] = s
             e.pop_next_compute("prev")
             if primed or s >= 2:
                 e.pop_next_compute("next")
@@ -741,12 +738,14 @@ class _ConvStream:
             pitch = ow * oc_out if then else rows.out_pitch(ow) * oc
             low.store_rows(obuf, sdram, nr, pitch, ow * oc_out, e.scratch(3),
                            pop="prev", push="prev" if s + 2 < steps else "")
+            if s + 1 < steps:  # (in a loop's body every band is rb rows)
+                e.op(f"addi {sdram}, {sdram}, {nr * ow * oc_out}")
 
         def toggle():
             e.op(f"sub {ibuf}, {isum}, {ibuf}")
 
-        def advance():
-            e.op(f"addi {sdram}, {sdram}, {sizes[computed[0]] * ow * oc_out}")
+        def advance():  # compute steps the store address past its band
+            pass
 
         def uniform_load(s):
             nominal, lo, hi, nr = band(s)
