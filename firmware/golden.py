@@ -284,6 +284,10 @@ class Machine:
         self.tags: list[tuple | None] = [None] * (cfg.tag_slots + 1)  # slot 0 unused
         self.counters = _counters(cfg.partitions)
         self.trace: deque[TraceRecord] = deque()
+        # (the scratchpad's banks repeat every sp_banks bus words)
+        self._bank_period = self.config.sp_banks * self.config.bus_bytes
+        self._window_banks_cache: dict[tuple, np.ndarray] = {}
+        self._span_masks: dict[tuple, int] = {}  # (rows, n) -> _bank_mask's run
         self.regs = [0] * isa.NUM_REGS
         self.last: RunResult | None = None
         self.inexact_runs = 0  # runs whose cycles are not exact (RunResult.cycles_exact)
@@ -738,8 +742,9 @@ class Machine:
         w[:k, :n] = self.sp[base: base + k * n].view(np.int8).reshape(k, n)
         self.w[shadow], self.wdims[shadow] = w, (k, n)
         self._uses(reads=[(base, k * n)])
+        self._time.array_reads = self._window_banks(
+            ("wload", base % self._bank_period, k, n), lambda: base + np.arange(k) * n)
         self._time.spans = ((base, base + k * n - 1), None)
-        self._time.array_reads = self._row_banks(base + np.arange(k) * n)
         return k
 
     def _op_gemm(self, o):
@@ -758,9 +763,12 @@ class Machine:
             out = out + self.acc[acc, :n].astype(np.int64)
         self.acc[acc, :n] = wrap32(out)
         self.counters["macs"] += mrows * k * n
+        step = int(rows[1] - rows[0]) if mrows > 1 else 0
         self._uses(reads=[(rows, k)])
+        self._time.array_reads = self._window_banks(
+            ("gemm", int(rows[0]) % self._bank_period, step % self._bank_period, mrows),
+            lambda: rows)
         self._time.spans = (_span(rows, k), (acc.start, acc.stop - 1))
-        self._time.array_reads = self._row_banks(rows)
         return mrows
 
     def _op_dwload(self, o):
@@ -956,18 +964,46 @@ class Machine:
                                 self._bank_mask(writes))
 
     def _bank_mask(self, spans) -> int:
+        """The banks (a mask) of the words that ``spans`` ((row addresses, bytes per
+        row) each) touch: a row's words are consecutive, so a row of ``c`` words from
+        word ``f`` on is the run of ``c`` bits at ``f % banks``, folded once. The mask
+        of an array of rows is kept: a model's loops read the same tiles again."""
         cfg, mask = self.config, 0
-        every = (1 << cfg.sp_banks) - 1
+        banks, bus = cfg.sp_banks, cfg.bus_bytes
+        every = (1 << banks) - 1
         for rows, n in spans:
-            for r in np.atleast_1d(rows):
-                first, last = int(r) // cfg.bus_bytes, (int(r) + n - 1) // cfg.bus_bytes
-                if last - first + 1 >= cfg.sp_banks:
+            if isinstance(rows, np.ndarray):
+                key = (rows.dtype.str, rows.tobytes(), n)
+                run = self._span_masks.get(key)
+                if run is None:
+                    rows = rows.astype(np.int64).reshape(-1)
+                    first, last = rows // bus, (rows + n - 1) // bus
+                    count = last - first + 1
+                    run = every if count.size and count.max() >= banks else int(
+                        np.bitwise_or.reduce(((1 << np.maximum(count, 0)) - 1)
+                                             << (first % banks), initial=0))
+                    if len(self._span_masks) >= 4096:
+                        self._span_masks.clear()
+                    self._span_masks[key] = run
+            else:
+                first, last = int(rows) // bus, (int(rows) + n - 1) // bus
+                if last - first + 1 >= banks:
                     return every
-                for word in range(first, last + 1):
-                    mask |= 1 << (word % cfg.sp_banks)
-                if mask == every:
-                    return every
-        return mask
+                run = ((1 << max(last - first + 1, 0)) - 1) << (first % banks)
+            if run == every:
+                return every
+            mask |= run
+        return (mask | mask >> banks) & every
+
+    def _window_banks(self, key: tuple, windows) -> np.ndarray:
+        """:meth:`_row_banks` of the array's read windows ``windows()``, computed once
+        per ``key``: banks depend on addresses modulo :attr:`_bank_period` only, and a
+        model's gemms and wloads repeat a few shapes."""
+        banks = self._window_banks_cache.get(key)
+        if banks is None:
+            banks = self._window_banks_cache[key] = self._row_banks(windows())
+            banks.flags.writeable = False  # (shared by every instruction of the key)
+        return banks
 
     def _windows(self, rows, n: int) -> list[int]:
         """Absolute addresses of the windows the vector unit reads ``n``-byte rows in."""
@@ -1655,8 +1691,13 @@ class _Timeline:
         of its banks, and the rows after it follow it. Counts the refused cycles;
         returns the cycles by which the last gemm's last row comes late."""
         k, delay, before = len(banks), 0, None
+        end, banks = reads + k, [int(b) for b in banks]
         for stream in streams:
             grants, rows = stream
+            first = int(grants[0])
+            if first >= end and (before is None or before < first):
+                delay, before = 0, int(grants[-1])  # after the reads, not pushed
+                continue
             j = int(np.searchsorted(grants, reads))
             if j == len(grants):
                 before = int(grants[-1])
@@ -1664,10 +1705,17 @@ class _Timeline:
             new = grants.copy()
             t = int(new[j - 1]) if j else before
             for i in range(j, len(new)):
-                t = int(new[i]) if t is None else max(int(new[i]), t + 1)
-                if t >= reads + k and t == new[i]:
-                    break  # past the wload's reads: the rest stream as before
-                while reads <= t < reads + k and banks[t - reads] & rows[i]:
+                g = int(new[i])
+                t = g if t is None else max(g, t + 1)
+                if t >= end:
+                    if t > g:  # past the wload's reads, pushed: each row at the latest
+                        # of its grant and a cycle after the row before (grants rise)
+                        step = np.arange(len(new) - i)
+                        tail = new[i:] - step
+                        tail[0] = t
+                        new[i:] = np.maximum.accumulate(tail) + step
+                    break  # (not pushed: the rest stream as before)
+                while t < end and banks[t - reads] & int(rows[i]):
                     t += 1
                     self.causes["sp_conflicts"] += 1  # the gemm's port refused
                 new[i] = t
