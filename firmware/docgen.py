@@ -299,23 +299,22 @@ Parameters (`firmware.golden.CostModel`):
   `vclip`, before or after it (played out beat by beat, above): a load's writes
   against the writes of a `vadd` or `vmax`, a store's reads against compute reads
   (the DMA's ports come last in the scratchpad's priority; the model flags such
-  overlaps, with a margin of a few cycles); in which a load timed again for a later
-  vector op's writes has not had its token taken or held up a dispatch into the full
-  load queue already; in which no `gemm` without `swap` follows a `wload` (the wload's
-  reads take the array's port first); in which no `wload` or `gemm` beside a `vreqb`
-  may read the banks the vreqb reads its bias words from while it reads them (the
-  array's port comes first; writes are arbitrated apart from reads, so a `vreq`
-  never holds the array up); in which no `wload` waits for the weight bank of a gemm
-  that an earlier wload took its reads from, with that gemm's rows ending before the
-  wait does (GEMV tiles: the RTL ends up to 16 cycles earlier), and none follows a
-  wload that took its reads from a gemm without a gemm between them; and in which no
-  dispatch waits on a full compute queue whose oldest entry is a `cfg` that waited
+  overlaps, with a margin of a few cycles); in which no `gemm` without `swap` follows
+  a `wload` (the wload's reads take the array's port first); in which no `wload` or
+  `gemm` beside a `vreqb` may read the banks the vreqb reads its bias words from while
+  it reads them (the array's port comes first; writes are arbitrated apart from reads,
+  so a `vreq` never holds the array up); in which no `wload` waits for the weight bank
+  of a gemm that an earlier wload took its reads from, with that gemm's rows ending
+  before the wait does (GEMV tiles: the RTL ends up to 16 cycles earlier), and none
+  follows a wload that took its reads from a gemm without a gemm between them; and in
+  which no dispatch waits on a full compute queue whose oldest entry is a `cfg` that
+  waited
   for the array. (An array command leaves the compute queue as the array takes it: a
   `gemm` behind a streaming one as that one takes over the stream, a cycle before it
   starts.) There the run's `cycles` and every trace record's start and end equal the
   RTL's; the verification compares them on every such run
   (`verif.scenarios.Pair.check_cycles`, `assert_same_inference`), and the random
-  program scenario fails when a batch compared none. Measured: the 144 programs of
+  program scenario fails when a batch compared none. Measured: every program of
   `verif.scenarios.COST_PROGRAMS` (`test_golden_cost_model_is_exact` in
   `tests/test_npu.py`: every kind of instruction alone, back to back, through each
   token channel early and late, wloads and GEMMs in tiles of 1 to 32 rows, a GEMV's

@@ -1100,7 +1100,6 @@ class _LoadTiming:
     pushes: list = field(default_factory=list)  # [channel, token time] it pushed
     entry: tuple | None = None  # its entry in the queue's starts
     use: tuple | None = None  # its window in sp_use["dma_write"]
-    popped_at: int | None = None  # the sequencer's time when a full queue freed its entry
 
 
 class _Timeline:
@@ -1224,12 +1223,7 @@ class _Timeline:
         starts = self.starts[q]
         if len(starts) >= self.config.queue_depth:  # queue full: its fire step waits
             # (the steps before it ran meanwhile)
-            entry = starts.popleft()
-            oldest, kind = entry
-            if q == "load":
-                for rec in self.loads:
-                    if rec.entry is entry:
-                        rec.popped_at = self.now
+            oldest, kind = starts.popleft()
             if kind == "cfg after array" and oldest - self.cost.fire_overlap > self.now:
                 # A cfg waiting for the array frees its entry as the array's commands
                 # end, by cycles the model does not play out. (An array command's entry
@@ -1559,8 +1553,7 @@ class _Timeline:
     def _replay_loads(self, first: int, last: int):
         """Time again the loads the vector op just timed writes beside (in cycles
         ``first`` to ``last``; it comes after them in program order), and the loads
-        queued after them. Where the change reaches an instruction timed already (it
-        took a load's token, or waited for a load's queue entry), the run is flagged."""
+        queued after them."""
         c = self.cost
         lead = c.load_latency - c.load_write_lead
         hit = next((i for i, r in enumerate(self.loads) if r.rows is not None
@@ -1578,7 +1571,7 @@ class _Timeline:
                 self.causes[_TOKEN_WAIT_CAUSE["load", flag, "array"]] += \
                     max(0, t - max(rec.queued, free)) - max(0, t - old_front)
             if rec.start != old_start:
-                self._move_load_entry(rec, old_start)
+                self._move_load_entry(rec)
             for push in rec.pushes:
                 self._move_token(push, rec.end + c.token)
             if rec.use is not None:
@@ -1592,28 +1585,23 @@ class _Timeline:
         self.free["load"] = free
         self.done["load"] = max(self.done["load"], self.loads[-1].end)
 
-    def _move_load_entry(self, rec: _LoadTiming, old_start: int):
-        """Move the queue entry of a load timed again to its new start; a dispatch that
-        waited, or would now wait, for it to leave the full queue is flagged."""
+    def _move_load_entry(self, rec: _LoadTiming):
+        """Move the queue entry of a load timed again to its new start, while it is
+        in the queue."""
         starts = self.starts["load"]
         at = next((i for i, e in enumerate(starts) if e is rec.entry), None)
         if at is not None:
             rec.entry = starts[at] = (rec.start, "load")
-        elif (rec.popped_at is not None
-              and max(rec.start, old_start) - self.cost.fire_overlap > rec.popped_at):
-            self._flag("a full load queue behind a load vector writes held up")
 
     def _move_token(self, push: list, token: int):
-        """Move a load's pushed token (``push``: [channel, time]) to ``token``; one an
-        instruction timed already took is flagged."""
+        """Move a load's pushed token (``push``: [channel, time]) to ``token`` (no
+        instruction timed already took it: that one came after the vector op)."""
         channel, old = push
         if token == old:
             return
         at = next((i for i in range(len(channel) - 1, -1, -1) if channel[i] == old), None)
-        if at is None:
-            self._flag("a load vector writes held up, its token taken")
-        else:
-            channel[at] = push[1] = token
+        assert at is not None, "a load timed again after its token was taken"
+        channel[at] = push[1] = token
 
     def _load_delay(self, start: int, cycles: int) -> int:
         """Cycles by which the vector unit's writes (:attr:`vector_plan`) hold back a
