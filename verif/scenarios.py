@@ -848,6 +848,11 @@ COST_PROGRAMS = {
     "load held back by a later vreqb.col": "li r8, 1\nli r9, 14\n"
                                            "load p0, r9, r1, r8, 40, 1\n"
                                            "vreqb p3, r0, r0, 20, 3, p2, r0, col=1\n",
+    "load held back by a later vclip": "load p2, r0, r0, r0, 8, 64\n"
+                                       "vclip p1, r0, p0, r0, 8, 64\n",
+    "vclip>load token, a load held back": "load p0, r0, r0, r0, 1, 64, push=next\n"
+                                          "vclip p1, r0, p0, r0, 8, 64, pop=prev\n"
+                                          "load p2, r0, r0, r0, 8, 64\n",
     "nine loads, the second held back by a vreqb": "load p4, r0, r0, r0, 1, 128\n" * 9
                                                    + "vreqb p3, r0, r0, 64, 1, p2, r0\n",
     "gemm>store token": WLOAD + "gemm.overwrite p0, r0, r0, 8, swap=1, push=next\n"
