@@ -674,11 +674,15 @@ class Machine:
         if slot:
             self.tags[slot] = None  # a failed transfer leaves the slot invalid
         cycles = self.cost.load_latency
-        bursts = []
+        bursts, w = [], self.config.bus_bytes
+        # (a beat's write claims its window's first word, which starts the row's DRAM
+        # offset within a bus word before the row: _load_delay plays the same windows)
+        writes = []
         for i in range(rows):
             addr = (dram + i * stride) & MASK32
             src = self._dram_row(addr, nb)
             self.sp[base + i * nb: base + (i + 1) * nb] = self.dram[src]
+            writes.append((base + i * nb - addr % w, nb + addr % w))
             self.counters["dram_read_bytes"] += nb
             cycles += self.cost.dma_beats(addr, nb, self.config.bus_bytes)
             bursts += [beats for _, beats in burst_plan(addr, nb, self.config.bus_bytes)]
@@ -689,12 +693,7 @@ class Machine:
         if slot:
             self.tags[slot] = key
             self.counters["tag_misses"][o["p"]] += 1
-        # (a beat's write claims its window's first word, which starts the row's DRAM
-        # offset within a bus word before the row: _load_delay plays the same windows)
-        w = self.config.bus_bytes
-        offs = (dram + np.arange(rows, dtype=np.int64) * stride) % w
-        self._uses(writes=[(base + i * nb - int(off), nb + int(off))
-                           for i, off in enumerate(offs)])
+        self._uses(writes=writes)
         self._time.load_rows = (base, dram, stride, rows, nb)
         return cycles
 
