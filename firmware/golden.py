@@ -1134,6 +1134,7 @@ class _Timeline:
         # The latest gemms' row reads: [grant cycle of each row, banks of each row], and
         # the banks of each read window of the wload or gemm being timed.
         self._streams: list[list] = []
+        self._beats: dict[tuple, list] = {}  # load_rows -> _load_beats
         self.array_reads = None
         self._wload_reads = (0, [])  # the latest wload's first read cycle, banks read
         # the channels the latest gemm pushed its token on, and the token's time
@@ -1607,7 +1608,7 @@ class _Timeline:
         load that starts at ``start`` and takes ``cycles`` alone: each beat waits while
         the vector unit writes one of its banks, and the beats after it follow it; a
         slow memory's waits before bursts (:meth:`DramLatency.read_gaps`) place them."""
-        c, w = self.cost, self.config.bus_bytes
+        c = self.cost
         first = start + c.load_latency - c.load_write_lead
         last = start + cycles
         busy: dict[int, int] = {}
@@ -1617,28 +1618,41 @@ class _Timeline:
                     busy[t0 + i] = busy.get(t0 + i, 0) | b
         if not busy:
             return 0
-        base, dram, stride, rows, nb = self.load_rows
         t = first - 1
-        nominal = first - 1
+        beats, alone = self._load_beats(self.load_rows)
+        for nominal, mask in beats:
+            t = max(t + 1, first - 1 + nominal)
+            while busy.get(t, 0) & mask:
+                t += 1
+                self.causes["sp_conflicts"] += 1  # the DMA's write port refused
+        return t - (first - 1 + alone)
+
+    def _load_beats(self, load_rows: tuple) -> tuple[list[tuple[int, int]], int]:
+        """Each beat of a load (:attr:`load_rows`) as (its cycle alone, counted from
+        the cycle before its first beat's; the banks it writes), and the last beat's
+        cycle alone, worked out once per load: a slow memory's waits before bursts
+        (:meth:`DramLatency.read_gaps`) place them."""
+        hit = self._beats.get(load_rows)
+        if hit is not None:
+            return hit
+        base, dram, stride, rows, nb = load_rows
+        w, nominal, beats = self.config.bus_bytes, 0, []
         plans = [burst_plan((dram + i * stride) & MASK32, nb, w) for i in range(rows)]
         gaps = iter(self.dram_latency.read_gaps([n for p in plans for _, n in p]))
         for i, plan in enumerate(plans):
             row, off = base + i * nb, (dram + i * stride) % w
             first_beat = 0  # of the burst, in the row
-            for _, beats in plan:
+            for _, count in plan:
                 nominal += next(gaps)
-                for b in range(first_beat, first_beat + beats):
+                for b in range(first_beat, first_beat + count):
                     # The beat's window starts at its DRAM lane 0's byte: the write
                     # claims that word, strobed or not, and the word of its last byte.
                     hi = min(nb, (b + 1) * w - off) - 1
-                    mask = self._word_banks(row + b * w - off, row + hi)
                     nominal += 1
-                    t = max(t + 1, nominal)
-                    while busy.get(t, 0) & mask:
-                        t += 1
-                        self.causes["sp_conflicts"] += 1  # the DMA's write port refused
-                first_beat += beats
-        return t - nominal
+                    beats.append((nominal, self._word_banks(row + b * w - off, row + hi)))
+                first_beat += count
+        hit = self._beats[load_rows] = (beats, nominal)
+        return hit
 
     def _wload(self, start: int, k: int) -> tuple[int, int]:
         """Start and latency of a ``k``-row wload that its queue could start at ``start``.
