@@ -1535,6 +1535,10 @@ class _Timeline:
                 conflicts = self.causes["sp_conflicts"] - before
             latency = rec.nominal + delay
             issue = latency + self.cost.dma_gap
+            if delay and self.dram_latency.read:
+                # (the RTL holds the slow memory's bursts back with the beats; the play
+                # only shifts the beats: the FC autoencoder's GEMV steps end 62 later)
+                self._flag("a load held back by vector writes behind a slow dram")
         # (beats held back by the writes; a load timed again replaces its figures)
         self.causes["stall_in_load"] += delay - rec.delay
         self.causes["sp_conflicts"] -= rec.conflicts
