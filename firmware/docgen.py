@@ -344,7 +344,9 @@ Parameters (`firmware.golden.CostModel`):
   first burst's beats, then per burst the response wait `write` and, for each later
   burst of more than two beats, a cycle per beat after its first (the memory takes
   no data while a response waits; two beats wait in its W queue). The waits are
-  stalls of the DMA (`stall_in_load`, `stall_out_store`). Measured with the fast
+  stalls of the DMA (`stall_in_load`, `stall_out_store`). A load whose beats a vector
+  op's writes hold back flags the run behind such a DRAM (the RTL holds the memory's
+  bursts back with them; the model only shifts the beats). Measured with the fast
   library behind such a DRAM (`tests/test_slowmem.py`, 64/64 with `--regress`):
   every program of `COST_PROGRAMS` takes the model's cycles at 16/16, 64/64 and
   100/40; random programs at 64/64, 40 programs x 2 runs on each of seeds 1, 2, 3
