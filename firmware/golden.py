@@ -1280,9 +1280,10 @@ class _Timeline:
             stream = [start + np.arange(cycles), self.array_reads]
             # (on the old weights, it may stream while the latest wload reads)
             reads, banks = self._wload_reads
-            if self.wload_pending and not ins.ops["swap"] and start < reads + len(banks):
-                # where its first rows meet them the RTL may start it a cycle later
-                # than the model: that is not played out.
+            if self.wload_pending and not ins.ops["swap"] and start <= reads + len(banks):
+                # where its first rows meet them, or it starts in the cycle after the
+                # last read (a one-row wload's, compute queue programs), the RTL may
+                # start it a cycle later than the model: that is not played out.
                 self._flag("gemm on old weights beside a wload's reads")
             self.wload_pending = False
             issue = cycles + self._hold_up([stream], reads, banks)
