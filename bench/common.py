@@ -35,3 +35,10 @@ def report(name: str, figures: dict, quiet: bool = False) -> Path:
 
 def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def refuse_unknown(ap, names, known) -> None:
+    """Stop with ``ap``'s usage error if ``names`` holds a model not in ``known``."""
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        ap.error(f"unknown models {unknown} (choose from {', '.join(known)})")

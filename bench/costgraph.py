@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import report
+from bench.common import refuse_unknown, report
 from host.adaptive.timeline import attach_timeline
 from host.cli import model_path
 from host.compiler import compile_model
@@ -85,9 +85,7 @@ def main(argv=None) -> None:
     ap.add_argument("models", nargs="*", metavar="MODEL",
                     help=f"models (default: all of {', '.join(MLPERF_NAMES)})")
     opts = ap.parse_args(argv)
-    unknown = sorted(set(opts.models) - set(MLPERF_NAMES))
-    if unknown:
-        ap.error(f"unknown models {unknown} (choose from {', '.join(MLPERF_NAMES)})")
+    refuse_unknown(ap, opts.models, MLPERF_NAMES)
     rows: dict[str, dict] = {}
     print(f"{'model':<18} {'profile':<8} {'plan':<9} {'measured':>9} {'graph':>9} "
           f"{'crit.path':>9} {'xfers':>5} {'exposed':>8} {'predicted':>9} {'linear':>9} "

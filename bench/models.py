@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench.common import report
+from bench.common import refuse_unknown, report
 from firmware.bursts import DramLatency
 from firmware.config import CONFIGS
 from host.cli import model_path
@@ -284,9 +284,7 @@ def main(argv=None) -> None:
     ap.add_argument("models", nargs="*", metavar="MODEL",
                     help=f"models to measure (default: all of {', '.join(MODELS)})")
     opts = ap.parse_args(argv)
-    unknown = sorted(set(opts.models) - set(MODELS))
-    if unknown:
-        ap.error(f"unknown models {unknown} (choose from {', '.join(MODELS)})")
+    refuse_unknown(ap, opts.models, MODELS)
     names = opts.models or list(MODELS)
     config, latency = profile(opts.config), dram_latency(opts.config)
     if opts.imem_depth:
